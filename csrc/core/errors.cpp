@@ -1,0 +1,7 @@
+#include "gpuopt/errors.h"
+
+namespace gpuopt::detail {
+
+void fail(ErrorKind kind, const std::string& message) { throw Error(kind, message); }
+
+}  // namespace gpuopt::detail

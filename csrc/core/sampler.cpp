@@ -1,0 +1,112 @@
+#include "gpuopt/sampler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "gpuopt/errors.h"
+#include "gpuopt/stats.h"
+
+namespace gpuopt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+bool ci_within_target(const std::vector<double>& samples, const SamplerOptions& o) {
+  std::vector<double> s(samples);
+  std::sort(s.begin(), s.end());
+  const stats::MedianRanks r = stats::median_ci_ranks(s.size(), o.confidence);
+  if (!r.attained) return false;
+  const double med = stats::quantile_sorted(s, 0.5);
+  if (!(med > 0.0)) return false;
+  return std::max(med - s[r.lo], s[r.hi] - med) <= o.target_rel_ci * med;
+}
+
+// Calls source.finish() on every way out of run_sampler.
+struct FinishGuard {
+  SampleSource& source;
+  ~FinishGuard() { source.finish(); }
+};
+
+}  // namespace
+
+void validate(const SamplerOptions& o) {
+  GPUOPT_CHECK_VALUE(o.warmup_iters >= 0, "warmup must be >= 0 calls, got ", o.warmup_iters);
+  GPUOPT_CHECK_VALUE(std::isfinite(o.warmup_s) && o.warmup_s >= 0.0,
+                     "warmup_s must be a finite number of seconds >= 0, got ", o.warmup_s);
+  GPUOPT_CHECK_VALUE(o.warmup_max_iters >= o.warmup_iters, "warmup_max_iters must be >= warmup (",
+                     o.warmup_iters, "), got ", o.warmup_max_iters);
+  GPUOPT_CHECK_VALUE(o.iters >= 0, "iters must be a positive count (or None for adaptive), got ",
+                     o.iters);
+  GPUOPT_CHECK_VALUE(o.min_iters >= 1, "min_iters must be >= 1, got ", o.min_iters);
+  GPUOPT_CHECK_VALUE(o.max_iters >= o.min_iters, "max_iters must be >= min_iters (", o.min_iters,
+                     "), got ", o.max_iters);
+  GPUOPT_CHECK_VALUE(std::isfinite(o.max_time_s) && o.max_time_s > 0.0,
+                     "max_time_s must be a finite number of seconds > 0, got ", o.max_time_s);
+  GPUOPT_CHECK_VALUE(o.target_rel_ci > 0.0 && o.target_rel_ci < 1.0,
+                     "target_rel_ci must be in (0, 1), got ", o.target_rel_ci);
+  GPUOPT_CHECK_VALUE(o.confidence > 0.0 && o.confidence < 1.0, "confidence must be in (0, 1), got ",
+                     o.confidence);
+}
+
+SamplerResult run_sampler(SampleSource& source, const SamplerOptions& o) {
+  validate(o);
+  FinishGuard guard{source};
+  SamplerResult res;
+
+  const Clock::time_point warm0 = Clock::now();
+  while (res.warmup_iters < o.warmup_max_iters &&
+         (res.warmup_iters < o.warmup_iters || seconds_since(warm0) < o.warmup_s)) {
+    source.warmup();
+    ++res.warmup_iters;
+  }
+  res.warmup_s = seconds_since(warm0);
+  source.calibrate();
+
+  const bool fixed = o.iters > 0;
+  const std::size_t cap = static_cast<std::size_t>(fixed ? o.iters : o.max_iters);
+  res.ms.reserve(std::min<std::size_t>(cap, 1 << 16));
+  res.enqueue_ms.reserve(res.ms.capacity());
+  std::size_t next_check = static_cast<std::size_t>(o.min_iters);
+
+  const Clock::time_point t0 = Clock::now();
+  for (;;) {
+    const Sample s = source.sample();
+    res.ms.push_back(s.ms);
+    res.enqueue_ms.push_back(s.enqueue_ms);
+    const std::size_t n = res.ms.size();
+    if (fixed) {
+      if (n >= cap) {
+        res.stop_reason = "iters";
+        break;
+      }
+      continue;
+    }
+    if (n >= next_check) {
+      if (ci_within_target(res.ms, o)) {
+        res.stop_reason = "target";
+        res.target_met = true;
+        break;
+      }
+      // Check again after ~12% more samples: O(n log n) in total, however long the run.
+      next_check = n + std::max<std::size_t>(1, n / 8);
+    }
+    if (n >= cap) {
+      res.stop_reason = "max_iters";
+      break;
+    }
+    if (seconds_since(t0) >= o.max_time_s) {
+      res.stop_reason = "max_time";
+      break;
+    }
+  }
+  res.sampling_s = seconds_since(t0);
+  if (res.stop_reason != "target") res.target_met = ci_within_target(res.ms, o);
+  return res;
+}
+
+}  // namespace gpuopt

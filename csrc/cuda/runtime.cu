@@ -1,0 +1,78 @@
+// CUDA runtime helpers: events, versions, timed copies.
+#include <utility>
+
+#include "gpuopt/cuda.h"
+
+namespace gpuopt::cuda {
+
+Event::Event() { GPUOPT_CHECK_CUDA(cudaEventCreate(&event_)); }
+
+Event::~Event() {
+  if (event_ != nullptr) cudaEventDestroy(event_);
+}
+
+Event::Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+
+Event& Event::operator=(Event&& other) noexcept {
+  if (this != &other) {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+    event_ = std::exchange(other.event_, nullptr);
+  }
+  return *this;
+}
+
+void Event::record(cudaStream_t stream) { GPUOPT_CHECK_CUDA(cudaEventRecord(event_, stream)); }
+
+void Event::synchronize() const { GPUOPT_CHECK_CUDA(cudaEventSynchronize(event_)); }
+
+bool Event::query() const {
+  const cudaError_t status = cudaEventQuery(event_);
+  if (status == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // not-ready is not sticky, but keep the last-error slot clean
+    return false;
+  }
+  GPUOPT_CHECK_CUDA(status);
+  return true;
+}
+
+float Event::elapsed_ms(const Event& start, const Event& end) {
+  float ms = 0.0f;
+  GPUOPT_CHECK_CUDA(cudaEventElapsedTime(&ms, start.event_, end.event_));
+  return ms;
+}
+
+double time_copy_ms(void* dst, const void* src, std::size_t bytes, int reps, cudaStream_t stream) {
+  GPUOPT_CHECK_VALUE(bytes > 0, "bytes must be > 0, got ", bytes);
+  GPUOPT_CHECK_VALUE(reps > 0, "reps must be > 0, got ", reps);
+  Event start, end;
+  start.record(stream);
+  for (int i = 0; i < reps; ++i) {
+    GPUOPT_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream));
+  }
+  end.record(stream);
+  end.synchronize();
+  return static_cast<double>(Event::elapsed_ms(start, end)) / reps;
+}
+
+int device_attribute(cudaDeviceAttr attribute, int device) {
+  int value = 0;
+  GPUOPT_CHECK_CUDA(cudaDeviceGetAttribute(&value, attribute, device));
+  return value;
+}
+
+int runtime_version() {
+  int v = 0;
+  GPUOPT_CHECK_CUDA(cudaRuntimeGetVersion(&v));
+  return v;
+}
+
+int driver_version() {
+  int v = 0;
+  if (cudaDriverGetVersion(&v) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return v;
+}
+
+}  // namespace gpuopt::cuda

@@ -1,0 +1,64 @@
+// gpuopt's CUDA layer: kernels and CUDA-runtime helpers with no torch and no Python. Every launch
+// takes an explicit stream. Only available when the build compiled CUDA (GPUOPT_WITH_CUDA).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gpuopt/errors.h"
+
+#define GPUOPT_CHECK_CUDA(expr)                                                              \
+  do {                                                                                       \
+    const cudaError_t gpuopt_status_ = (expr);                                               \
+    GPUOPT_CHECK(gpuopt_status_ == cudaSuccess, #expr, " failed: ",                          \
+                 cudaGetErrorName(gpuopt_status_), " (", cudaGetErrorString(gpuopt_status_), \
+                 ")");                                                                       \
+  } while (0)
+
+// After every kernel launch: a bad configuration shows up here, not at the next sync.
+#define GPUOPT_CHECK_LAUNCH() GPUOPT_CHECK_CUDA(cudaGetLastError())
+
+namespace gpuopt::cuda {
+
+// A CUDA event with timing enabled, destroyed with its owner.
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  Event(Event&& other) noexcept;
+  Event& operator=(Event&& other) noexcept;
+
+  void record(cudaStream_t stream);
+  void synchronize() const;
+  bool query() const;  // true when the work before the record has completed
+  cudaEvent_t get() const { return event_; }
+  // Milliseconds between two recorded events (start must precede end on the device).
+  static float elapsed_ms(const Event& start, const Event& end);
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// out[i] = pattern_value(i, seed) for i < n: a cheap integer hash, so results are checkable
+// exactly on the host. Also what flush_l2 writes (every byte of the buffer is stored).
+void fill_pattern(std::uint32_t* out, std::int64_t n, std::uint32_t seed, cudaStream_t stream);
+
+// A single-thread kernel that spins for `ns` nanoseconds of %globaltimer. Queued before a timed
+// region it keeps the GPU busy while the host enqueues the region, so launch gaps stay out of
+// device-time measurements.
+void delay(std::uint64_t ns, cudaStream_t stream);
+
+// Device-to-device copy of `bytes`, `reps` times back to back between events; ms per copy.
+double time_copy_ms(void* dst, const void* src, std::size_t bytes, int reps, cudaStream_t stream);
+
+// cudaDeviceGetAttribute, checked.
+int device_attribute(cudaDeviceAttr attribute, int device);
+
+int runtime_version();  // e.g. 13000
+int driver_version();   // the CUDA version the driver supports, e.g. 13000; 0 without a driver
+
+}  // namespace gpuopt::cuda

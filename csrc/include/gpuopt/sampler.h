@@ -1,0 +1,57 @@
+// The sampling loop shared by every timing mode: warm-up by count and by time, then samples until the
+// confidence interval of the median is tight enough, a fixed count is reached, or the time budget
+// runs out. What one sample is (CUDA events, a block of pipelined calls, a graph replay, the host
+// clock) is the SampleSource's business; the loop knows only clocks and statistics.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpuopt {
+
+struct SamplerOptions {
+  std::int64_t warmup_iters = 3;  // at least this many warm-up calls ...
+  double warmup_s = 0.05;         // ... and at least this long (capped by warmup_max_iters)
+  std::int64_t warmup_max_iters = 1000;
+  std::int64_t iters = 0;         // > 0: exactly this many samples, no adaptive stop
+  std::int64_t min_iters = 10;
+  std::int64_t max_iters = 100000;
+  double max_time_s = 10.0;       // budget for sampling (warm-up not included)
+  double target_rel_ci = 0.01;    // stop when the CI of the median is within +-this of the median
+  double confidence = 0.95;
+};
+
+// Throws gpuopt::Error(kValue) naming the offending option and what is allowed.
+void validate(const SamplerOptions& options);
+
+struct Sample {
+  double ms = 0;          // the timed quantity, per call
+  double enqueue_ms = 0;  // host time spent issuing the call(s), per call
+};
+
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  // One warm-up call (results ignored). Returns the host time it took, in ms.
+  virtual double warmup() = 0;
+  // Called once between warm-up and sampling, e.g. to size blocks from what warm-up saw.
+  virtual void calibrate() {}
+  virtual Sample sample() = 0;
+  // Called once after the last sample, also when sampling stopped by an exception.
+  virtual void finish() noexcept {}
+};
+
+struct SamplerResult {
+  std::vector<double> ms;
+  std::vector<double> enqueue_ms;
+  std::int64_t warmup_iters = 0;
+  double warmup_s = 0;
+  double sampling_s = 0;
+  bool target_met = false;
+  std::string stop_reason;  // "target", "iters", "max_time", "max_iters"
+};
+
+SamplerResult run_sampler(SampleSource& source, const SamplerOptions& options);
+
+}  // namespace gpuopt

@@ -1,0 +1,64 @@
+// Statistics of timing samples: order statistics, a distribution-free confidence interval of the
+// median, MAD outliers, and a bootstrap interval for the ratio of two medians.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace gpuopt::stats {
+
+// Quantile of sorted data by linear interpolation between order statistics (numpy's default).
+// q in [0, 1]; data non-empty and sorted ascending.
+double quantile_sorted(const std::vector<double>& sorted, double q);
+
+// Ranks (0-based, inclusive) of the order statistics that bound a distribution-free confidence
+// interval of the median: the largest symmetric pair whose exact binomial coverage is >= confidence.
+// When n is too small for that coverage, the interval is [min, max] and `attained` is false.
+struct MedianRanks {
+  std::size_t lo = 0;
+  std::size_t hi = 0;
+  double coverage = 0.0;  // exact coverage of [x_lo, x_hi]
+  bool attained = false;  // coverage >= requested confidence
+};
+MedianRanks median_ci_ranks(std::size_t n, double confidence);
+
+// Outliers by the modified z-score 0.6745 * |x - median| / MAD > threshold (Iglewicz and Hoaglin);
+// when MAD is 0 the mean absolute deviation (scaled by 1.2533) stands in. Reported, never removed.
+std::size_t count_outliers(const std::vector<double>& sorted, double threshold = 3.5);
+
+struct Summary {
+  std::size_t n = 0;
+  double mean = 0, stddev = 0, min = 0, max = 0;
+  double p25 = 0, p50 = 0, p75 = 0, p90 = 0, p95 = 0, p99 = 0;
+  double iqr = 0;
+  double cv = 0;  // stddev / mean
+  double mad = 0;  // median absolute deviation (unscaled)
+  double ci_lo = 0, ci_hi = 0;  // confidence interval of the median
+  double ci_level = 0;  // requested level
+  double ci_coverage = 0;  // exact coverage of the interval reported
+  bool ci_attained = false;
+  std::size_t outliers = 0;
+
+  // Largest distance of a CI bound from the median, relative to the median.
+  double ci_rel_halfwidth() const;
+};
+
+// Full summary; samples non-empty and finite. stddev uses n - 1 (0 for a single sample).
+Summary summarize(const std::vector<double>& samples, double confidence = 0.95);
+
+// Ratio median(baseline) / median(candidate) -- the speedup of the candidate -- with a percentile
+// bootstrap confidence interval (independent resampling of both sets, `resamples` times).
+struct Ratio {
+  double ratio = 0, lo = 0, hi = 0;
+  double confidence = 0;
+  int resamples = 0;
+};
+Ratio bootstrap_speedup(const std::vector<double>& baseline, const std::vector<double>& candidate,
+                        double confidence = 0.95, int resamples = 2000,
+                        std::uint64_t seed = 0x6770756f707431ULL);
+
+// Median of unsorted data (numpy semantics: mean of the two middle values for even n).
+double median(std::vector<double> data);
+
+}  // namespace gpuopt::stats

@@ -1,0 +1,35 @@
+// LibTorch adapter for device facts and the small CUDA utilities: validates user input with
+// TORCH_CHECK_* and hands raw pointers and torch's current stream to the CUDA layer.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+namespace gpuopt::torch_ext {
+
+bool cuda_compiled();
+// Why CUDA was not compiled ("" when it was).
+std::string no_cuda_reason();
+// Visible CUDA devices; 0 when CUDA was not compiled or no device is present.
+int cuda_device_count();
+// Throws a ValueError naming `what` when no CUDA device can be used.
+void require_cuda(const char* what);
+
+// Writes the layer's checkable hash pattern into a contiguous int32 CUDA tensor on torch's current
+// stream of that tensor's device.
+void fill_pattern(const at::Tensor& out, std::int64_t seed);
+
+struct CopyTiming {
+  double ms_per_copy = 0;
+  double gbps = 0;  // bytes read + bytes written per second, 1e9
+};
+// Times `reps` device-to-device copies of `nbytes` with CUDA events on the current stream.
+CopyTiming time_device_copy(std::int64_t nbytes, std::int64_t reps, std::int64_t device);
+
+std::int64_t l2_cache_bytes(std::int64_t device);
+int cuda_runtime_version();
+int cuda_driver_version();
+
+}  // namespace gpuopt::torch_ext

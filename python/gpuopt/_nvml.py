@@ -1,0 +1,111 @@
+"""Thin, failure-tolerant access to NVML (nvidia-ml-py), used where it is installed.
+
+Every function returns None (or an empty result) when NVML or the queried field is unavailable:
+NVML facts enrich results, they never decide whether a run works.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+
+@functools.lru_cache(maxsize=1)
+def _nvml():
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver, no permission, stub library...
+        return None
+    return pynvml
+
+
+def available() -> bool:
+    return _nvml() is not None
+
+
+def _call(fn, *args, default=None):
+    try:
+        return fn(*args)
+    except Exception:  # noqa: BLE001 - field not supported on this device/driver
+        return default
+
+
+def _str(value):
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def handle(device_index: int):
+    """NVML handle of torch's CUDA device `device_index` (matched by UUID, so that
+    CUDA_VISIBLE_DEVICES reordering cannot mix devices up)."""
+    nv = _nvml()
+    if nv is None:
+        return None
+    uuid = _call(lambda: torch.cuda.get_device_properties(device_index).uuid)
+    if uuid is not None:
+        h = _call(nv.nvmlDeviceGetHandleByUUID, f"GPU-{uuid}")
+        if h is not None:
+            return h
+    return _call(nv.nvmlDeviceGetHandleByIndex, device_index)
+
+
+def driver_version() -> str | None:
+    nv = _nvml()
+    return None if nv is None else _str(_call(nv.nvmlSystemGetDriverVersion))
+
+
+def device_facts(device_index: int) -> dict[str, Any]:
+    """Clocks (current and max), power limit, persistence and ECC state, temperature."""
+    nv = _nvml()
+    h = handle(device_index)
+    if nv is None or h is None:
+        return {}
+    ecc = _call(nv.nvmlDeviceGetEccMode, h)
+    power_mw = _call(nv.nvmlDeviceGetEnforcedPowerLimit, h)
+    persistence = _call(nv.nvmlDeviceGetPersistenceMode, h)
+    return {
+        "clock_sm_mhz": _call(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
+        "clock_mem_mhz": _call(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM),
+        "max_clock_sm_mhz": _call(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_SM),
+        "max_clock_mem_mhz": _call(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_MEM),
+        "power_limit_w": None if power_mw is None else power_mw / 1000.0,
+        "persistence_mode": None if persistence is None else bool(persistence),
+        "ecc_enabled": None if ecc is None else bool(ecc[0]),
+        "temperature_c": _call(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
+    }
+
+
+def clocks(device_index: int) -> tuple[int | None, int | None]:
+    """(current SM clock, max SM clock) in MHz."""
+    nv = _nvml()
+    h = handle(device_index)
+    if nv is None or h is None:
+        return None, None
+    return (
+        _call(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
+        _call(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_SM),
+    )
+
+
+def other_processes(device_index: int, own_pid: int) -> list[int]:
+    """PIDs of other compute processes on the device (empty when unknown)."""
+    nv = _nvml()
+    h = handle(device_index)
+    if nv is None or h is None:
+        return []
+    procs = _call(nv.nvmlDeviceGetComputeRunningProcesses, h, default=[]) or []
+    return sorted({p.pid for p in procs if p.pid != own_pid})
+
+
+def memory_used_bytes(device_index: int) -> int | None:
+    nv = _nvml()
+    h = handle(device_index)
+    if nv is None or h is None:
+        return None
+    info = _call(nv.nvmlDeviceGetMemoryInfo, h)
+    return None if info is None else int(info.used)

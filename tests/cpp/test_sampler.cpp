@@ -1,0 +1,153 @@
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <random>
+#include <stdexcept>
+#include <thread>
+
+#include "gpuopt/errors.h"
+#include "gpuopt/sampler.h"
+
+namespace {
+
+using gpuopt::Sample;
+using gpuopt::SamplerOptions;
+
+// Samples drawn from a normal distribution around 1 ms with a given relative spread.
+class FakeSource : public gpuopt::SampleSource {
+ public:
+  explicit FakeSource(double rel_sd, unsigned seed = 1) : rng_(seed), dist_(1.0, rel_sd) {}
+  double warmup() override {
+    ++warmups;
+    return 0.0;
+  }
+  void calibrate() override { ++calibrations; }
+  Sample sample() override {
+    ++samples;
+    if (throw_at > 0 && samples == throw_at) throw std::runtime_error("boom from fn");
+    if (sleep_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+    return {std::max(1e-6, dist_(rng_)), 0.25};
+  }
+  void finish() noexcept override { ++finishes; }
+
+  int warmups = 0, calibrations = 0, finishes = 0;
+  long samples = 0;
+  long throw_at = 0;
+  int sleep_us = 0;
+
+ private:
+  std::mt19937_64 rng_;
+  std::normal_distribution<double> dist_;
+};
+
+TEST(Sampler, StopsWhenTheMedianIsPreciseEnough) {
+  FakeSource src(0.02);
+  SamplerOptions o;
+  o.warmup_s = 0;
+  o.target_rel_ci = 0.01;
+  const auto r = gpuopt::run_sampler(src, o);
+  EXPECT_EQ(r.stop_reason, "target");
+  EXPECT_TRUE(r.target_met);
+  // CI half-width ~ 1.96 * 1.2533 * sd / sqrt(n) <= 1% of the median needs n of roughly 24..60.
+  EXPECT_GE(r.ms.size(), 10u);
+  EXPECT_LE(r.ms.size(), 200u);
+  EXPECT_EQ(r.ms.size(), r.enqueue_ms.size());
+  EXPECT_EQ(src.warmups, 3);
+  EXPECT_EQ(src.calibrations, 1);
+  EXPECT_EQ(src.finishes, 1);
+}
+
+TEST(Sampler, FixedItersTakesExactlyThatMany) {
+  FakeSource src(0.5);
+  SamplerOptions o;
+  o.warmup_s = 0;
+  o.iters = 37;
+  const auto r = gpuopt::run_sampler(src, o);
+  EXPECT_EQ(r.ms.size(), 37u);
+  EXPECT_EQ(r.stop_reason, "iters");
+}
+
+TEST(Sampler, NoisySamplesHitMaxIters) {
+  FakeSource src(0.5);
+  SamplerOptions o;
+  o.warmup_s = 0;
+  o.target_rel_ci = 0.001;
+  o.max_iters = 500;
+  const auto r = gpuopt::run_sampler(src, o);
+  EXPECT_EQ(r.stop_reason, "max_iters");
+  EXPECT_FALSE(r.target_met);
+  EXPECT_EQ(r.ms.size(), 500u);
+}
+
+TEST(Sampler, TimeBudgetStopsSampling) {
+  FakeSource src(0.5);
+  src.sleep_us = 1000;
+  SamplerOptions o;
+  o.warmup_s = 0;
+  o.target_rel_ci = 0.001;
+  o.max_time_s = 0.05;
+  const auto r = gpuopt::run_sampler(src, o);
+  EXPECT_EQ(r.stop_reason, "max_time");
+  EXPECT_GE(r.sampling_s, 0.05);
+  EXPECT_LT(r.ms.size(), 60u);
+}
+
+TEST(Sampler, WarmupByTimeRunsAtLeastThatLong) {
+  FakeSource src(0.01);
+  SamplerOptions o;
+  o.warmup_iters = 1;
+  o.warmup_s = 0.02;
+  o.iters = 1;
+  auto slow = [&] {
+    struct Slow : FakeSource {
+      using FakeSource::FakeSource;
+      double warmup() override {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        return FakeSource::warmup();
+      }
+    } s(0.01);
+    return gpuopt::run_sampler(s, o);
+  };
+  const auto r = slow();
+  EXPECT_GE(r.warmup_s, 0.02);
+  EXPECT_GE(r.warmup_iters, 5);
+}
+
+TEST(Sampler, ExceptionFromTheCallPropagatesAndFinishes) {
+  FakeSource src(0.1);
+  src.throw_at = 5;
+  SamplerOptions o;
+  o.warmup_s = 0;
+  EXPECT_THROW(gpuopt::run_sampler(src, o), std::runtime_error);
+  EXPECT_EQ(src.finishes, 1);
+}
+
+TEST(Sampler, ValidatesOptionsWithNamedMessages) {
+  auto message_for = [](SamplerOptions o) -> std::string {
+    try {
+      gpuopt::validate(o);
+    } catch (const gpuopt::Error& e) {
+      EXPECT_EQ(e.kind(), gpuopt::ErrorKind::kValue);
+      return e.what();
+    }
+    return "";
+  };
+  SamplerOptions o;
+  o.iters = -1;
+  EXPECT_NE(message_for(o).find("iters"), std::string::npos);
+  o = {};
+  o.target_rel_ci = 1.5;
+  EXPECT_NE(message_for(o).find("target_rel_ci must be in (0, 1), got 1.5"), std::string::npos);
+  o = {};
+  o.max_time_s = -2;
+  EXPECT_NE(message_for(o).find("max_time_s"), std::string::npos);
+  o = {};
+  o.warmup_s = NAN;
+  EXPECT_NE(message_for(o).find("warmup_s"), std::string::npos);
+  o = {};
+  o.min_iters = 0;
+  EXPECT_NE(message_for(o).find("min_iters"), std::string::npos);
+  EXPECT_EQ(message_for(SamplerOptions{}), "");
+}
+
+}  // namespace
