@@ -41,6 +41,21 @@ float Event::elapsed_ms(const Event& start, const Event& end) {
   return ms;
 }
 
+DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+  GPUOPT_CHECK_VALUE(bytes > 0, "buffer size must be > 0 bytes, got ", bytes);
+  const cudaError_t status = cudaMalloc(&ptr_, bytes);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    GPUOPT_CHECK(false, "cudaMalloc of ", bytes, " bytes for gpuopt's scratch buffer failed: ",
+                 cudaGetErrorString(status),
+                 " (torch's allocator may hold the memory: torch.cuda.empty_cache() can release it)");
+  }
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_ != nullptr) cudaFree(ptr_);
+}
+
 double time_copy_ms(void* dst, const void* src, std::size_t bytes, int reps, cudaStream_t stream) {
   GPUOPT_CHECK_VALUE(bytes > 0, "bytes must be > 0, got ", bytes);
   GPUOPT_CHECK_VALUE(reps > 0, "reps must be > 0, got ", reps);

@@ -11,5 +11,6 @@ namespace py = pybind11;
 void register_errors(py::module_& m);
 void bind_build(py::module_& m);
 void bind_stats(py::module_& m);
+void bind_timing(py::module_& m);
 
 }  // namespace gpuopt::python

@@ -52,4 +52,5 @@ PYBIND11_MODULE(_C, m) {
   gpuopt::python::register_errors(m);
   gpuopt::python::bind_build(m);
   gpuopt::python::bind_stats(m);
+  gpuopt::python::bind_timing(m);
 }

@@ -1,5 +1,5 @@
 # Type stubs of gpuopt's compiled core. Public names are re-exported by gpuopt/__init__.py.
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -8,7 +8,8 @@ import torch  # noqa: F401  (first: the extension links against the libtorch it 
 
 from ._ext import build_info
 from .env import env
+from .timing import Comparison, Measurement, compare, measure
 
 __version__ = build_info()["gpuopt_version"]
 
-__all__ = ["__version__", "build_info", "env"]
+__all__ = ["Comparison", "Measurement", "__version__", "build_info", "compare", "env", "measure"]

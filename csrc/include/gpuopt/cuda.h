@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -43,7 +44,32 @@ class Event {
   cudaEvent_t event_ = nullptr;
 };
 
-// out[i] = pattern_value(i, seed) for i < n: a cheap integer hash, so results are checkable
+// Device memory from cudaMalloc, outside torch's caching allocator (so that gpuopt's own scratch,
+// such as the L2 flush buffer, never shows in a model's peak-memory figures).
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return ptr_; }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// An NVTX range for the scope, so profiler traces show gpuopt's phases. Costs a few ns without a tool.
+class NvtxRange {
+ public:
+  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
+  ~NvtxRange() { nvtxRangePop(); }
+  NvtxRange(const NvtxRange&) = delete;
+  NvtxRange& operator=(const NvtxRange&) = delete;
+};
+
+// out[i] = pattern(i, seed) for i < n: a cheap integer hash, so results are checkable
 // exactly on the host. Also what flush_l2 writes (every byte of the buffer is stored).
 void fill_pattern(std::uint32_t* out, std::int64_t n, std::uint32_t seed, cudaStream_t stream);
 

@@ -1,0 +1,101 @@
+"""Shared plumbing of gpuopt's benchmark scripts: arguments, the environment record, targets, and a
+JSON file under benchmarks/results/ with everything needed to believe (or doubt) the numbers."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import gpuopt
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def parse_args(name: str, extra=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=f"gpuopt benchmark: {name}")
+    p.add_argument("--out", type=Path, default=None, help="JSON file to write (default: benchmarks/results/)")
+    p.add_argument("--quick", action="store_true", help="smaller sizes and budgets, for a smoke run")
+    if extra is not None:
+        extra(p)
+    args = p.parse_args()
+    args.name = name
+    return args
+
+
+def git_commit() -> str:
+    env = os.environ.get("GPUOPT_GIT_COMMIT")
+    if env:
+        return env
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).parent)
+        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=10,
+                               cwd=Path(__file__).parent).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def require_gpu(name: str) -> None:
+    if not (torch.cuda.is_available() and gpuopt.build_info()["cuda"]):
+        print(f"SUMMARY {name}: skipped, needs a CUDA device and a CUDA build of gpuopt")
+        sys.exit(0)
+
+
+@dataclass
+class Target:
+    name: str
+    value: float
+    op: str  # "<=" or ">="
+    threshold: float
+    unit: str = ""
+    baseline: str = ""  # what it is measured against, in the same run
+
+    @property
+    def passed(self) -> bool:
+        return self.value <= self.threshold if self.op == "<=" else self.value >= self.threshold
+
+    def line(self) -> str:
+        mark = "PASS" if self.passed else "FAIL"
+        return f"[{mark}] {self.name}: {self.value:.4g}{self.unit} (target {self.op} {self.threshold:g}{self.unit})"
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def write(args: argparse.Namespace, results: dict[str, Any], targets: list[Target]) -> int:
+    env = gpuopt.env()
+    device = env["gpus"][0]["name"] if env["gpus"] else "cpu"
+    record = {
+        "benchmark": args.name,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        "quick": bool(getattr(args, "quick", False)),
+        "device": device,
+        "env": env,
+        "build": gpuopt.build_info(),
+        "results": results,
+        "targets": [asdict(t) | {"passed": t.passed} for t in targets],
+    }
+    out = args.out or RESULTS / f"{args.name}-{slug(device)}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2, default=float))
+    tmp.replace(out)
+    for t in targets:
+        print(t.line())
+    passed = sum(t.passed for t in targets)
+    print(f"wrote {out}")
+    print(f"SUMMARY {args.name} on {device}: {passed}/{len(targets)} targets met")
+    return 0 if passed == len(targets) else 1

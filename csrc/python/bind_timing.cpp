@@ -1,0 +1,136 @@
+#include <pybind11/stl.h>
+#include <torch/csrc/jit/api/module.h>
+
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "../torch/timing.h"
+#include "bindings.h"
+
+namespace gpuopt::python {
+namespace {
+
+struct PyOptions {
+  std::string mode;
+  std::int64_t warmup;
+  double warmup_s;
+  std::optional<std::int64_t> iters;
+  std::int64_t min_iters;
+  std::int64_t max_iters;
+  double max_time_s;
+  double target_rel_ci;
+  double confidence;
+  bool flush_l2;
+  std::int64_t device;
+  std::optional<std::int64_t> calls_per_sample;
+  double block_target_ms;
+};
+
+torch_ext::MeasureOptions to_options(const PyOptions& p) {
+  TORCH_CHECK_VALUE(!p.iters || *p.iters > 0, "iters must be a positive count (or None to stop "
+                    "adaptively), got ", p.iters.value_or(0));
+  TORCH_CHECK_VALUE(!p.calls_per_sample || *p.calls_per_sample > 0,
+                    "calls_per_sample must be >= 1 (or None for automatic), got ",
+                    p.calls_per_sample.value_or(0));
+  torch_ext::MeasureOptions o;
+  o.mode = p.mode;
+  o.sampler.warmup_iters = p.warmup;
+  o.sampler.warmup_s = p.warmup_s;
+  o.sampler.warmup_max_iters = std::max<std::int64_t>(1000, p.warmup);
+  o.sampler.iters = p.iters.value_or(0);
+  o.sampler.min_iters = p.min_iters;
+  o.sampler.max_iters = p.max_iters;
+  o.sampler.max_time_s = p.max_time_s;
+  o.sampler.target_rel_ci = p.target_rel_ci;
+  o.sampler.confidence = p.confidence;
+  o.flush_l2 = p.flush_l2;
+  o.device = p.device;
+  o.calls_per_sample = p.calls_per_sample.value_or(0);
+  o.block_target_ms = p.block_target_ms;
+  return o;
+}
+
+py::dict to_dict(const torch_ext::MeasureResult& r) {
+  py::dict d;
+  d["samples_ms"] = r.sampler.ms;
+  d["enqueue_ms"] = r.sampler.enqueue_ms;
+  d["warmup_iters"] = r.sampler.warmup_iters;
+  d["warmup_s"] = r.sampler.warmup_s;
+  d["sampling_s"] = r.sampler.sampling_s;
+  d["target_met"] = r.sampler.target_met;
+  d["stop_reason"] = r.sampler.stop_reason;
+  d["mode"] = r.mode;
+  d["device"] = r.device;
+  d["calls_per_sample"] = r.calls_per_sample;
+  d["delay_us"] = r.delay_us;
+  d["delay_short"] = r.delay_short;
+  d["flush_bytes"] = r.flush_bytes;
+  return d;
+}
+
+// Runs the loop without the GIL; `fn` takes it back only for the Python call itself. The callable
+// (and the Python objects it holds) is destroyed by the caller, with the GIL held.
+py::dict run(const torch_ext::Callable& fn, const torch_ext::MeasureOptions& options) {
+  torch_ext::MeasureResult result;
+  {
+    py::gil_scoped_release nogil;
+    result = torch_ext::measure(fn, options);
+  }
+  return to_dict(result);
+}
+
+}  // namespace
+
+void bind_timing(py::module_& m) {
+  py::class_<PyOptions>(m, "MeasureOptions")
+      .def(py::init([](std::string mode, std::int64_t warmup, double warmup_s, std::optional<std::int64_t> iters,
+                       std::int64_t min_iters, std::int64_t max_iters, double max_time_s, double target_rel_ci,
+                       double confidence, bool flush_l2, std::int64_t device,
+                       std::optional<std::int64_t> calls_per_sample, double block_target_ms) {
+             return PyOptions{std::move(mode), warmup, warmup_s, iters, min_iters, max_iters, max_time_s,
+                              target_rel_ci, confidence, flush_l2, device, calls_per_sample, block_target_ms};
+           }),
+           py::kw_only(), py::arg("mode"), py::arg("warmup"), py::arg("warmup_s"), py::arg("iters"),
+           py::arg("min_iters"), py::arg("max_iters"), py::arg("max_time_s"), py::arg("target_rel_ci"),
+           py::arg("confidence"), py::arg("flush_l2"), py::arg("device"), py::arg("calls_per_sample"),
+           py::arg("block_target_ms"));
+
+  m.def(
+      "measure_callable",
+      [](const py::function& fn, const std::vector<std::pair<py::tuple, py::dict>>& calls,
+         const PyOptions& options) {
+        TORCH_CHECK_VALUE(!calls.empty(), "inputs must hold at least one argument set");
+        const torch_ext::MeasureOptions o = to_options(options);
+        const auto n = static_cast<std::int64_t>(calls.size());
+        const torch_ext::Callable call = [&fn, &calls, n](std::int64_t i) {
+          py::gil_scoped_acquire gil;
+          const auto& [args, kwargs] = calls[static_cast<std::size_t>(i % n)];
+          fn(*args, **kwargs);
+        };
+        return run(call, o);
+      },
+      py::arg("fn"), py::arg("calls"), py::arg("options"),
+      "Times fn(*args, **kwargs), rotating through `calls`; the GIL is held only inside fn.");
+
+  m.def(
+      "measure_script",
+      [](const py::object& script_module, const std::vector<std::vector<at::Tensor>>& inputs,
+         const PyOptions& options) {
+        TORCH_CHECK_VALUE(!inputs.empty(), "inputs must hold at least one argument set");
+        const torch_ext::MeasureOptions o = to_options(options);
+        auto module = script_module.cast<torch::jit::Module>();
+        std::vector<std::vector<c10::IValue>> stacks;
+        stacks.reserve(inputs.size());
+        for (const auto& set : inputs) stacks.emplace_back(set.begin(), set.end());
+        const auto n = static_cast<std::int64_t>(stacks.size());
+        const torch_ext::Callable call = [&module, &stacks, n](std::int64_t i) {
+          module.forward(stacks[static_cast<std::size_t>(i % n)]);
+        };
+        return run(call, o);
+      },
+      py::arg("script_module"), py::arg("inputs"), py::arg("options"),
+      "Times a TorchScript module's forward entirely in C++, without the GIL.");
+}
+
+}  // namespace gpuopt::python

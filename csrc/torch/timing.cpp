@@ -1,0 +1,365 @@
+#include "timing.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "device.h"
+#include "gpuopt/stats.h"
+
+#ifdef GPUOPT_WITH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "gpuopt/cuda.h"
+#endif
+
+namespace gpuopt::torch_ext {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+void validate(const MeasureOptions& o) {
+  static const std::array<const char*, 4> kModes{"latency", "throughput", "graph", "host"};
+  TORCH_CHECK_VALUE(std::find(kModes.begin(), kModes.end(), o.mode) != kModes.end(),
+                    "mode must be one of \"latency\", \"throughput\", \"graph\", \"host\"; got \"",
+                    o.mode, "\"");
+  TORCH_CHECK_VALUE(!o.flush_l2 || o.mode == "latency" || o.mode == "graph",
+                    "flush_l2=True applies to mode=\"latency\" or \"graph\" (a flush between "
+                    "pipelined calls would be timed with them); got mode=\"", o.mode, "\"");
+  TORCH_CHECK_VALUE(o.calls_per_sample >= 0, "calls_per_sample must be >= 1 (or None for automatic), got ",
+                    o.calls_per_sample);
+  TORCH_CHECK_VALUE(o.calls_per_sample <= 1 || o.mode == "throughput" || o.mode == "graph",
+                    "calls_per_sample applies to mode=\"throughput\" (calls per block) or \"graph\" "
+                    "(calls per graph); got mode=\"", o.mode, "\"");
+  TORCH_CHECK_VALUE(std::isfinite(o.block_target_ms) && o.block_target_ms > 0,
+                    "block_target_ms must be > 0, got ", o.block_target_ms);
+  gpuopt::validate(o.sampler);
+}
+
+// Median of the warm-up values after the first (which carries lazy initialisation), or of all.
+double typical(const std::vector<double>& v) {
+  if (v.empty()) return 0.0;
+  if (v.size() == 1) return v.front();
+  return stats::median(std::vector<double>(v.begin() + 1, v.end()));
+}
+
+// Calls per sample so that one sample lasts about target_ms.
+std::int64_t calls_for(double per_call_ms, double target_ms, std::int64_t limit) {
+  if (!(per_call_ms > 0.0)) return limit;
+  return std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(target_ms / per_call_ms)), 1, limit);
+}
+
+class HostSource final : public SampleSource {
+ public:
+  HostSource(const Callable& fn, bool sync) : fn_(fn), sync_(sync) {}
+  double warmup() override { return sample().ms; }
+  Sample sample() override {
+    const Clock::time_point t0 = Clock::now();
+    fn_(i_++);
+    const Clock::time_point t1 = Clock::now();
+#ifdef GPUOPT_WITH_CUDA
+    if (sync_) c10::cuda::device_synchronize();
+#endif
+    const Clock::time_point t2 = Clock::now();
+    return {ms_between(t0, t2), ms_between(t0, t1)};
+  }
+
+ private:
+  const Callable& fn_;
+  bool sync_;
+  std::int64_t i_ = 0;
+};
+
+#ifdef GPUOPT_WITH_CUDA
+
+// The L2 flush: a kernel of ours overwriting at least twice the L2, queued before a sample.
+class L2Flush {
+ public:
+  explicit L2Flush(c10::DeviceIndex device)
+      : buffer_(2 * static_cast<std::size_t>(cuda::device_attribute(cudaDevAttrL2CacheSize, device)) +
+                (1 << 20)) {}
+  void run(cudaStream_t stream) {
+    cuda::fill_pattern(static_cast<std::uint32_t*>(buffer_.get()),
+                       static_cast<std::int64_t>(buffer_.bytes() / 4), seed_++, stream);
+  }
+  std::int64_t bytes() const { return static_cast<std::int64_t>(buffer_.bytes()); }
+
+ private:
+  cuda::DeviceBuffer buffer_;
+  std::uint32_t seed_ = 1;
+};
+
+// Spin long enough to cover the host's enqueue of one sample, so that device time excludes launch
+// gaps: 1.25x the slower warm-up enqueue times plus 20 us, at most 200 ms.
+std::uint64_t spin_ns_for(std::vector<double> enqueue_ms) {
+  double ms = 0.0;
+  if (!enqueue_ms.empty()) {
+    if (enqueue_ms.size() > 1) enqueue_ms.erase(enqueue_ms.begin());
+    std::sort(enqueue_ms.begin(), enqueue_ms.end());
+    ms = stats::quantile_sorted(enqueue_ms, 0.9);
+  }
+  return static_cast<std::uint64_t>(std::min(1.25 * ms + 0.02, 200.0) * 1e6);
+}
+
+class DeviceSource : public SampleSource {
+ public:
+  DeviceSource(const Callable& fn, cudaStream_t stream) : fn_(fn), stream_(stream) {}
+
+  double warmup() override {
+    const cuda::NvtxRange range("gpuopt.warmup");
+    start_.record(stream_);
+    const Clock::time_point t0 = Clock::now();
+    fn_(i_++);
+    const Clock::time_point t1 = Clock::now();
+    end_.record(stream_);
+    end_.synchronize();
+    warm_device_ms_.push_back(cuda::Event::elapsed_ms(start_, end_));
+    warm_enqueue_ms_.push_back(ms_between(t0, t1));
+    return warm_enqueue_ms_.back();
+  }
+
+  void finish() noexcept override { (void)cudaStreamSynchronize(stream_); }
+
+  std::int64_t calls_per_sample = 1;
+  std::uint64_t spin_ns = 0;
+  std::int64_t spin_short = 0;
+
+ protected:
+  const Callable& fn_;
+  cudaStream_t stream_;
+  std::int64_t i_ = 0;
+  cuda::Event start_, end_;
+  std::vector<double> warm_device_ms_, warm_enqueue_ms_;
+};
+
+class LatencySource final : public DeviceSource {
+ public:
+  LatencySource(const Callable& fn, cudaStream_t stream, L2Flush* flush)
+      : DeviceSource(fn, stream), flush_(flush) {}
+
+  void calibrate() override { spin_ns = spin_ns_for(warm_enqueue_ms_); }
+
+  Sample sample() override {
+    const cuda::NvtxRange range("gpuopt.sample");
+    if (flush_ != nullptr) flush_->run(stream_);
+    cuda::delay(spin_ns, stream_);
+    start_.record(stream_);
+    const Clock::time_point t0 = Clock::now();
+    fn_(i_++);
+    const Clock::time_point t1 = Clock::now();
+    end_.record(stream_);
+    end_.synchronize();
+    const double enqueue = ms_between(t0, t1);
+    if (enqueue * 1e6 > static_cast<double>(spin_ns)) ++spin_short;
+    return {cuda::Event::elapsed_ms(start_, end_), enqueue};
+  }
+
+ private:
+  L2Flush* flush_;
+};
+
+class ThroughputSource final : public DeviceSource {
+ public:
+  ThroughputSource(const Callable& fn, cudaStream_t stream, std::int64_t calls, double target_ms)
+      : DeviceSource(fn, stream), requested_calls_(calls), target_ms_(target_ms) {}
+
+  void calibrate() override {
+    calls_per_sample = requested_calls_ > 0 ? requested_calls_
+                                            : calls_for(typical(warm_device_ms_), target_ms_, 100000);
+  }
+
+  // Block s spans boundary events s -> s+1; block s+1 is always queued before block s is read.
+  Sample sample() override {
+    const cuda::NvtxRange range("gpuopt.sample");
+    if (block_ == 0) {
+      boundary(0).record(stream_);
+      enqueue_ms_[0] = enqueue_block();
+      boundary(1).record(stream_);
+    }
+    enqueue_ms_[(block_ + 1) % 2] = enqueue_block();
+    boundary(block_ + 2).record(stream_);
+    boundary(block_ + 1).synchronize();
+    const double ms = cuda::Event::elapsed_ms(boundary(block_), boundary(block_ + 1));
+    const double enqueue = enqueue_ms_[block_ % 2];
+    ++block_;
+    const auto k = static_cast<double>(calls_per_sample);
+    return {ms / k, enqueue / k};
+  }
+
+ private:
+  double enqueue_block() {
+    const Clock::time_point t0 = Clock::now();
+    for (std::int64_t j = 0; j < calls_per_sample; ++j) fn_(i_++);
+    return ms_between(t0, Clock::now());
+  }
+  cuda::Event& boundary(std::int64_t j) { return events_[static_cast<std::size_t>(j % 3)]; }
+
+  std::int64_t requested_calls_;
+  double target_ms_;
+  std::int64_t block_ = 0;
+  std::array<cuda::Event, 3> events_;
+  std::array<double, 2> enqueue_ms_{};
+};
+
+class GraphSource final : public DeviceSource {
+ public:
+  // `stream` is a side stream; the caller made it current and ordered it after the caller's stream.
+  GraphSource(const Callable& fn, cudaStream_t stream, L2Flush* flush, std::int64_t calls, double target_ms)
+      : DeviceSource(fn, stream), flush_(flush), requested_calls_(calls), target_ms_(target_ms) {}
+
+  void calibrate() override {
+    calls_per_sample = requested_calls_ > 0 ? requested_calls_
+                                            : calls_for(typical(warm_device_ms_), target_ms_, 1000);
+    capture();
+    // One untimed replay, which also tells how long the host takes to launch the graph.
+    const Clock::time_point t0 = Clock::now();
+    graph_.replay();
+    const double launch_ms = ms_between(t0, Clock::now());
+    GPUOPT_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    spin_ns = spin_ns_for({launch_ms, launch_ms});
+  }
+
+  Sample sample() override {
+    const cuda::NvtxRange range("gpuopt.sample");
+    if (flush_ != nullptr) flush_->run(stream_);
+    cuda::delay(spin_ns, stream_);
+    start_.record(stream_);
+    const Clock::time_point t0 = Clock::now();
+    graph_.replay();
+    const Clock::time_point t1 = Clock::now();
+    end_.record(stream_);
+    end_.synchronize();
+    const double enqueue = ms_between(t0, t1);
+    if (enqueue * 1e6 > static_cast<double>(spin_ns)) ++spin_short;
+    const auto k = static_cast<double>(calls_per_sample);
+    return {cuda::Event::elapsed_ms(start_, end_) / k, enqueue / k};
+  }
+
+ private:
+  void capture() {
+    const cuda::NvtxRange range("gpuopt.capture");
+    try {
+      graph_.capture_begin();
+      for (std::int64_t j = 0; j < calls_per_sample; ++j) fn_(i_++);
+    } catch (const std::exception& e) {
+      abandon_capture();
+      TORCH_CHECK_VALUE(false, "mode=\"graph\": fn could not be captured into a CUDA graph (", e.what(),
+                        "). Capture needs fixed shapes and addresses, no host synchronization "
+                        "(.item(), .cpu(), printing tensors) and no CPU decisions on GPU values; "
+                        "time it with mode=\"latency\" or \"throughput\" instead");
+    }
+    try {
+      graph_.capture_end();
+    } catch (const std::exception& e) {
+      abandon_capture();
+      TORCH_CHECK_VALUE(false, "mode=\"graph\": the CUDA graph capture of fn failed (", e.what(),
+                        "); time it with mode=\"latency\" or \"throughput\" instead");
+    }
+  }
+
+  // Ends an open capture (if any), drops the partial graph and clears the non-sticky error.
+  void abandon_capture() noexcept {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream_, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+      try {
+        graph_.capture_end();
+      } catch (...) {  // the capture was invalid; ending it is all we wanted
+      }
+    }
+    try {
+      graph_.reset();
+    } catch (...) {
+    }
+    (void)cudaGetLastError();
+  }
+
+  L2Flush* flush_;
+  std::int64_t requested_calls_;
+  double target_ms_;
+  at::cuda::CUDAGraph graph_;
+};
+
+MeasureResult measure_device(const Callable& fn, const MeasureOptions& o) {
+  require_cuda((std::string("mode=\"") + o.mode + "\"").c_str());
+  TORCH_CHECK_INDEX(o.device >= 0 && o.device < cuda_device_count(), "device must be in [0, ",
+                    cuda_device_count(), "), got ", o.device);
+  const auto index = static_cast<c10::DeviceIndex>(o.device);
+  const c10::cuda::CUDAGuard device_guard(index);
+  std::unique_ptr<L2Flush> flush;
+  if (o.flush_l2) flush = std::make_unique<L2Flush>(index);
+
+  MeasureResult res;
+  res.mode = o.mode;
+  res.device = o.device;
+  res.flush_bytes = flush ? flush->bytes() : 0;
+  const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(index);
+
+  auto run = [&](DeviceSource& source) {
+    res.sampler = run_sampler(source, o.sampler);
+    res.calls_per_sample = source.calls_per_sample;
+    res.delay_us = static_cast<double>(source.spin_ns) / 1e3;
+    res.delay_short = source.spin_short;
+  };
+  if (o.mode == "latency") {
+    LatencySource source(fn, caller.stream(), flush.get());
+    run(source);
+  } else if (o.mode == "throughput") {
+    ThroughputSource source(fn, caller.stream(), o.calls_per_sample, o.block_target_ms);
+    run(source);
+  } else {
+    // Capture on a side stream ordered after the caller's work; the guard restores the caller's
+    // stream on every way out.
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, index);
+    cuda::Event ready;
+    ready.record(caller.stream());
+    GPUOPT_CHECK_CUDA(cudaStreamWaitEvent(side.stream(), ready.get(), 0));
+    const c10::cuda::CUDAStreamGuard stream_guard(side);
+    GraphSource source(fn, side.stream(), flush.get(), o.calls_per_sample, o.block_target_ms);
+    run(source);
+  }
+  return res;
+}
+
+#endif  // GPUOPT_WITH_CUDA
+
+}  // namespace
+
+MeasureResult measure(const Callable& fn, const MeasureOptions& o) {
+  validate(o);
+  if (o.mode != "host") {
+#ifdef GPUOPT_WITH_CUDA
+    return measure_device(fn, o);
+#else
+    require_cuda((std::string("mode=\"") + o.mode + "\"").c_str());
+#endif
+  }
+  const bool sync = cuda_device_count() > 0;
+  MeasureResult res;
+  res.mode = o.mode;
+#ifdef GPUOPT_WITH_CUDA
+  std::unique_ptr<c10::cuda::CUDAGuard> guard;
+  if (sync) {
+    TORCH_CHECK_INDEX(o.device >= 0 && o.device < cuda_device_count(), "device must be in [0, ",
+                      cuda_device_count(), "), got ", o.device);
+    guard = std::make_unique<c10::cuda::CUDAGuard>(static_cast<c10::DeviceIndex>(o.device));
+    res.device = o.device;
+  }
+#endif
+  HostSource source(fn, sync);
+  res.sampler = run_sampler(source, o.sampler);
+  return res;
+}
+
+}  // namespace gpuopt::torch_ext

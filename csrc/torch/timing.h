@@ -1,0 +1,48 @@
+// Timing modes on top of the core sampler: what one sample is in each mode, on torch's streams.
+//
+//   latency     one call between CUDA events, synchronized per sample. A short spin kernel queued
+//               ahead of the start event keeps the GPU busy while the host enqueues the call, so the
+//               sample is device time without host launch gaps; host enqueue time is kept beside it.
+//   throughput  blocks of k back-to-back calls, events at block boundaries, one block always queued
+//               ahead (pipelined steady state); a sample is block time / k.
+//   graph       k calls captured into one CUDA graph on a side stream; a sample is replay time / k.
+//   host        steady clock around call + device synchronize (end to end; the only CPU mode).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "gpuopt/sampler.h"
+
+namespace gpuopt::torch_ext {
+
+// Runs the user's work once; the argument is the call index (for rotating input sets).
+using Callable = std::function<void(std::int64_t call_index)>;
+
+struct MeasureOptions {
+  SamplerOptions sampler;
+  std::string mode = "latency";
+  bool flush_l2 = false;
+  std::int64_t device = 0;
+  std::int64_t calls_per_sample = 0;  // throughput block / calls per graph; 0 = sized from warm-up
+  double block_target_ms = 2.0;       // auto-sizing target for one throughput block or graph replay
+};
+
+struct MeasureResult {
+  SamplerResult sampler;
+  std::string mode;
+  std::int64_t device = -1;  // -1: host mode without a device
+  std::int64_t calls_per_sample = 1;
+  double delay_us = 0;          // spin queued before each device sample (latency/graph)
+  std::int64_t delay_short = 0;  // samples whose enqueue outlasted the spin: may contain host gaps
+  std::int64_t flush_bytes = 0;
+};
+
+// Validates everything (ValueError naming the parameter), then measures. Exceptions thrown by the
+// callable propagate unchanged, except a failed graph capture, which becomes a ValueError naming
+// mode="graph" and carrying the original message. Nothing is left behind either way: the capture
+// is ended, the current stream restored, events and buffers freed.
+MeasureResult measure(const Callable& fn, const MeasureOptions& options);
+
+}  // namespace gpuopt::torch_ext

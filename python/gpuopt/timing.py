@@ -1,0 +1,476 @@
+"""Truthful timing: ``measure()`` runs gpuopt's C++ sampling loop and returns a ``Measurement``;
+``compare()`` puts a bootstrap confidence interval on the speedup between two measurements."""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import torch
+
+from . import _nvml
+from ._ext import _C
+
+MODES = ("latency", "throughput", "graph", "host")
+SCHEMA_VERSION = 1
+
+# Thresholds of the warnings a Measurement carries.
+HIGH_CV = 0.05  # coefficient of variation above which timings are called noisy
+LAUNCH_BOUND = 0.8  # host enqueue time / device time above which a workload is launch-bound
+SLOW_CLOCK = 0.9  # median SM clock / max SM clock below which the GPU is called throttled
+
+
+def format_ms(ms: float) -> str:
+    """A duration in the unit that reads best: 4.52 us, 0.193 ms, 12.4 ms, 1.52 s."""
+    if ms is None or not math.isfinite(ms):
+        return str(ms)
+    if ms < 1.0:
+        return f"{ms * 1e3:.3g} us"
+    if ms < 1000.0:
+        return f"{ms:.4g} ms"
+    return f"{ms / 1e3:.3g} s"
+
+
+@dataclass
+class Measurement:
+    """Timing samples of one workload and everything needed to judge them.
+
+    All times are milliseconds per call. ``samples_ms`` are raw samples (device time in the device
+    modes, wall time in ``host`` mode); ``enqueue_ms`` the host time spent issuing each call.
+    """
+
+    mode: str
+    samples_ms: list[float]
+    enqueue_ms: list[float]
+    n: int
+    mean: float
+    std: float
+    min: float
+    max: float
+    p25: float
+    p50: float
+    p75: float
+    p90: float
+    p95: float
+    p99: float
+    iqr: float
+    cv: float
+    mad: float
+    outliers: int
+    ci95: tuple[float, float]
+    ci_level: float
+    ci_coverage: float
+    target_rel_ci: float
+    target_met: bool
+    stop_reason: str
+    enqueue: dict[str, float]
+    warmup_iters: int
+    warmup_s: float
+    sampling_s: float
+    calls_per_sample: int
+    device: int | None = None
+    device_name: str | None = None
+    label: str | None = None
+    delay_us: float = 0.0
+    delay_short: int = 0
+    flush_l2_bytes: int = 0
+    memory: dict[str, int | None] | None = None
+    clocks: dict[str, Any] | None = None
+    diagnosis: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return self.p50
+
+    @property
+    def ci_rel(self) -> float:
+        """Half-width of the median's confidence interval relative to the median."""
+        lo, hi = self.ci95
+        return max(self.p50 - lo, hi - self.p50) / self.p50 if self.p50 > 0 else math.inf
+
+    def per_second(self, items_per_call: int = 1) -> float:
+        """Items per second at the median time per call."""
+        return items_per_call * 1e3 / self.p50 if self.p50 > 0 else math.inf
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ci95"] = list(self.ci95)
+        d["schema_version"] = SCHEMA_VERSION
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Measurement:
+        version = d.get("schema_version", SCHEMA_VERSION)
+        if version > SCHEMA_VERSION:
+            raise ValueError(
+                f"measurement schema_version {version} is newer than this gpuopt understands "
+                f"({SCHEMA_VERSION}); upgrade gpuopt"
+            )
+        names = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in names}
+        kwargs["ci95"] = tuple(kwargs["ci95"])
+        return cls(**kwargs)
+
+    @classmethod
+    def from_samples(
+        cls,
+        samples_ms: Sequence[float],
+        *,
+        enqueue_ms: Sequence[float] | None = None,
+        mode: str = "host",
+        confidence: float = 0.95,
+        target_rel_ci: float = 0.01,
+        target_met: bool | None = None,
+        stop_reason: str = "given",
+        device: int | None = None,
+        **meta: Any,
+    ) -> Measurement:
+        """A Measurement of given samples (ms per call), with gpuopt's statistics and warnings.
+
+        ``measure()`` builds its results this way; it is also how timings taken elsewhere are
+        compared with ``compare()``. ``target_met`` defaults to whether the CI meets ``target_rel_ci``.
+
+        >>> m = Measurement.from_samples([1.0, 1.1, 0.9, 1.0, 1.05, 0.95])
+        >>> round(m.p50, 3)
+        1.0
+        """
+        samples = [float(x) for x in samples_ms]
+        s = _C.summarize(samples, confidence)
+        enqueue = [0.0] * len(samples) if enqueue_ms is None else [float(x) for x in enqueue_ms]
+        if len(enqueue) != len(samples):
+            raise ValueError(f"enqueue_ms must have one value per sample ({len(samples)}), got {len(enqueue)}")
+        e = _C.summarize(enqueue, confidence)
+        ci = (s["ci_lo"], s["ci_hi"])
+        if target_met is None:
+            target_met = bool(s["ci_attained"]) and max(s["p50"] - ci[0], ci[1] - s["p50"]) <= target_rel_ci * s["p50"]
+        meta.setdefault("warmup_iters", 0)
+        meta.setdefault("warmup_s", 0.0)
+        meta.setdefault("sampling_s", 0.0)
+        meta.setdefault("calls_per_sample", 1)
+        m = cls(
+            mode=mode, samples_ms=samples, enqueue_ms=enqueue,
+            n=s["n"], mean=s["mean"], std=s["std"], min=s["min"], max=s["max"], p25=s["p25"], p50=s["p50"],
+            p75=s["p75"], p90=s["p90"], p95=s["p95"], p99=s["p99"], iqr=s["iqr"], cv=s["cv"], mad=s["mad"],
+            outliers=s["outliers"], ci95=ci, ci_level=confidence, ci_coverage=s["ci_coverage"],
+            target_rel_ci=target_rel_ci, target_met=bool(target_met), stop_reason=stop_reason,
+            enqueue={"p50": e["p50"], "mean": e["mean"], "p95": e["p95"], "max": e["max"]},
+            device=device,
+            device_name=torch.cuda.get_device_name(device) if device is not None else None,
+            **meta,
+        )
+        m.warnings, m.diagnosis = _warnings(m, m.clocks)
+        return m
+
+    def _headline(self) -> str:
+        lo, hi = self.ci95
+        where = self.device_name or ("CPU" if self.device is None else f"cuda:{self.device}")
+        name = f"{self.label}: " if self.label else ""
+        return (
+            f"{name}{self.mode} on {where}: median {format_ms(self.p50)} "
+            f"[{self.ci_level:.0%} CI {format_ms(lo)} .. {format_ms(hi)}], p90 {format_ms(self.p90)}, "
+            f"p99 {format_ms(self.p99)}, mean {format_ms(self.mean)}, cv {self.cv:.1%}, n={self.n}, "
+            f"enqueue {format_ms(self.enqueue['p50'])}"
+        )
+
+    def __repr__(self) -> str:
+        lines = [f"Measurement({self._headline()})"]
+        lines += [f"  warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        lo, hi = self.ci95
+        rows = [
+            ("median", format_ms(self.p50)),
+            (f"{self.ci_level:.0%} CI of median", f"{format_ms(lo)} .. {format_ms(hi)} (±{self.ci_rel:.2%})"),
+            ("p90 / p95 / p99", " / ".join(format_ms(x) for x in (self.p90, self.p95, self.p99))),
+            ("mean ± std", f"{format_ms(self.mean)} ± {format_ms(self.std)} (cv {self.cv:.1%})"),
+            ("min / max", f"{format_ms(self.min)} / {format_ms(self.max)}"),
+            ("host enqueue (median)", format_ms(self.enqueue["p50"])),
+            ("samples", f"{self.n} ({self.stop_reason}; {self.outliers} MAD outliers, kept)"),
+        ]
+        if self.memory and self.memory.get("max_allocated_bytes") is not None:
+            rows.append(("peak allocated", f"{self.memory['max_allocated_bytes'] / 2**20:.1f} MiB"))
+        body = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>"
+                       for k, v in rows)
+        title = html.escape(f"{self.label + ': ' if self.label else ''}{self.mode} on "
+                            f"{self.device_name or 'CPU'}")
+        warn = "".join(f"<li>{html.escape(w)}</li>" for w in self.warnings)
+        return (f"<div><b>{title}</b><table>{body}</table>"
+                + (f"<ul style='color:#a60'>{warn}</ul>" if warn else "") + "</div>")
+
+
+def _device_index(device) -> int | None:
+    """None -> current CUDA device (or None without CUDA); int, 'cuda:1' or torch.device -> index."""
+    if device is None:
+        return torch.cuda.current_device() if torch.cuda.is_available() else None
+    if isinstance(device, bool):
+        raise TypeError(f"device must be an int, a string like 'cuda:0' or a torch.device, got {device!r}")
+    if isinstance(device, int):
+        return device
+    if isinstance(device, (str, torch.device)):
+        d = torch.device(device)
+        if d.type == "cpu":
+            return None
+        if d.type != "cuda":
+            raise ValueError(f"device must be a CUDA device or 'cpu', got {device!r}")
+        return d.index if d.index is not None else torch.cuda.current_device()
+    raise TypeError(f"device must be an int, a string like 'cuda:0' or a torch.device, got {device!r}")
+
+
+def _argument_sets(inputs) -> list[tuple[tuple, dict]]:
+    """inputs=None -> one empty call; otherwise each element is an argument set: a tuple/list of
+    positional arguments, a dict of keyword arguments, or a single positional argument."""
+    if inputs is None:
+        return [((), {})]
+    if not isinstance(inputs, (list, tuple)):
+        raise TypeError(f"inputs must be a list of argument sets, got {type(inputs).__name__}")
+    if len(inputs) == 0:
+        raise ValueError("inputs must hold at least one argument set, got an empty list")
+    sets = []
+    for item in inputs:
+        if isinstance(item, dict):
+            sets.append(((), dict(item)))
+        elif isinstance(item, (tuple, list)):
+            sets.append((tuple(item), {}))
+        else:
+            sets.append(((item,), {}))
+    return sets
+
+
+def _resolve_mode(mode, cuda_usable: bool) -> str:
+    if mode is None:
+        return "latency" if cuda_usable else "host"
+    if not isinstance(mode, str):
+        raise TypeError(f"mode must be a string, one of {', '.join(MODES)}; got {mode!r}")
+    return mode
+
+
+def _warnings(m: Measurement, clocks: dict | None) -> tuple[list[str], str | None]:
+    out: list[str] = []
+    diagnosis = None
+    if m.cv > HIGH_CV:
+        what = "the GPU may be shared or throttling" if m.device is not None else "the machine may be busy"
+        out.append(f"high variation: cv {m.cv:.1%} (above {HIGH_CV:.0%}); {what}, or fn does variable work")
+    if not m.target_met:
+        out.append(f"target not met: the {m.ci_level:.0%} CI of the median is ±{m.ci_rel:.2%}, wider than "
+                   f"target_rel_ci={m.target_rel_ci:g} (stopped by {m.stop_reason} after {m.n} samples); "
+                   "raise max_time_s or max_iters for a tighter figure")
+    enq = m.enqueue["p50"]
+    if m.mode == "latency" and enq >= LAUNCH_BOUND * m.p50:
+        diagnosis = "launch-bound"
+        out.append(f"launch-bound: the host needs {format_ms(enq)} to issue work the GPU runs in "
+                   f"{format_ms(m.p50)}; CUDA graphs (mode='graph', or a 'cudagraph' config) or "
+                   "torch.compile(mode='reduce-overhead') remove most of that overhead")
+    elif m.mode == "throughput" and enq >= 0.9 * m.p50:
+        diagnosis = "launch-bound"
+        out.append(f"launch-bound pipeline: issuing a call takes {format_ms(enq)} of host time and a call "
+                   f"completes every {format_ms(m.p50)}: the GPU waits for the host; CUDA graphs or "
+                   "torch.compile(mode='reduce-overhead') help")
+    if m.delay_short > 0.05 * m.n:
+        out.append(f"{m.delay_short} of {m.n} samples took the host longer to enqueue than the "
+                   f"{m.delay_us:.0f} us spin queued ahead of them; those samples may include host gaps")
+    if clocks:
+        mx = clocks.get("max_sm_mhz")
+        if mx and clocks["sm_mhz_median"] < SLOW_CLOCK * mx:
+            why = ", ".join(clocks["throttle_reasons"]) or "no reason reported"
+            out.append(f"SM clock ran at {clocks['sm_mhz_median']} MHz of {mx} MHz max during the run "
+                       f"({why}); results may not reproduce at full clocks")
+        if clocks.get("compute_processes", 0) > 1:
+            out.append(f"{clocks['compute_processes']} processes used the GPU during the run; other work "
+                       "may have disturbed these timings")
+    return out, diagnosis
+
+
+def measure(
+    fn: Callable[..., Any],
+    *,
+    mode: str | None = None,
+    warmup: int = 3,
+    warmup_s: float = 0.05,
+    iters: int | None = None,
+    min_iters: int = 10,
+    max_iters: int = 100_000,
+    max_time_s: float = 10.0,
+    target_rel_ci: float = 0.01,
+    confidence: float = 0.95,
+    flush_l2: bool = False,
+    inputs: Sequence[Any] | None = None,
+    device: int | str | torch.device | None = None,
+    calls_per_sample: int | None = None,
+    block_target_ms: float = 2.0,
+    monitor: bool = True,
+    label: str | None = None,
+) -> Measurement:
+    """Time ``fn`` with gpuopt's C++ loop and return a :class:`Measurement`.
+
+    Modes (``None`` picks ``"latency"`` with a usable GPU, ``"host"`` otherwise):
+
+    - ``"latency"``: each call alone between CUDA events on the current stream, synchronized per
+      sample. A spin kernel queued ahead keeps the GPU busy while the host enqueues the call, so the
+      figure is device time without launch gaps; the host's enqueue time is recorded beside it and a
+      ``launch-bound`` diagnosis is given when it approaches the device time.
+    - ``"throughput"``: blocks of back-to-back calls (pipelined steady state), per-call block time.
+    - ``"graph"``: ``calls_per_sample`` calls captured into one CUDA graph, replays timed.
+    - ``"host"``: steady clock around call + device synchronize (end to end; works without CUDA).
+
+    Warm-up runs at least ``warmup`` calls and ``warmup_s`` seconds. Sampling then stops when the
+    ``confidence`` interval of the median is within ``±target_rel_ci`` of it, or at ``iters`` samples
+    exactly when given, or at ``max_iters`` / ``max_time_s``. ``inputs`` is a list of argument sets
+    (tuple = positional, dict = keyword, anything else = one positional argument) rotated between
+    calls. ``flush_l2`` overwrites twice the L2 before each latency/graph sample, untimed. A
+    TorchScript module with tensor inputs is timed entirely in C++, without the GIL.
+
+    >>> import torch, gpuopt
+    >>> x = torch.randn(256, 256)
+    >>> m = gpuopt.measure(lambda: x @ x, mode="host", max_time_s=0.5)
+    >>> m.p50 > 0
+    True
+    """
+    if not callable(fn):
+        raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    for name, value in (("flush_l2", flush_l2), ("monitor", monitor)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    cuda_usable = _C.cuda_compiled() and torch.cuda.is_available()
+    mode = _resolve_mode(mode, cuda_usable)
+    index = _device_index(device)
+    calls = _argument_sets(inputs)
+    opts = _C.MeasureOptions(
+        mode=mode, warmup=warmup, warmup_s=warmup_s, iters=iters, min_iters=min_iters, max_iters=max_iters,
+        max_time_s=max_time_s, target_rel_ci=target_rel_ci, confidence=confidence, flush_l2=flush_l2,
+        device=-1 if index is None else index, calls_per_sample=calls_per_sample,
+        block_target_ms=block_target_ms,
+    )
+    on_gpu = cuda_usable and index is not None
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats(index)
+    clock_monitor = _nvml.ClockMonitor(index) if (on_gpu and monitor and mode != "host") else None
+    script = isinstance(fn, torch.jit.ScriptModule) and all(
+        not kw and all(isinstance(a, torch.Tensor) for a in args) for args, kw in calls
+    )
+    with clock_monitor or contextlib.nullcontext():
+        if script:
+            raw = _C.measure_script(fn._c, [list(args) for args, _ in calls], opts)
+        else:
+            raw = _C.measure_callable(fn, calls, opts)
+
+    memory = None
+    if on_gpu:
+        memory = {
+            "max_allocated_bytes": int(torch.cuda.max_memory_allocated(index)),
+            "max_reserved_bytes": int(torch.cuda.max_memory_reserved(index)),
+            "nvml_used_bytes": _nvml.memory_used_bytes(index),
+        }
+    return Measurement.from_samples(
+        raw["samples_ms"],
+        enqueue_ms=raw["enqueue_ms"],
+        mode=raw["mode"],
+        confidence=confidence,
+        target_rel_ci=target_rel_ci,
+        target_met=raw["target_met"],
+        stop_reason=raw["stop_reason"],
+        warmup_iters=raw["warmup_iters"],
+        warmup_s=raw["warmup_s"],
+        sampling_s=raw["sampling_s"],
+        calls_per_sample=raw["calls_per_sample"],
+        device=None if raw["device"] < 0 else raw["device"],
+        label=label,
+        delay_us=raw["delay_us"],
+        delay_short=raw["delay_short"],
+        flush_l2_bytes=raw["flush_bytes"],
+        memory=memory,
+        clocks=clock_monitor.summary(skip_s=raw["warmup_s"]) if clock_monitor is not None else None,
+    )
+
+
+@dataclass
+class Comparison:
+    """Speedup of ``candidate`` over ``baseline``: median(baseline) / median(candidate), with a
+    percentile-bootstrap confidence interval and a verdict."""
+
+    speedup: float
+    ci: tuple[float, float]
+    confidence: float
+    verdict: str  # "faster", "slower" or "no significant difference"
+    min_effect: float
+    baseline_ms: float
+    candidate_ms: float
+    baseline_label: str | None = None
+    candidate_label: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def significant(self) -> bool:
+        return self.verdict != "no significant difference"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ci"] = list(self.ci)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Comparison:
+        kwargs = {k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}
+        kwargs["ci"] = tuple(kwargs["ci"])
+        return cls(**kwargs)
+
+    def __str__(self) -> str:
+        a = self.baseline_label or "baseline"
+        b = self.candidate_label or "candidate"
+        return (f"{b} vs {a}: {self.speedup:.3f}x [{self.confidence:.0%} CI {self.ci[0]:.3f} .. "
+                f"{self.ci[1]:.3f}] -> {self.verdict} ({format_ms(self.baseline_ms)} -> "
+                f"{format_ms(self.candidate_ms)})")
+
+    __repr__ = __str__
+
+
+def compare(
+    baseline: Measurement,
+    candidate: Measurement,
+    *,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    min_effect: float = 0.01,
+    seed: int | None = None,
+) -> Comparison:
+    """How much faster ``candidate`` is than ``baseline``, with a bootstrap confidence interval.
+
+    The verdict is "faster" when the interval lies above 1 and the speedup is at least
+    ``1 + min_effect``; "slower" when it lies below 1 and the slowdown is at least as large;
+    otherwise "no significant difference". ``min_effect`` (default 1%) keeps run-to-run drift of GPU
+    clocks, which no within-run interval can see, from being reported as a speedup.
+
+    >>> import gpuopt, torch
+    >>> x = torch.randn(128, 128)
+    >>> a = gpuopt.measure(lambda: x @ x, mode="host", max_time_s=0.3)
+    >>> gpuopt.compare(a, a).verdict
+    'no significant difference'
+    """
+    for name, m in (("baseline", baseline), ("candidate", candidate)):
+        if not isinstance(m, Measurement):
+            raise TypeError(f"{name} must be a gpuopt.Measurement, got {type(m).__name__}")
+    if not (isinstance(min_effect, (int, float)) and 0 <= min_effect < 1):
+        raise ValueError(f"min_effect must be in [0, 1), got {min_effect!r}")
+    kw = {} if seed is None else {"seed": seed}
+    ratio, lo, hi = _C.bootstrap_speedup(baseline.samples_ms, candidate.samples_ms, confidence, resamples, **kw)
+    if lo > 1.0 and ratio >= 1.0 + min_effect:
+        verdict = "faster"
+    elif hi < 1.0 and ratio <= 1.0 / (1.0 + min_effect):
+        verdict = "slower"
+    else:
+        verdict = "no significant difference"
+    notes = []
+    if baseline.mode != candidate.mode:
+        notes.append(f"modes differ: baseline {baseline.mode}, candidate {candidate.mode}")
+    if baseline.device_name != candidate.device_name:
+        notes.append(f"devices differ: {baseline.device_name} vs {candidate.device_name}")
+    return Comparison(
+        speedup=ratio, ci=(lo, hi), confidence=confidence, verdict=verdict, min_effect=min_effect,
+        baseline_ms=baseline.p50, candidate_ms=candidate.p50, baseline_label=baseline.label,
+        candidate_label=candidate.label, notes=notes,
+    )

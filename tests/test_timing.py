@@ -1,0 +1,212 @@
+"""gpuopt.measure / Measurement / compare on the host (runs everywhere, CI included)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import gpuopt
+from gpuopt import Measurement, compare, measure
+
+
+def busy(ms: float):
+    """A deterministic host workload: spin for `ms` (sleep overshoots too much to test against)."""
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        pass
+
+
+def test_host_mode_times_the_call():
+    m = measure(lambda: busy(2.0), mode="host", max_time_s=2.0, warmup=1, warmup_s=0)
+    assert m.mode == "host"
+    assert 1.95 <= m.p50 <= 4.0, m
+    assert m.min <= m.p25 <= m.p50 <= m.p75 <= m.p90 <= m.p95 <= m.p99 <= m.max
+    assert m.ci95[0] <= m.p50 <= m.ci95[1]
+    assert m.n == len(m.samples_ms) == len(m.enqueue_ms)
+    assert m.enqueue["p50"] <= m.p50 + 1e-6
+
+
+def test_fixed_iters_take_exactly_that_many_samples():
+    m = measure(lambda: None, mode="host", iters=25, warmup=2, warmup_s=0)
+    assert m.n == 25 and m.stop_reason == "iters" and m.warmup_iters == 2
+
+
+def test_adaptive_stop_meets_the_target():
+    m = measure(lambda: busy(0.2), mode="host", target_rel_ci=0.05, max_time_s=5.0)
+    assert m.stop_reason == "target" and m.target_met
+    assert m.ci_rel <= 0.05
+
+
+def test_time_budget_stops_and_says_the_target_was_missed():
+    rng = np.random.default_rng(0)
+    m = measure(lambda: busy(float(rng.uniform(0.05, 0.5))), mode="host", target_rel_ci=1e-4,
+                max_time_s=0.3, warmup_s=0)
+    assert m.stop_reason == "max_time" and not m.target_met
+    assert any(w.startswith("target not met") for w in m.warnings)
+    assert 0.3 <= m.sampling_s < 1.0
+
+
+def test_warmup_by_count_and_time():
+    m = measure(lambda: busy(1.0), mode="host", warmup=2, warmup_s=0.05, iters=1)
+    assert m.warmup_iters >= 40 and m.warmup_s >= 0.05
+    m = measure(lambda: busy(1.0), mode="host", warmup=7, warmup_s=0.0, iters=1)
+    assert m.warmup_iters == 7
+
+
+def test_inputs_rotate_through_argument_sets_including_kwargs():
+    seen = []
+    sets = [(1,), (2, 3), {"a": 4}, torch.tensor(5.0)]
+
+    def fn(*args, **kwargs):
+        seen.append((args, kwargs))
+
+    measure(fn, mode="host", inputs=sets, iters=6, warmup=2, warmup_s=0)
+    expected = [((1,), {}), ((2, 3), {}), ((), {"a": 4})]
+    assert seen[:3] == expected
+    assert len(seen) == 8 and seen[4:7] == expected  # warm-up and samples share one rotation
+    assert float(seen[3][0][0]) == 5.0
+
+
+def test_exception_in_fn_propagates_with_its_type_and_leaves_the_timer_usable():
+    class Boom(Exception):
+        pass
+
+    calls = []
+
+    def fn():
+        calls.append(1)
+        if len(calls) == 3:
+            raise Boom("raised inside fn")
+
+    with pytest.raises(Boom, match="raised inside fn"):
+        measure(fn, mode="host", iters=10, warmup=1, warmup_s=0)
+    assert measure(lambda: None, mode="host", iters=3).n == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        ({"iters": 0}, ValueError, "iters must be a positive count"),
+        ({"iters": -4}, ValueError, "got -4"),
+        ({"mode": "fastest"}, ValueError, 'mode must be one of "latency", "throughput", "graph", "host"; got "fastest"'),
+        ({"mode": 3}, TypeError, "mode must be a string"),
+        ({"target_rel_ci": 0.0}, ValueError, r"target_rel_ci must be in \(0, 1\), got 0"),
+        ({"target_rel_ci": 1.5}, ValueError, r"target_rel_ci must be in \(0, 1\), got 1.5"),
+        ({"max_time_s": -1.0}, ValueError, "max_time_s must be a finite number of seconds > 0, got -1"),
+        ({"warmup_s": -0.5}, ValueError, "warmup_s must be"),
+        ({"warmup": -1}, ValueError, "warmup must be >= 0 calls, got -1"),
+        ({"min_iters": 0}, ValueError, "min_iters must be >= 1"),
+        ({"max_iters": 3, "min_iters": 5}, ValueError, "max_iters must be >= min_iters"),
+        ({"confidence": 1.0}, ValueError, "confidence must be in"),
+        ({"inputs": []}, ValueError, "inputs must hold at least one argument set"),
+        ({"inputs": 5}, TypeError, "inputs must be a list"),
+        ({"flush_l2": "yes"}, TypeError, "flush_l2 must be True or False"),
+        ({"flush_l2": True, "mode": "host"}, ValueError, 'flush_l2=True applies to mode="latency" or "graph"'),
+        ({"calls_per_sample": 0, "mode": "throughput"}, ValueError, "calls_per_sample must be >= 1"),
+        ({"calls_per_sample": 4, "mode": "host"}, ValueError, "calls_per_sample applies to"),
+        ({"device": 1.5}, TypeError, "device must be"),
+        ({"device": "mps"}, ValueError, "device must be a CUDA device"),
+    ],
+)
+def test_bad_arguments_name_the_parameter(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        measure(lambda: None, **kwargs)
+
+
+def test_non_callable_is_a_type_error():
+    with pytest.raises(TypeError, match="fn must be callable, got int"):
+        measure(42)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+@pytest.mark.parametrize("mode", ["latency", "throughput", "graph"])
+def test_device_modes_without_cuda_name_the_missing_device(mode):
+    with pytest.raises(ValueError, match=f'mode="{mode}" needs a CUDA'):
+        measure(lambda: None, mode=mode)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only default")
+def test_default_mode_without_cuda_is_host():
+    assert measure(lambda: None, iters=3).mode == "host"
+
+
+def test_torchscript_module_is_timed_in_cpp(monkeypatch):
+    used = []
+    real = gpuopt.timing._C.measure_script
+
+    def spy(*args):
+        used.append(True)
+        return real(*args)
+
+    monkeypatch.setattr(gpuopt.timing._C, "measure_script", spy)
+    module = torch.jit.trace(torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()), torch.randn(4, 32))
+    m = measure(module, mode="host", inputs=[torch.randn(8, 32), torch.randn(8, 32)], iters=20)
+    assert used and m.n == 20 and m.p50 > 0
+
+
+def test_measurement_round_trips_through_json():
+    m = measure(lambda: busy(0.1), mode="host", iters=12, label="spin")
+    d = json.loads(json.dumps(m.to_dict()))
+    assert d["schema_version"] == 1
+    back = Measurement.from_dict(d)
+    assert back == m
+    assert "spin: host on CPU: median" in repr(m)
+    assert "<table>" in m._repr_html_()
+
+
+def test_newer_schema_is_refused_clearly():
+    d = Measurement.from_samples([1.0, 2.0, 3.0]).to_dict()
+    d["schema_version"] = 99
+    with pytest.raises(ValueError, match="schema_version 99 is newer"):
+        Measurement.from_dict(d)
+
+
+def test_from_samples_computes_gpuopt_statistics():
+    x = np.random.default_rng(3).lognormal(0.0, 0.1, 500)
+    m = Measurement.from_samples(x.tolist())
+    assert m.p50 == pytest.approx(np.median(x))
+    assert m.p99 == pytest.approx(np.percentile(x, 99))
+    assert m.std == pytest.approx(np.std(x, ddof=1))
+    assert m.cv == pytest.approx(np.std(x, ddof=1) / np.mean(x))
+
+
+def _pair(rng, n, ratio, sigma=0.05):
+    a = rng.lognormal(np.log(ratio), sigma, n)
+    b = rng.lognormal(0.0, sigma, n)
+    return Measurement.from_samples(a.tolist()), Measurement.from_samples(b.tolist())
+
+
+def test_compare_calibration_identical_distributions():
+    rng = np.random.default_rng(11)
+    trials = 200
+    false_pos = sum(compare(*_pair(rng, 150, 1.0), min_effect=0.0, resamples=1000).significant for _ in range(trials))
+    # A 95% interval should exclude 1 about 5% of the time; 200 trials have a standard error of 1.5%.
+    assert false_pos / trials <= 0.09
+    rng = np.random.default_rng(11)  # the same pairs again: min_effect can only remove verdicts
+    with_effect = sum(compare(*_pair(rng, 150, 1.0), resamples=1000).significant for _ in range(trials))
+    assert with_effect <= false_pos
+
+
+def test_compare_detects_a_five_percent_difference_both_ways():
+    rng = np.random.default_rng(12)
+    faster = [compare(*_pair(rng, 150, 1.05), resamples=1000) for _ in range(50)]
+    assert sum(c.verdict == "faster" for c in faster) >= 48
+    assert all(c.ci[0] <= c.speedup <= c.ci[1] for c in faster)
+    assert np.median([c.speedup for c in faster]) == pytest.approx(1.05, rel=0.01)
+    slower = compare(*reversed(_pair(rng, 150, 1.05)), resamples=1000)
+    assert slower.verdict == "slower" and slower.speedup == pytest.approx(1 / 1.05, rel=0.02)
+
+
+def test_compare_round_trips_and_rejects_bad_input():
+    a = Measurement.from_samples([1.0, 1.1, 0.9] * 10, label="a")
+    c = compare(a, a)
+    assert c.verdict == "no significant difference" and "a vs a" in str(c)
+    assert type(c).from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    with pytest.raises(TypeError, match="candidate must be a gpuopt.Measurement"):
+        compare(a, [1.0])
+    with pytest.raises(ValueError, match="min_effect must be in"):
+        compare(a, a, min_effect=2)
