@@ -60,14 +60,21 @@ class Target:
     threshold: float
     unit: str = ""
     baseline: str = ""  # what it is measured against, in the same run
+    # Set when the target's premise does not hold on this device/host; then it is neither passed nor
+    # failed, and the reason is printed and recorded.
+    not_applicable: str = ""
 
     @property
-    def passed(self) -> bool:
+    def passed(self) -> bool | None:
+        if self.not_applicable:
+            return None
         return self.value <= self.threshold if self.op == "<=" else self.value >= self.threshold
 
     def line(self) -> str:
-        mark = "PASS" if self.passed else "FAIL"
-        return f"[{mark}] {self.name}: {self.value:.4g}{self.unit} (target {self.op} {self.threshold:g}{self.unit})"
+        mark = {True: "PASS", False: "FAIL", None: "N/A "}[self.passed]
+        why = f" -- {self.not_applicable}" if self.not_applicable else ""
+        return (f"[{mark}] {self.name}: {self.value:.4g}{self.unit} (target {self.op} {self.threshold:g}{self.unit})"
+                f"{why}")
 
 
 def slug(text: str) -> str:
@@ -95,7 +102,10 @@ def write(args: argparse.Namespace, results: dict[str, Any], targets: list[Targe
     tmp.replace(out)
     for t in targets:
         print(t.line())
-    passed = sum(t.passed for t in targets)
+    applicable = [t for t in targets if t.passed is not None]
+    passed = sum(bool(t.passed) for t in applicable)
+    na = len(targets) - len(applicable)
     print(f"wrote {out}")
-    print(f"SUMMARY {args.name} on {device}: {passed}/{len(targets)} targets met")
-    return 0 if passed == len(targets) else 1
+    print(f"SUMMARY {args.name} on {device}: {passed}/{len(applicable)} targets met"
+          + (f" ({na} not applicable here)" if na else ""))
+    return 0 if passed == len(applicable) else 1

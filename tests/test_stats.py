@@ -54,12 +54,42 @@ def test_median_ci_ranks_match_scipy_binomial(n, confidence):
     assert coverage >= confidence
 
 
-def test_median_ci_agrees_with_scipy_quantile_test():
+def test_order_statistics_ci_agrees_with_scipy_quantile_test():
     x = np.random.default_rng(5).lognormal(0.0, 0.3, 301)
-    s = _C.summarize(x.tolist())
+    lo, hi, _, _ = _C.median_ci_ranks(len(x), 0.95)
     ref = scipy_stats.quantile_test(x, q=np.median(x), p=0.5).confidence_interval(0.95)
-    assert s["ci_lo"] == pytest.approx(ref.low, rel=1e-12)
-    assert s["ci_hi"] == pytest.approx(ref.high, rel=1e-12)
+    xs = np.sort(x)
+    assert xs[lo] == pytest.approx(ref.low, rel=1e-12)
+    assert xs[hi] == pytest.approx(ref.high, rel=1e-12)
+
+
+def test_summary_ci_is_the_envelope_of_order_statistics_and_batch_medians():
+    x = np.random.default_rng(6).lognormal(0.0, 0.1, 400)
+    s = _C.summarize(x.tolist())
+    lo, hi, _, _ = _C.median_ci_ranks(len(x), 0.95)
+    xs = np.sort(x)
+    b_lo, b_hi = _C.batch_median_ci(x.tolist(), 0.95, _C.batch_count(len(x)))
+    assert s["ci_lo"] == pytest.approx(min(xs[lo], b_lo)) and s["ci_hi"] == pytest.approx(max(xs[hi], b_hi))
+    assert s["ci_method"] in ("order-statistics", "batch-medians")
+    assert _C.summarize(x[:30].tolist())["ci_method"] == "order-statistics"  # too few to batch
+
+
+@pytest.mark.parametrize("df", [7, 9, 15, 29])
+@pytest.mark.parametrize("p", [0.9, 0.975, 0.995])
+def test_student_t_quantile_matches_scipy(p, df):
+    assert _C.student_t_quantile(p, df) == pytest.approx(scipy_stats.t.ppf(p, df), abs=6e-3)
+
+
+def test_batch_ci_widens_for_correlated_samples():
+    rng = np.random.default_rng(8)
+    x = np.zeros(2000)
+    for i in range(1, len(x)):  # AR(1), strong correlation between neighbours
+        x[i] = 0.97 * x[i - 1] + rng.normal(0, 0.003)
+    s = _C.summarize((1.0 + x).tolist())
+    assert s["ci_method"] == "batch-medians"
+    lo, hi, _, _ = _C.median_ci_ranks(len(x), 0.95)
+    xs = np.sort(1.0 + x)
+    assert (s["ci_hi"] - s["ci_lo"]) > 2 * (xs[hi] - xs[lo])
 
 
 def test_outliers_are_counted_by_mad():

@@ -41,6 +41,11 @@ def test_adaptive_stop_meets_the_target():
     assert m.ci_rel <= 0.05
 
 
+def test_min_time_keeps_sampling_past_an_early_target():
+    m = measure(lambda: busy(0.1), mode="host", target_rel_ci=0.5, min_time_s=0.3)
+    assert m.stop_reason == "target" and m.sampling_s >= 0.3
+
+
 def test_time_budget_stops_and_says_the_target_was_missed():
     rng = np.random.default_rng(0)
     m = measure(lambda: busy(float(rng.uniform(0.05, 0.5))), mode="host", target_rel_ci=1e-4,
@@ -110,6 +115,8 @@ def test_exception_in_fn_propagates_with_its_type_and_leaves_the_timer_usable():
         ({"calls_per_sample": 4, "mode": "host"}, ValueError, "calls_per_sample applies to"),
         ({"device": 1.5}, TypeError, "device must be"),
         ({"device": "mps"}, ValueError, "device must be a CUDA device"),
+        ({"min_time_s": 20.0}, ValueError, r"min_time_s must be in \[0, max_time_s=10\]"),
+        ({"itres": 5}, TypeError, "unknown measure option.*itres"),
     ],
 )
 def test_bad_arguments_name_the_parameter(kwargs, exc, match):
@@ -154,7 +161,7 @@ def test_measurement_round_trips_through_json():
     assert d["schema_version"] == 1
     back = Measurement.from_dict(d)
     assert back == m
-    assert "spin: host on CPU: median" in repr(m)
+    assert "spin: host on " in repr(m) and "median" in repr(m)
     assert "<table>" in m._repr_html_()
 
 
@@ -201,12 +208,42 @@ def test_compare_detects_a_five_percent_difference_both_ways():
     assert slower.verdict == "slower" and slower.speedup == pytest.approx(1 / 1.05, rel=0.02)
 
 
+def test_interleaved_compare_of_callables():
+    c = compare(lambda: busy(0.3), lambda: busy(0.2), mode="host", max_time_s=1.0, labels=("slow", "fast"))
+    assert c.interleaved and c.verdict == "faster" and c.speedup == pytest.approx(1.5, rel=0.1)
+    assert c.baseline_measurement.label == "slow" and c.candidate_measurement.n == c.baseline_measurement.n
+    assert "interleaved" in str(c)
+    same = compare(lambda: busy(0.2), lambda: busy(0.2), mode="host", max_time_s=1.0)
+    assert same.verdict == "no significant difference" and same.speedup == pytest.approx(1.0, abs=0.01)
+
+
+def test_interleaved_compare_cancels_drift_that_fools_separate_runs():
+    # A host workload that slows down over time (like a GPU heating up): measured separately, the
+    # second run looks slower; measured interleaved, the two identical workloads tie.
+    start = time.perf_counter()
+
+    def drifting():
+        busy(0.1 * (1.0 + 0.5 * (time.perf_counter() - start)))
+
+    a = measure(drifting, mode="host", iters=300, warmup=0, warmup_s=0)
+    b = measure(drifting, mode="host", iters=300, warmup=0, warmup_s=0)
+    assert compare(a, b).verdict == "slower"
+    paired = compare(drifting, drifting, mode="host", iters=300, warmup=0, warmup_s=0)
+    assert paired.verdict == "no significant difference", paired
+
+
 def test_compare_round_trips_and_rejects_bad_input():
     a = Measurement.from_samples([1.0, 1.1, 0.9] * 10, label="a")
     c = compare(a, a)
     assert c.verdict == "no significant difference" and "a vs a" in str(c)
     assert type(c).from_dict(json.loads(json.dumps(c.to_dict()))) == c
-    with pytest.raises(TypeError, match="candidate must be a gpuopt.Measurement"):
+    with pytest.raises(TypeError, match="candidate must be a gpuopt.Measurement or a callable"):
         compare(a, [1.0])
+    with pytest.raises(TypeError, match="both be Measurements or both be callables"):
+        compare(a, lambda: None)
+    with pytest.raises(TypeError, match="apply only when comparing two callables"):
+        compare(a, a, mode="host")
+    with pytest.raises(ValueError, match="interleaved comparisons support"):
+        compare(lambda: None, lambda: None, mode="throughput")
     with pytest.raises(ValueError, match="min_effect must be in"):
         compare(a, a, min_effect=2)

@@ -17,13 +17,9 @@ double seconds_since(Clock::time_point t0) {
 }
 
 bool ci_within_target(const std::vector<double>& samples, const SamplerOptions& o) {
-  std::vector<double> s(samples);
-  std::sort(s.begin(), s.end());
-  const stats::MedianRanks r = stats::median_ci_ranks(s.size(), o.confidence);
-  if (!r.attained) return false;
-  const double med = stats::quantile_sorted(s, 0.5);
-  if (!(med > 0.0)) return false;
-  return std::max(med - s[r.lo], s[r.hi] - med) <= o.target_rel_ci * med;
+  const stats::MedianCi ci = stats::median_ci(samples, o.confidence);
+  if (!ci.attained || !(ci.median > 0.0)) return false;
+  return std::max(ci.median - ci.lo, ci.hi - ci.median) <= o.target_rel_ci * ci.median;
 }
 
 // Calls source.finish() on every way out of run_sampler.
@@ -47,6 +43,8 @@ void validate(const SamplerOptions& o) {
                      "), got ", o.max_iters);
   GPUOPT_CHECK_VALUE(std::isfinite(o.max_time_s) && o.max_time_s > 0.0,
                      "max_time_s must be a finite number of seconds > 0, got ", o.max_time_s);
+  GPUOPT_CHECK_VALUE(std::isfinite(o.min_time_s) && o.min_time_s >= 0.0 && o.min_time_s <= o.max_time_s,
+                     "min_time_s must be in [0, max_time_s=", o.max_time_s, "] seconds, got ", o.min_time_s);
   GPUOPT_CHECK_VALUE(o.target_rel_ci > 0.0 && o.target_rel_ci < 1.0,
                      "target_rel_ci must be in (0, 1), got ", o.target_rel_ci);
   GPUOPT_CHECK_VALUE(o.confidence > 0.0 && o.confidence < 1.0, "confidence must be in (0, 1), got ",
@@ -86,7 +84,7 @@ SamplerResult run_sampler(SampleSource& source, const SamplerOptions& o) {
       }
       continue;
     }
-    if (n >= next_check) {
+    if (n >= next_check && seconds_since(t0) >= o.min_time_s) {
       if (ci_within_target(res.ms, o)) {
         res.stop_reason = "target";
         res.target_met = true;

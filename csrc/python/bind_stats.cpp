@@ -31,6 +31,8 @@ py::dict summary_to_dict(const stats::Summary& s) {
   d["ci_level"] = s.ci_level;
   d["ci_coverage"] = s.ci_coverage;
   d["ci_attained"] = s.ci_attained;
+  d["ci_method"] = s.ci_method;
+  d["ci_batches"] = s.ci_batches;
   d["outliers"] = s.outliers;
   return d;
 }
@@ -72,14 +74,24 @@ void bind_stats(py::module_& m) {
   m.def(
       "bootstrap_speedup",
       [](const std::vector<double>& baseline, const std::vector<double>& candidate, double confidence,
-         int resamples, std::uint64_t seed) {
-        const stats::Ratio r = stats::bootstrap_speedup(baseline, candidate, confidence, resamples, seed);
+         int resamples, std::uint64_t seed, bool paired) {
+        const stats::Ratio r = stats::bootstrap_speedup(baseline, candidate, confidence, resamples, seed, paired);
         return std::make_tuple(r.ratio, r.lo, r.hi);  // converted after the GIL is back
       },
       py::arg("baseline"), py::arg("candidate"), py::arg("confidence") = 0.95,
-      py::arg("resamples") = 2000, py::arg("seed") = 0x6770756f707431ULL,
+      py::arg("resamples") = 2000, py::arg("seed") = 0x6770756f707431ULL, py::arg("paired") = false,
       py::call_guard<py::gil_scoped_release>(),
-      "median(baseline) / median(candidate) with a percentile-bootstrap confidence interval.");
+      "median(baseline) / median(candidate) with a percentile block-bootstrap confidence interval "
+      "(paired: interleaved samples resampled with the same blocks).");
+  m.def("batch_count", &stats::batch_count, py::arg("n"));
+  m.def(
+      "batch_median_ci",
+      [](const std::vector<double>& samples, double confidence, std::size_t batches) {
+        const stats::Interval i = stats::batch_median_ci(samples, confidence, batches);
+        return std::make_tuple(i.lo, i.hi);
+      },
+      py::arg("samples"), py::arg("confidence"), py::arg("batches"));
+  m.def("student_t_quantile", &stats::student_t_quantile, py::arg("p"), py::arg("df"));
 }
 
 }  // namespace gpuopt::python

@@ -18,6 +18,7 @@ struct PyOptions {
   std::optional<std::int64_t> iters;
   std::int64_t min_iters;
   std::int64_t max_iters;
+  double min_time_s;
   double max_time_s;
   double target_rel_ci;
   double confidence;
@@ -41,6 +42,7 @@ torch_ext::MeasureOptions to_options(const PyOptions& p) {
   o.sampler.iters = p.iters.value_or(0);
   o.sampler.min_iters = p.min_iters;
   o.sampler.max_iters = p.max_iters;
+  o.sampler.min_time_s = p.min_time_s;
   o.sampler.max_time_s = p.max_time_s;
   o.sampler.target_rel_ci = p.target_rel_ci;
   o.sampler.confidence = p.confidence;
@@ -69,6 +71,18 @@ py::dict to_dict(const torch_ext::MeasureResult& r) {
   return d;
 }
 
+// Python calls fn(*args, **kwargs) for argument sets rotated by call index, holding the GIL only
+// for the call itself.
+torch_ext::Callable python_callable(const py::function& fn, const std::vector<std::pair<py::tuple, py::dict>>& calls) {
+  TORCH_CHECK_VALUE(!calls.empty(), "inputs must hold at least one argument set");
+  const auto n = static_cast<std::int64_t>(calls.size());
+  return [&fn, &calls, n](std::int64_t i) {
+    py::gil_scoped_acquire gil;
+    const auto& [args, kwargs] = calls[static_cast<std::size_t>(i % n)];
+    fn(*args, **kwargs);
+  };
+}
+
 // Runs the loop without the GIL; `fn` takes it back only for the Python call itself. The callable
 // (and the Python objects it holds) is destroyed by the caller, with the GIL held.
 py::dict run(const torch_ext::Callable& fn, const torch_ext::MeasureOptions& options) {
@@ -85,31 +99,23 @@ py::dict run(const torch_ext::Callable& fn, const torch_ext::MeasureOptions& opt
 void bind_timing(py::module_& m) {
   py::class_<PyOptions>(m, "MeasureOptions")
       .def(py::init([](std::string mode, std::int64_t warmup, double warmup_s, std::optional<std::int64_t> iters,
-                       std::int64_t min_iters, std::int64_t max_iters, double max_time_s, double target_rel_ci,
-                       double confidence, bool flush_l2, std::int64_t device,
+                       std::int64_t min_iters, std::int64_t max_iters, double min_time_s, double max_time_s,
+                       double target_rel_ci, double confidence, bool flush_l2, std::int64_t device,
                        std::optional<std::int64_t> calls_per_sample, double block_target_ms) {
-             return PyOptions{std::move(mode), warmup, warmup_s, iters, min_iters, max_iters, max_time_s,
-                              target_rel_ci, confidence, flush_l2, device, calls_per_sample, block_target_ms};
+             return PyOptions{std::move(mode), warmup,     warmup_s,      iters,      min_iters,
+                              max_iters,       min_time_s, max_time_s,    target_rel_ci, confidence,
+                              flush_l2,        device,     calls_per_sample, block_target_ms};
            }),
            py::kw_only(), py::arg("mode"), py::arg("warmup"), py::arg("warmup_s"), py::arg("iters"),
-           py::arg("min_iters"), py::arg("max_iters"), py::arg("max_time_s"), py::arg("target_rel_ci"),
+           py::arg("min_iters"), py::arg("max_iters"), py::arg("min_time_s"), py::arg("max_time_s"),
+           py::arg("target_rel_ci"),
            py::arg("confidence"), py::arg("flush_l2"), py::arg("device"), py::arg("calls_per_sample"),
            py::arg("block_target_ms"));
 
   m.def(
       "measure_callable",
       [](const py::function& fn, const std::vector<std::pair<py::tuple, py::dict>>& calls,
-         const PyOptions& options) {
-        TORCH_CHECK_VALUE(!calls.empty(), "inputs must hold at least one argument set");
-        const torch_ext::MeasureOptions o = to_options(options);
-        const auto n = static_cast<std::int64_t>(calls.size());
-        const torch_ext::Callable call = [&fn, &calls, n](std::int64_t i) {
-          py::gil_scoped_acquire gil;
-          const auto& [args, kwargs] = calls[static_cast<std::size_t>(i % n)];
-          fn(*args, **kwargs);
-        };
-        return run(call, o);
-      },
+         const PyOptions& options) { return run(python_callable(fn, calls), to_options(options)); },
       py::arg("fn"), py::arg("calls"), py::arg("options"),
       "Times fn(*args, **kwargs), rotating through `calls`; the GIL is held only inside fn.");
 
@@ -131,6 +137,27 @@ void bind_timing(py::module_& m) {
       },
       py::arg("script_module"), py::arg("inputs"), py::arg("options"),
       "Times a TorchScript module's forward entirely in C++, without the GIL.");
+
+  m.def(
+      "measure_pair",
+      [](const py::function& fn_a, const py::function& fn_b,
+         const std::vector<std::pair<py::tuple, py::dict>>& calls, const PyOptions& options) {
+        const torch_ext::Callable a = python_callable(fn_a, calls);
+        const torch_ext::Callable b = python_callable(fn_b, calls);
+        const torch_ext::MeasureOptions o = to_options(options);
+        torch_ext::PairResult r;
+        {
+          py::gil_scoped_release nogil;
+          r = torch_ext::measure_pair(a, b, o);
+        }
+        py::dict d;
+        d["a"] = to_dict(r.a);
+        d["b"] = to_dict(r.b);
+        d["ratio_samples"] = r.ratio.ms;
+        return d;
+      },
+      py::arg("fn_a"), py::arg("fn_b"), py::arg("calls"), py::arg("options"),
+      "Times two callables interleaved sample by sample (A B, B A, ...) so device drift hits both.");
 }
 
 }  // namespace gpuopt::python

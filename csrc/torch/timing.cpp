@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "device.h"
@@ -291,7 +292,26 @@ class GraphSource final : public DeviceSource {
   at::cuda::CUDAGraph graph_;
 };
 
-MeasureResult measure_device(const Callable& fn, const MeasureOptions& o) {
+std::unique_ptr<DeviceSource> make_device_source(const Callable& fn, const MeasureOptions& o,
+                                                 cudaStream_t stream, L2Flush* flush) {
+  if (o.mode == "latency") return std::make_unique<LatencySource>(fn, stream, flush);
+  if (o.mode == "throughput")
+    return std::make_unique<ThroughputSource>(fn, stream, o.calls_per_sample, o.block_target_ms);
+  return std::make_unique<GraphSource>(fn, stream, flush, o.calls_per_sample, o.block_target_ms);
+}
+
+void describe(MeasureResult& res, const DeviceSource& source) {
+  res.calls_per_sample = source.calls_per_sample;
+  res.delay_us = static_cast<double>(source.spin_ns) / 1e3;
+  res.delay_short = source.spin_short;
+}
+
+// Sets up the device (guard, L2 flush buffer, and for graph mode a side stream ordered after the
+// caller's work, made current until the end) and calls body(sources, results): one source and one
+// result per callable.
+template <typename Body>
+void with_device_sources(const std::vector<const Callable*>& fns, const MeasureOptions& o,
+                         std::vector<MeasureResult>& results, Body&& body) {
   require_cuda((std::string("mode=\"") + o.mode + "\"").c_str());
   TORCH_CHECK_INDEX(o.device >= 0 && o.device < cuda_device_count(), "device must be in [0, ",
                     cuda_device_count(), "), got ", o.device);
@@ -299,40 +319,95 @@ MeasureResult measure_device(const Callable& fn, const MeasureOptions& o) {
   const c10::cuda::CUDAGuard device_guard(index);
   std::unique_ptr<L2Flush> flush;
   if (o.flush_l2) flush = std::make_unique<L2Flush>(index);
-
-  MeasureResult res;
-  res.mode = o.mode;
-  res.device = o.device;
-  res.flush_bytes = flush ? flush->bytes() : 0;
   const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(index);
-
-  auto run = [&](DeviceSource& source) {
-    res.sampler = run_sampler(source, o.sampler);
-    res.calls_per_sample = source.calls_per_sample;
-    res.delay_us = static_cast<double>(source.spin_ns) / 1e3;
-    res.delay_short = source.spin_short;
-  };
-  if (o.mode == "latency") {
-    LatencySource source(fn, caller.stream(), flush.get());
-    run(source);
-  } else if (o.mode == "throughput") {
-    ThroughputSource source(fn, caller.stream(), o.calls_per_sample, o.block_target_ms);
-    run(source);
-  } else {
-    // Capture on a side stream ordered after the caller's work; the guard restores the caller's
-    // stream on every way out.
-    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, index);
+  c10::cuda::CUDAStream stream = caller;
+  std::optional<c10::cuda::CUDAStreamGuard> stream_guard;
+  if (o.mode == "graph") {
+    stream = c10::cuda::getStreamFromPool(false, index);
     cuda::Event ready;
     ready.record(caller.stream());
-    GPUOPT_CHECK_CUDA(cudaStreamWaitEvent(side.stream(), ready.get(), 0));
-    const c10::cuda::CUDAStreamGuard stream_guard(side);
-    GraphSource source(fn, side.stream(), flush.get(), o.calls_per_sample, o.block_target_ms);
-    run(source);
+    GPUOPT_CHECK_CUDA(cudaStreamWaitEvent(stream.stream(), ready.get(), 0));
+    stream_guard.emplace(stream);
   }
-  return res;
+  std::vector<std::unique_ptr<DeviceSource>> sources;
+  for (const Callable* fn : fns) sources.push_back(make_device_source(*fn, o, stream.stream(), flush.get()));
+  results.assign(fns.size(), MeasureResult{});
+  for (MeasureResult& r : results) {
+    r.mode = o.mode;
+    r.device = o.device;
+    r.flush_bytes = flush ? flush->bytes() : 0;
+  }
+  body(sources);
+  for (std::size_t i = 0; i < sources.size(); ++i) describe(results[i], *sources[i]);
 }
 
 #endif  // GPUOPT_WITH_CUDA
+
+// Alternates two sources sample by sample (A B, then B A: drift that is linear over a pair cancels)
+// and reports each pair's ratio A / B to the sampler, so adaptive stopping targets the speedup.
+class PairSource final : public SampleSource {
+ public:
+  PairSource(SampleSource& a, SampleSource& b) : a_(a), b_(b) {}
+  double warmup() override { return a_.warmup() + b_.warmup(); }
+  void calibrate() override {
+    a_.calibrate();
+    b_.calibrate();
+  }
+  Sample sample() override {
+    Sample x, y;
+    if (k_++ % 2 == 0) {
+      x = a_.sample();
+      y = b_.sample();
+    } else {
+      y = b_.sample();
+      x = a_.sample();
+    }
+    samples_a.push_back(x);
+    samples_b.push_back(y);
+    return {x.ms / std::max(y.ms, 1e-12), 0.0};
+  }
+  void finish() noexcept override {
+    a_.finish();
+    b_.finish();
+  }
+
+  std::vector<Sample> samples_a, samples_b;
+
+ private:
+  SampleSource& a_;
+  SampleSource& b_;
+  std::int64_t k_ = 0;
+};
+
+SamplerResult split(const SamplerResult& pair, const std::vector<Sample>& samples) {
+  SamplerResult r = pair;
+  r.ms.clear();
+  r.enqueue_ms.clear();
+  for (const Sample& s : samples) {
+    r.ms.push_back(s.ms);
+    r.enqueue_ms.push_back(s.enqueue_ms);
+  }
+  return r;
+}
+
+// Host-mode sources need a device guard and know whether to synchronize.
+struct HostContext {
+  bool sync = false;
+  std::int64_t device = -1;
+#ifdef GPUOPT_WITH_CUDA
+  std::optional<c10::cuda::CUDAGuard> guard;
+#endif
+  explicit HostContext(const MeasureOptions& o) {
+    sync = cuda_device_count() > 0;
+    if (!sync) return;
+    TORCH_CHECK_INDEX(o.device >= 0 && o.device < cuda_device_count(), "device must be in [0, ",
+                      cuda_device_count(), "), got ", o.device);
+#ifdef GPUOPT_WITH_CUDA
+    guard.emplace(static_cast<c10::DeviceIndex>(o.device));
+#endif
+    device = o.device;
+  }
+};
 
 }  // namespace
 
@@ -340,26 +415,57 @@ MeasureResult measure(const Callable& fn, const MeasureOptions& o) {
   validate(o);
   if (o.mode != "host") {
 #ifdef GPUOPT_WITH_CUDA
-    return measure_device(fn, o);
+    std::vector<MeasureResult> results;
+    with_device_sources({&fn}, o, results, [&](auto& sources) {
+      results[0].sampler = run_sampler(*sources[0], o.sampler);
+    });
+    return results[0];
 #else
     require_cuda((std::string("mode=\"") + o.mode + "\"").c_str());
 #endif
   }
-  const bool sync = cuda_device_count() > 0;
+  const HostContext host(o);
+  HostSource source(fn, host.sync);
   MeasureResult res;
   res.mode = o.mode;
-#ifdef GPUOPT_WITH_CUDA
-  std::unique_ptr<c10::cuda::CUDAGuard> guard;
-  if (sync) {
-    TORCH_CHECK_INDEX(o.device >= 0 && o.device < cuda_device_count(), "device must be in [0, ",
-                      cuda_device_count(), "), got ", o.device);
-    guard = std::make_unique<c10::cuda::CUDAGuard>(static_cast<c10::DeviceIndex>(o.device));
-    res.device = o.device;
-  }
-#endif
-  HostSource source(fn, sync);
+  res.device = host.device;
   res.sampler = run_sampler(source, o.sampler);
   return res;
+}
+
+PairResult measure_pair(const Callable& a, const Callable& b, const MeasureOptions& o) {
+  validate(o);
+  TORCH_CHECK_VALUE(o.mode != "throughput", "interleaved comparisons support mode=\"latency\", "
+                    "\"graph\" or \"host\"; got mode=\"throughput\" (pipelined blocks of two callables "
+                    "would overlap)");
+  PairResult out;
+  auto run_pair = [&](SampleSource& sa, SampleSource& sb) {
+    PairSource pair(sa, sb);
+    out.ratio = run_sampler(pair, o.sampler);
+    out.a.sampler = split(out.ratio, pair.samples_a);
+    out.b.sampler = split(out.ratio, pair.samples_b);
+  };
+  if (o.mode != "host") {
+#ifdef GPUOPT_WITH_CUDA
+    std::vector<MeasureResult> results;
+    with_device_sources({&a, &b}, o, results, [&](auto& sources) { run_pair(*sources[0], *sources[1]); });
+    results[0].sampler = std::move(out.a.sampler);
+    results[1].sampler = std::move(out.b.sampler);
+    out.a = std::move(results[0]);
+    out.b = std::move(results[1]);
+    return out;
+#else
+    require_cuda((std::string("mode=\"") + o.mode + "\"").c_str());
+#endif
+  }
+  const HostContext host(o);
+  HostSource sa(a, host.sync), sb(b, host.sync);
+  run_pair(sa, sb);
+  for (MeasureResult* r : {&out.a, &out.b}) {
+    r->mode = o.mode;
+    r->device = host.device;
+  }
+  return out;
 }
 
 }  // namespace gpuopt::torch_ext

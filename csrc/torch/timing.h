@@ -45,4 +45,13 @@ struct MeasureResult {
 // is ended, the current stream restored, events and buffers freed.
 MeasureResult measure(const Callable& fn, const MeasureOptions& options);
 
+struct PairResult {
+  MeasureResult a, b;
+  SamplerResult ratio;  // per-pair ratios a / b, which the stopping rule targeted
+};
+
+// Measures two callables interleaved sample by sample (A B, B A, ...) with the same options, so that
+// drift of the device (clocks, power, temperature) affects both alike. Modes: latency, graph, host.
+PairResult measure_pair(const Callable& a, const Callable& b, const MeasureOptions& options);
+
 }  // namespace gpuopt::torch_ext

@@ -25,4 +25,33 @@ def bootstrap_speedup(
     confidence: float = 0.95,
     resamples: int = 2000,
     seed: int = ...,
+    paired: bool = False,
 ) -> tuple[float, float, float]: ...
+def batch_count(n: int) -> int: ...
+def batch_median_ci(samples: Sequence[float], confidence: float, batches: int) -> tuple[float, float]: ...
+def student_t_quantile(p: float, df: float) -> float: ...
+
+# timing
+class MeasureOptions:
+    def __init__(
+        self,
+        *,
+        mode: str,
+        warmup: int,
+        warmup_s: float,
+        iters: int | None,
+        min_iters: int,
+        max_iters: int,
+        min_time_s: float,
+        max_time_s: float,
+        target_rel_ci: float,
+        confidence: float,
+        flush_l2: bool,
+        device: int,
+        calls_per_sample: int | None,
+        block_target_ms: float,
+    ) -> None: ...
+
+def measure_callable(fn: object, calls: list[tuple[tuple, dict]], options: MeasureOptions) -> dict: ...
+def measure_script(script_module: object, inputs: list[list[torch.Tensor]], options: MeasureOptions) -> dict: ...
+def measure_pair(fn_a: object, fn_b: object, calls: list[tuple[tuple, dict]], options: MeasureOptions) -> dict: ...

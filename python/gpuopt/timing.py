@@ -64,6 +64,7 @@ class Measurement:
     ci95: tuple[float, float]
     ci_level: float
     ci_coverage: float
+    ci_method: str
     target_rel_ci: float
     target_met: bool
     stop_reason: str
@@ -157,6 +158,7 @@ class Measurement:
             n=s["n"], mean=s["mean"], std=s["std"], min=s["min"], max=s["max"], p25=s["p25"], p50=s["p50"],
             p75=s["p75"], p90=s["p90"], p95=s["p95"], p99=s["p99"], iqr=s["iqr"], cv=s["cv"], mad=s["mad"],
             outliers=s["outliers"], ci95=ci, ci_level=confidence, ci_coverage=s["ci_coverage"],
+            ci_method=s["ci_method"],
             target_rel_ci=target_rel_ci, target_met=bool(target_met), stop_reason=stop_reason,
             enqueue={"p50": e["p50"], "mean": e["mean"], "p95": e["p95"], "max": e["max"]},
             device=device,
@@ -286,44 +288,122 @@ def _warnings(m: Measurement, clocks: dict | None) -> tuple[list[str], str | Non
     return out, diagnosis
 
 
-def measure(
-    fn: Callable[..., Any],
-    *,
-    mode: str | None = None,
-    warmup: int = 3,
-    warmup_s: float = 0.05,
-    iters: int | None = None,
-    min_iters: int = 10,
-    max_iters: int = 100_000,
-    max_time_s: float = 10.0,
-    target_rel_ci: float = 0.01,
-    confidence: float = 0.95,
-    flush_l2: bool = False,
-    inputs: Sequence[Any] | None = None,
-    device: int | str | torch.device | None = None,
-    calls_per_sample: int | None = None,
-    block_target_ms: float = 2.0,
-    monitor: bool = True,
-    label: str | None = None,
-) -> Measurement:
+_MEASURE_DEFAULTS: dict[str, Any] = {
+    "mode": None,
+    "warmup": 3,
+    "warmup_s": 0.05,
+    "iters": None,
+    "min_iters": 10,
+    "max_iters": 100_000,
+    "min_time_s": 0.1,
+    "max_time_s": 10.0,
+    "target_rel_ci": 0.01,
+    "confidence": 0.95,
+    "flush_l2": False,
+    "inputs": None,
+    "device": None,
+    "calls_per_sample": None,
+    "block_target_ms": 2.0,
+    "monitor": True,
+}
+
+
+@dataclass
+class _Run:
+    """What measure() and the interleaved compare() set up before entering the C++ loop."""
+
+    options: Any
+    calls: list[tuple[tuple, dict]]
+    index: int | None
+    on_gpu: bool
+    monitor: _nvml.ClockMonitor | None
+    confidence: float
+    target_rel_ci: float
+
+    def measurement(self, raw: dict, label: str | None) -> Measurement:
+        memory = None
+        if self.on_gpu:
+            memory = {
+                "max_allocated_bytes": int(torch.cuda.max_memory_allocated(self.index)),
+                "max_reserved_bytes": int(torch.cuda.max_memory_reserved(self.index)),
+                "nvml_used_bytes": _nvml.memory_used_bytes(self.index),
+            }
+        return Measurement.from_samples(
+            raw["samples_ms"],
+            enqueue_ms=raw["enqueue_ms"],
+            mode=raw["mode"],
+            confidence=self.confidence,
+            target_rel_ci=self.target_rel_ci,
+            target_met=raw["target_met"],
+            stop_reason=raw["stop_reason"],
+            warmup_iters=raw["warmup_iters"],
+            warmup_s=raw["warmup_s"],
+            sampling_s=raw["sampling_s"],
+            calls_per_sample=raw["calls_per_sample"],
+            device=None if raw["device"] < 0 else raw["device"],
+            label=label,
+            delay_us=raw["delay_us"],
+            delay_short=raw["delay_short"],
+            flush_l2_bytes=raw["flush_bytes"],
+            memory=memory,
+            clocks=self.monitor.summary(skip_s=raw["warmup_s"]) if self.monitor is not None else None,
+        )
+
+
+def _setup(options: dict[str, Any]) -> _Run:
+    unknown = sorted(set(options) - set(_MEASURE_DEFAULTS))
+    if unknown:
+        raise TypeError(f"unknown measure option(s) {', '.join(unknown)}; "
+                        f"allowed: {', '.join(sorted(_MEASURE_DEFAULTS))}")
+    o = {**_MEASURE_DEFAULTS, **options}
+    for name in ("flush_l2", "monitor"):
+        if not isinstance(o[name], bool):
+            raise TypeError(f"{name} must be True or False, got {o[name]!r}")
+    cuda_usable = _C.cuda_compiled() and torch.cuda.is_available()
+    mode = _resolve_mode(o["mode"], cuda_usable)
+    index = _device_index(o["device"])
+    calls = _argument_sets(o["inputs"])
+    native = _C.MeasureOptions(
+        mode=mode, warmup=o["warmup"], warmup_s=o["warmup_s"], iters=o["iters"], min_iters=o["min_iters"],
+        max_iters=o["max_iters"], min_time_s=o["min_time_s"], max_time_s=o["max_time_s"],
+        target_rel_ci=o["target_rel_ci"], confidence=o["confidence"], flush_l2=o["flush_l2"],
+        device=-1 if index is None else index, calls_per_sample=o["calls_per_sample"],
+        block_target_ms=o["block_target_ms"],
+    )
+    on_gpu = cuda_usable and index is not None
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats(index)
+    monitor = _nvml.ClockMonitor(index) if (on_gpu and o["monitor"] and mode != "host") else None
+    return _Run(native, calls, index, on_gpu, monitor, o["confidence"], o["target_rel_ci"])
+
+
+def measure(fn: Callable[..., Any], *, label: str | None = None, **options: Any) -> Measurement:
     """Time ``fn`` with gpuopt's C++ loop and return a :class:`Measurement`.
 
-    Modes (``None`` picks ``"latency"`` with a usable GPU, ``"host"`` otherwise):
+    Options (defaults in brackets):
 
-    - ``"latency"``: each call alone between CUDA events on the current stream, synchronized per
-      sample. A spin kernel queued ahead keeps the GPU busy while the host enqueues the call, so the
-      figure is device time without launch gaps; the host's enqueue time is recorded beside it and a
-      ``launch-bound`` diagnosis is given when it approaches the device time.
-    - ``"throughput"``: blocks of back-to-back calls (pipelined steady state), per-call block time.
-    - ``"graph"``: ``calls_per_sample`` calls captured into one CUDA graph, replays timed.
-    - ``"host"``: steady clock around call + device synchronize (end to end; works without CUDA).
+    - ``mode`` [None: ``"latency"`` with a usable GPU, else ``"host"``]:
 
-    Warm-up runs at least ``warmup`` calls and ``warmup_s`` seconds. Sampling then stops when the
-    ``confidence`` interval of the median is within ``±target_rel_ci`` of it, or at ``iters`` samples
-    exactly when given, or at ``max_iters`` / ``max_time_s``. ``inputs`` is a list of argument sets
-    (tuple = positional, dict = keyword, anything else = one positional argument) rotated between
-    calls. ``flush_l2`` overwrites twice the L2 before each latency/graph sample, untimed. A
-    TorchScript module with tensor inputs is timed entirely in C++, without the GIL.
+      - ``"latency"``: each call alone between CUDA events on the current stream, synchronized per
+        sample. A spin kernel queued ahead keeps the GPU busy while the host enqueues the call, so
+        the figure is device time without launch gaps; the host's enqueue time is recorded beside it
+        and a ``launch-bound`` diagnosis is given when it approaches the device time.
+      - ``"throughput"``: blocks of back-to-back calls (pipelined steady state), per-call block time.
+      - ``"graph"``: ``calls_per_sample`` calls captured into one CUDA graph, replays timed.
+      - ``"host"``: steady clock around call + device synchronize (end to end; works without CUDA).
+    - ``warmup`` [3] calls and ``warmup_s`` [0.05] seconds, both at least.
+    - stopping: when the ``confidence`` [0.95] interval of the median is within ``±target_rel_ci``
+      [0.01] of it, after at least ``min_iters`` [10] samples and ``min_time_s`` [0.1] seconds; or
+      exactly ``iters`` samples when given; at most ``max_iters`` [100000] samples and ``max_time_s``
+      [10] seconds. The interval accounts for correlation between neighbouring samples (batch
+      medians), so it does not shrink below what the device's drift allows.
+    - ``inputs`` [None]: argument sets rotated between calls: a tuple/list is positional arguments,
+      a dict keyword arguments, anything else one positional argument.
+    - ``flush_l2`` [False]: overwrite twice the L2 before each latency/graph sample, untimed.
+    - ``device`` [current], ``calls_per_sample`` [auto: throughput block / calls per graph],
+      ``block_target_ms`` [2.0], ``monitor`` [True: NVML clocks and processes, when installed].
+
+    A TorchScript module with tensor inputs is timed entirely in C++, without the GIL.
 
     >>> import torch, gpuopt
     >>> x = torch.randn(256, 256)
@@ -333,59 +413,16 @@ def measure(
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    for name, value in (("flush_l2", flush_l2), ("monitor", monitor)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
-    cuda_usable = _C.cuda_compiled() and torch.cuda.is_available()
-    mode = _resolve_mode(mode, cuda_usable)
-    index = _device_index(device)
-    calls = _argument_sets(inputs)
-    opts = _C.MeasureOptions(
-        mode=mode, warmup=warmup, warmup_s=warmup_s, iters=iters, min_iters=min_iters, max_iters=max_iters,
-        max_time_s=max_time_s, target_rel_ci=target_rel_ci, confidence=confidence, flush_l2=flush_l2,
-        device=-1 if index is None else index, calls_per_sample=calls_per_sample,
-        block_target_ms=block_target_ms,
-    )
-    on_gpu = cuda_usable and index is not None
-    if on_gpu:
-        torch.cuda.reset_peak_memory_stats(index)
-    clock_monitor = _nvml.ClockMonitor(index) if (on_gpu and monitor and mode != "host") else None
+    run = _setup(options)
     script = isinstance(fn, torch.jit.ScriptModule) and all(
-        not kw and all(isinstance(a, torch.Tensor) for a in args) for args, kw in calls
+        not kw and all(isinstance(a, torch.Tensor) for a in args) for args, kw in run.calls
     )
-    with clock_monitor or contextlib.nullcontext():
+    with run.monitor or contextlib.nullcontext():
         if script:
-            raw = _C.measure_script(fn._c, [list(args) for args, _ in calls], opts)
+            raw = _C.measure_script(fn._c, [list(args) for args, _ in run.calls], run.options)
         else:
-            raw = _C.measure_callable(fn, calls, opts)
-
-    memory = None
-    if on_gpu:
-        memory = {
-            "max_allocated_bytes": int(torch.cuda.max_memory_allocated(index)),
-            "max_reserved_bytes": int(torch.cuda.max_memory_reserved(index)),
-            "nvml_used_bytes": _nvml.memory_used_bytes(index),
-        }
-    return Measurement.from_samples(
-        raw["samples_ms"],
-        enqueue_ms=raw["enqueue_ms"],
-        mode=raw["mode"],
-        confidence=confidence,
-        target_rel_ci=target_rel_ci,
-        target_met=raw["target_met"],
-        stop_reason=raw["stop_reason"],
-        warmup_iters=raw["warmup_iters"],
-        warmup_s=raw["warmup_s"],
-        sampling_s=raw["sampling_s"],
-        calls_per_sample=raw["calls_per_sample"],
-        device=None if raw["device"] < 0 else raw["device"],
-        label=label,
-        delay_us=raw["delay_us"],
-        delay_short=raw["delay_short"],
-        flush_l2_bytes=raw["flush_bytes"],
-        memory=memory,
-        clocks=clock_monitor.summary(skip_s=raw["warmup_s"]) if clock_monitor is not None else None,
-    )
+            raw = _C.measure_callable(fn, run.calls, run.options)
+    return run.measurement(raw, label)
 
 
 @dataclass
@@ -402,14 +439,18 @@ class Comparison:
     candidate_ms: float
     baseline_label: str | None = None
     candidate_label: str | None = None
+    interleaved: bool = False  # measured A B, B A, ... and bootstrapped as pairs
     notes: list[str] = field(default_factory=list)
+    # The measurements an interleaved comparison took (None when Measurements were given).
+    baseline_measurement: Measurement | None = field(default=None, repr=False, compare=False)
+    candidate_measurement: Measurement | None = field(default=None, repr=False, compare=False)
 
     @property
     def significant(self) -> bool:
         return self.verdict != "no significant difference"
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.endswith("_measurement")}
         d["ci"] = list(self.ci)
         return d
 
@@ -422,42 +463,68 @@ class Comparison:
     def __str__(self) -> str:
         a = self.baseline_label or "baseline"
         b = self.candidate_label or "candidate"
+        how = ", interleaved" if self.interleaved else ""
         return (f"{b} vs {a}: {self.speedup:.3f}x [{self.confidence:.0%} CI {self.ci[0]:.3f} .. "
                 f"{self.ci[1]:.3f}] -> {self.verdict} ({format_ms(self.baseline_ms)} -> "
-                f"{format_ms(self.candidate_ms)})")
+                f"{format_ms(self.candidate_ms)}{how})")
 
     __repr__ = __str__
 
 
 def compare(
-    baseline: Measurement,
-    candidate: Measurement,
+    baseline: Measurement | Callable[..., Any],
+    candidate: Measurement | Callable[..., Any],
     *,
     confidence: float = 0.95,
     resamples: int = 2000,
     min_effect: float = 0.01,
     seed: int | None = None,
+    labels: tuple[str, str] | None = None,
+    **measure_options: Any,
 ) -> Comparison:
     """How much faster ``candidate`` is than ``baseline``, with a bootstrap confidence interval.
 
+    Given two :class:`Measurement` objects, their samples are block-bootstrapped independently.
+    Given two callables, they are measured *interleaved* (A B, B A, ... sample by sample, with
+    ``measure_options`` as in :func:`measure`; modes latency, graph, host) and bootstrapped as
+    pairs: drift of the GPU's clocks between runs, which no single run can see, then cancels. Prefer
+    callables whenever both workloads are at hand.
+
     The verdict is "faster" when the interval lies above 1 and the speedup is at least
     ``1 + min_effect``; "slower" when it lies below 1 and the slowdown is at least as large;
-    otherwise "no significant difference". ``min_effect`` (default 1%) keeps run-to-run drift of GPU
-    clocks, which no within-run interval can see, from being reported as a speedup.
+    otherwise "no significant difference". ``min_effect`` (default 1%) keeps differences smaller
+    than GPU timings reproduce from being reported as speedups.
 
     >>> import gpuopt, torch
     >>> x = torch.randn(128, 128)
-    >>> a = gpuopt.measure(lambda: x @ x, mode="host", max_time_s=0.3)
-    >>> gpuopt.compare(a, a).verdict
+    >>> gpuopt.compare(lambda: x @ x, lambda: x @ x, mode="host", max_time_s=0.3).verdict
     'no significant difference'
     """
-    for name, m in (("baseline", baseline), ("candidate", candidate)):
-        if not isinstance(m, Measurement):
-            raise TypeError(f"{name} must be a gpuopt.Measurement, got {type(m).__name__}")
     if not (isinstance(min_effect, (int, float)) and 0 <= min_effect < 1):
         raise ValueError(f"min_effect must be in [0, 1), got {min_effect!r}")
+    if labels is not None and not (isinstance(labels, (tuple, list)) and len(labels) == 2):
+        raise TypeError(f"labels must be a pair of strings (baseline, candidate), got {labels!r}")
+    kinds = [isinstance(x, Measurement) for x in (baseline, candidate)]
+    funcs = [callable(x) and not k for x, k in zip((baseline, candidate), kinds)]
+    if (kinds[0] and funcs[1]) or (funcs[0] and kinds[1]):
+        raise TypeError("baseline and candidate must both be Measurements or both be callables")
+    pair = all(funcs)
+    if pair:
+        run = _setup(measure_options)
+        with run.monitor or contextlib.nullcontext():
+            raw = _C.measure_pair(baseline, candidate, run.calls, run.options)
+        la, lb = labels or ("baseline", "candidate")
+        baseline, candidate = run.measurement(raw["a"], la), run.measurement(raw["b"], lb)
+    else:
+        if measure_options:
+            raise TypeError(f"measure options ({', '.join(sorted(measure_options))}) apply only when "
+                            "comparing two callables")
+        for name, m in (("baseline", baseline), ("candidate", candidate)):
+            if not isinstance(m, Measurement):
+                raise TypeError(f"{name} must be a gpuopt.Measurement or a callable, got {type(m).__name__}")
     kw = {} if seed is None else {"seed": seed}
-    ratio, lo, hi = _C.bootstrap_speedup(baseline.samples_ms, candidate.samples_ms, confidence, resamples, **kw)
+    ratio, lo, hi = _C.bootstrap_speedup(baseline.samples_ms, candidate.samples_ms, confidence, resamples,
+                                         paired=pair, **kw)
     if lo > 1.0 and ratio >= 1.0 + min_effect:
         verdict = "faster"
     elif hi < 1.0 and ratio <= 1.0 / (1.0 + min_effect):
@@ -472,5 +539,6 @@ def compare(
     return Comparison(
         speedup=ratio, ci=(lo, hi), confidence=confidence, verdict=verdict, min_effect=min_effect,
         baseline_ms=baseline.p50, candidate_ms=candidate.p50, baseline_label=baseline.label,
-        candidate_label=candidate.label, notes=notes,
+        candidate_label=candidate.label, interleaved=pair, notes=notes,
+        baseline_measurement=baseline if pair else None, candidate_measurement=candidate if pair else None,
     )

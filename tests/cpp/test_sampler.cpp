@@ -44,6 +44,7 @@ TEST(Sampler, StopsWhenTheMedianIsPreciseEnough) {
   FakeSource src(0.02);
   SamplerOptions o;
   o.warmup_s = 0;
+  o.min_time_s = 0;
   o.target_rel_ci = 0.01;
   const auto r = gpuopt::run_sampler(src, o);
   EXPECT_EQ(r.stop_reason, "target");
@@ -55,6 +56,18 @@ TEST(Sampler, StopsWhenTheMedianIsPreciseEnough) {
   EXPECT_EQ(src.warmups, 3);
   EXPECT_EQ(src.calibrations, 1);
   EXPECT_EQ(src.finishes, 1);
+}
+
+TEST(Sampler, MinTimeKeepsSamplingPastAnEarlyTarget) {
+  FakeSource src(0.001);
+  src.sleep_us = 200;
+  SamplerOptions o;
+  o.warmup_s = 0;
+  o.min_time_s = 0.05;
+  const auto r = gpuopt::run_sampler(src, o);
+  EXPECT_EQ(r.stop_reason, "target");
+  EXPECT_GE(r.sampling_s, 0.05);
+  EXPECT_GT(r.ms.size(), 20u);
 }
 
 TEST(Sampler, FixedItersTakesExactlyThatMany) {
@@ -85,6 +98,7 @@ TEST(Sampler, TimeBudgetStopsSampling) {
   SamplerOptions o;
   o.warmup_s = 0;
   o.target_rel_ci = 0.001;
+  o.min_time_s = 0;
   o.max_time_s = 0.05;
   const auto r = gpuopt::run_sampler(src, o);
   EXPECT_EQ(r.stop_reason, "max_time");
@@ -144,6 +158,9 @@ TEST(Sampler, ValidatesOptionsWithNamedMessages) {
   o = {};
   o.warmup_s = NAN;
   EXPECT_NE(message_for(o).find("warmup_s"), std::string::npos);
+  o = {};
+  o.min_time_s = 20.0;  // above max_time_s
+  EXPECT_NE(message_for(o).find("min_time_s must be in [0, max_time_s=10]"), std::string::npos);
   o = {};
   o.min_iters = 0;
   EXPECT_NE(message_for(o).find("min_iters"), std::string::npos);

@@ -89,6 +89,81 @@ TEST(MedianCi, CoverageHoldsEmpirically) {
   EXPECT_NEAR(static_cast<double>(covered) / trials, r.coverage, 0.02);
 }
 
+TEST(Quantiles, NormalAndStudentT) {
+  EXPECT_NEAR(gpuopt::stats::normal_quantile(0.975), 1.959963985, 1e-8);
+  EXPECT_NEAR(gpuopt::stats::normal_quantile(0.01), -2.326347874, 1e-8);
+  EXPECT_NEAR(gpuopt::stats::normal_quantile(0.5), 0.0, 1e-12);
+  // scipy.stats.t.ppf(0.975, df)
+  EXPECT_NEAR(gpuopt::stats::student_t_quantile(0.975, 7), 2.364624, 2e-3);
+  EXPECT_NEAR(gpuopt::stats::student_t_quantile(0.975, 29), 2.045230, 1e-4);
+  EXPECT_NEAR(gpuopt::stats::student_t_quantile(0.995, 9), 3.249836, 5e-3);
+  EXPECT_THROW(gpuopt::stats::normal_quantile(1.0), gpuopt::Error);
+}
+
+TEST(BatchCi, IndependentSamplesGiveAnIntervalLikeOrderStatistics) {
+  const auto v = lognormal(2000, 0.0, 0.05, 41);
+  const auto s = summarize(v);
+  const auto b = gpuopt::stats::batch_median_ci(v, 0.95, gpuopt::stats::batch_count(v.size()));
+  std::vector<double> sorted(v);
+  std::sort(sorted.begin(), sorted.end());
+  const auto r = median_ci_ranks(v.size(), 0.95);
+  const double iid = sorted[r.hi] - sorted[r.lo];
+  EXPECT_GT(b.hi - b.lo, 0.6 * iid);
+  EXPECT_LT(b.hi - b.lo, 1.8 * iid);
+  EXPECT_LE(s.ci_lo, s.p50);
+  EXPECT_GE(s.ci_hi, s.p50);
+}
+
+// A slow oscillation (like a GPU under a power cap) shared by runs of neighbouring samples: the
+// order-statistics interval is far too narrow, the batch interval is not, and summarize reports it.
+std::vector<double> drifting(std::size_t n, double amplitude, std::size_t period, unsigned seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> noise(0.0, 0.002);
+  std::uniform_real_distribution<double> phase(0.0, 6.283185307);
+  const double p0 = phase(rng);
+  std::vector<double> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    v[i] = 1.0 + amplitude * std::sin(p0 + 6.283185307 * static_cast<double>(i) / period) + noise(rng);
+  }
+  return v;
+}
+
+TEST(BatchCi, CorrelatedSamplesWidenTheReportedInterval) {
+  const auto v = drifting(600, 0.05, 400, 5);
+  const auto s = summarize(v);
+  EXPECT_STREQ(s.ci_method, "batch-medians");
+  EXPECT_GT(s.ci_rel_halfwidth(), 0.01);
+}
+
+// An AR(1) process around 1.0: each sample keeps 95% of the previous one's deviation.
+std::vector<double> ar1(std::size_t n, double phi, double sd, unsigned seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> noise(0.0, sd);
+  std::vector<double> v(n);
+  double x = 0.0;
+  for (double& out : v) {
+    x = phi * x + noise(rng);
+    out = 1.0 + x;
+  }
+  return v;
+}
+
+TEST(BatchCi, CoverageHoldsForCorrelatedRunsWhereIndependenceFails) {
+  int covered_batch = 0, covered_iid = 0;
+  const int trials = 300;
+  for (int t = 0; t < trials; ++t) {
+    const auto v = ar1(1000, 0.95, 0.005, 1000 + t);
+    const auto s = summarize(v);
+    covered_batch += (s.ci_lo <= 1.0 && 1.0 <= s.ci_hi) ? 1 : 0;
+    std::vector<double> sorted(v);
+    std::sort(sorted.begin(), sorted.end());
+    const auto r = median_ci_ranks(v.size(), 0.95);
+    covered_iid += (sorted[r.lo] <= 1.0 && 1.0 <= sorted[r.hi]) ? 1 : 0;
+  }
+  EXPECT_LT(covered_iid, trials * 0.5);    // independence assumed: badly over-confident
+  EXPECT_GT(covered_batch, trials * 0.8);  // batch medians: close to nominal
+}
+
 TEST(Summarize, MomentsAndQuantiles) {
   const std::vector<double> v{5, 1, 4, 2, 3};
   const auto s = summarize(v);
@@ -141,6 +216,25 @@ TEST(Bootstrap, DetectsAFivePercentSpeedup) {
   EXPECT_GT(r.lo, 1.0);
   EXPECT_LE(r.lo, r.ratio);
   EXPECT_GE(r.hi, r.ratio);
+}
+
+TEST(Bootstrap, PairedResamplingCancelsSharedDrift) {
+  // Two interleaved runs of the same workload under the same drift: unpaired intervals are wide,
+  // paired ones are tight and centred on 1.
+  const auto drift = drifting(800, 0.05, 300, 9);
+  std::mt19937_64 rng(10);
+  std::normal_distribution<double> noise(0.0, 0.002);
+  std::vector<double> a(drift.size()), b(drift.size());
+  for (std::size_t i = 0; i < drift.size(); ++i) {
+    a[i] = drift[i] + noise(rng);
+    b[i] = drift[i] + noise(rng);
+  }
+  const auto unpaired = bootstrap_speedup(a, b, 0.95, 1000, 1, false);
+  const auto paired = bootstrap_speedup(a, b, 0.95, 1000, 1, true);
+  EXPECT_LT(paired.hi - paired.lo, 0.5 * (unpaired.hi - unpaired.lo));
+  EXPECT_LT(paired.lo, 1.0);
+  EXPECT_GT(paired.hi, 1.0);
+  EXPECT_THROW(bootstrap_speedup(a, std::vector<double>(10, 1.0), 0.95, 1000, 1, true), gpuopt::Error);
 }
 
 TEST(Bootstrap, IsDeterministicForASeed) {

@@ -17,8 +17,10 @@ struct SamplerOptions {
   std::int64_t iters = 0;         // > 0: exactly this many samples, no adaptive stop
   std::int64_t min_iters = 10;
   std::int64_t max_iters = 100000;
+  double min_time_s = 0.1;        // adaptive stops only after sampling this long (spans drift)
   double max_time_s = 10.0;       // budget for sampling (warm-up not included)
   double target_rel_ci = 0.01;    // stop when the CI of the median is within +-this of the median
+                                  // (stats::median_ci: order statistics and batch medians)
   double confidence = 0.95;
 };
 

@@ -27,6 +27,25 @@ MedianRanks median_ci_ranks(std::size_t n, double confidence);
 // when MAD is 0 the mean absolute deviation (scaled by 1.2533) stands in. Reported, never removed.
 std::size_t count_outliers(const std::vector<double>& sorted, double threshold = 3.5);
 
+// Standard normal quantile (Acklam's rational approximation, relative error < 1.2e-9), p in (0, 1).
+double normal_quantile(double p);
+// Student-t quantile (Cornish-Fisher expansion around the normal; < 1e-3 absolute error for df >= 5).
+double student_t_quantile(double p, double df);
+
+// Number of contiguous batches used for autocorrelation-aware intervals: 0 below 40 samples (too
+// few; intervals then assume independent samples), else between 8 and 30.
+std::size_t batch_count(std::size_t n);
+
+// Confidence interval of the median from the spread of batch medians (the batch-means method of
+// simulation output analysis). Samples must be in time order. Consecutive GPU timings are often
+// correlated (clock and power states last milliseconds to seconds), which makes an interval built on
+// independence too narrow; batches longer than the correlation keep it honest. Returns the median
+// +- t * sd(batch medians) / sqrt(batches).
+struct Interval {
+  double lo = 0, hi = 0;
+};
+Interval batch_median_ci(const std::vector<double>& samples_in_order, double confidence, std::size_t batches);
+
 struct Summary {
   std::size_t n = 0;
   double mean = 0, stddev = 0, min = 0, max = 0;
@@ -36,19 +55,34 @@ struct Summary {
   double mad = 0;  // median absolute deviation (unscaled)
   double ci_lo = 0, ci_hi = 0;  // confidence interval of the median
   double ci_level = 0;  // requested level
-  double ci_coverage = 0;  // exact coverage of the interval reported
+  double ci_coverage = 0;  // exact coverage of the order-statistics interval
   bool ci_attained = false;
+  // "order-statistics": independent samples assumed; "batch-medians": the batch interval was wider
+  // (correlated samples) and is reported. The reported interval is the envelope of both.
+  const char* ci_method = "order-statistics";
+  std::size_t ci_batches = 0;
   std::size_t outliers = 0;
 
   // Largest distance of a CI bound from the median, relative to the median.
   double ci_rel_halfwidth() const;
 };
 
-// Full summary; samples non-empty and finite. stddev uses n - 1 (0 for a single sample).
+// Full summary; samples non-empty, finite and in time order. stddev uses n - 1 (0 for one sample).
 Summary summarize(const std::vector<double>& samples, double confidence = 0.95);
 
+// The interval summarize() reports, alone (for stopping rules): {lo, hi, attained}.
+struct MedianCi {
+  double median = 0, lo = 0, hi = 0;
+  bool attained = false;
+  bool batched = false;
+};
+MedianCi median_ci(const std::vector<double>& samples_in_order, double confidence);
+
 // Ratio median(baseline) / median(candidate) -- the speedup of the candidate -- with a percentile
-// bootstrap confidence interval (independent resampling of both sets, `resamples` times).
+// block-bootstrap confidence interval: each set (in time order) is cut into batch_count(n)
+// contiguous blocks that are resampled whole, so correlation between neighbouring samples is kept
+// (plain resampling below 40 samples). `paired`: the sets were taken interleaved (same length, sample
+// i of each adjacent in time) and are resampled with the same blocks, so shared drift cancels.
 struct Ratio {
   double ratio = 0, lo = 0, hi = 0;
   double confidence = 0;
@@ -56,7 +90,7 @@ struct Ratio {
 };
 Ratio bootstrap_speedup(const std::vector<double>& baseline, const std::vector<double>& candidate,
                         double confidence = 0.95, int resamples = 2000,
-                        std::uint64_t seed = 0x6770756f707431ULL);
+                        std::uint64_t seed = 0x6770756f707431ULL, bool paired = false);
 
 // Median of unsorted data (numpy semantics: mean of the two middle values for even n).
 double median(std::vector<double> data);
