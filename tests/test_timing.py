@@ -223,7 +223,7 @@ def test_interleaved_compare_cancels_drift_that_fools_separate_runs():
     start = time.perf_counter()
 
     def drifting():
-        busy(0.1 * (1.0 + 0.5 * (time.perf_counter() - start)))
+        busy(0.1 * (1.0 + 5.0 * (time.perf_counter() - start)))
 
     a = measure(drifting, mode="host", iters=300, warmup=0, warmup_s=0)
     b = measure(drifting, mode="host", iters=300, warmup=0, warmup_s=0)
