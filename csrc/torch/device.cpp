@@ -31,12 +31,11 @@ int cuda_device_count() {
 #endif
 }
 
-void require_cuda(const char* what) {
+void require_cuda(const char* what, const char* hint) {
   TORCH_CHECK_VALUE(cuda_compiled(), what, " needs CUDA, but gpuopt was built without it (",
-                    no_cuda_reason(), "); rebuild with nvcc available, or use mode=\"host\"");
+                    no_cuda_reason(), "); rebuild with nvcc available", hint);
   TORCH_CHECK_VALUE(cuda_device_count() > 0, what,
-                    " needs a CUDA device, and none is visible (torch.cuda.device_count() == 0); "
-                    "use mode=\"host\" on a CPU-only machine");
+                    " needs a CUDA device, and none is visible (torch.cuda.device_count() == 0)", hint);
 }
 
 namespace {

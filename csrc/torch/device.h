@@ -14,8 +14,8 @@ bool cuda_compiled();
 std::string no_cuda_reason();
 // Visible CUDA devices; 0 when CUDA was not compiled or no device is present.
 int cuda_device_count();
-// Throws a ValueError naming `what` when no CUDA device can be used.
-void require_cuda(const char* what);
+// Throws a ValueError naming `what` when no CUDA device can be used; `hint` says what to do instead.
+void require_cuda(const char* what, const char* hint = "");
 
 // Writes the layer's checkable hash pattern into a contiguous int32 CUDA tensor on torch's current
 // stream of that tensor's device.

@@ -27,6 +27,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr const char* kHostHint = "; use mode=\"host\" on a CPU-only machine";
+
 double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
@@ -312,7 +314,7 @@ void describe(MeasureResult& res, const DeviceSource& source) {
 template <typename Body>
 void with_device_sources(const std::vector<const Callable*>& fns, const MeasureOptions& o,
                          std::vector<MeasureResult>& results, Body&& body) {
-  require_cuda((std::string("mode=\"") + o.mode + "\"").c_str());
+  require_cuda((std::string("mode=\"") + o.mode + "\"").c_str(), kHostHint);
   TORCH_CHECK_INDEX(o.device >= 0 && o.device < cuda_device_count(), "device must be in [0, ",
                     cuda_device_count(), "), got ", o.device);
   const auto index = static_cast<c10::DeviceIndex>(o.device);
@@ -421,7 +423,7 @@ MeasureResult measure(const Callable& fn, const MeasureOptions& o) {
     });
     return results[0];
 #else
-    require_cuda((std::string("mode=\"") + o.mode + "\"").c_str());
+    require_cuda((std::string("mode=\"") + o.mode + "\"").c_str(), kHostHint);
 #endif
   }
   const HostContext host(o);
@@ -455,7 +457,7 @@ PairResult measure_pair(const Callable& a, const Callable& b, const MeasureOptio
     out.b = std::move(results[1]);
     return out;
 #else
-    require_cuda((std::string("mode=\"") + o.mode + "\"").c_str());
+    require_cuda((std::string("mode=\"") + o.mode + "\"").c_str(), kHostHint);
 #endif
   }
   const HostContext host(o);

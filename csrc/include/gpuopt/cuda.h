@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "gpuopt/errors.h"
+#include "gpuopt/pool.h"
 
 #define GPUOPT_CHECK_CUDA(expr)                                                              \
   do {                                                                                       \
@@ -67,6 +68,44 @@ class NvtxRange {
   ~NvtxRange() { nvtxRangePop(); }
   NvtxRange(const NvtxRange&) = delete;
   NvtxRange& operator=(const NvtxRange&) = delete;
+};
+
+// Events without timing, recycled: recording a fence must cost about a microsecond, not the tens of
+// microseconds cudaEventCreate can take. Thread-safe; per device.
+cudaEvent_t acquire_event(int device);
+void release_event(int device, cudaEvent_t event) noexcept;
+
+// A pool fence: events recorded on the streams that used a block; ready when all have completed.
+class EventFence final : public gpuopt::Fence {
+ public:
+  EventFence(int device, const cudaStream_t* streams, std::size_t count);
+  ~EventFence() override;
+  bool ready() override;
+  void wait() override;
+
+ private:
+  int device_;
+  cudaEvent_t events_[4] = {};
+  std::size_t count_ = 0;
+};
+
+// Raw allocators for gpuopt::BlockPool.
+class PinnedAllocator final : public gpuopt::RawAllocator {
+ public:
+  void* allocate(std::size_t bytes) override;  // cudaHostAlloc (portable)
+  void deallocate(void* ptr, std::size_t bytes) noexcept override;
+  const char* kind() const override { return "pinned"; }
+};
+
+class DeviceAllocator final : public gpuopt::RawAllocator {
+ public:
+  explicit DeviceAllocator(int device) : device_(device) {}
+  void* allocate(std::size_t bytes) override;  // cudaMalloc on `device`
+  void deallocate(void* ptr, std::size_t bytes) noexcept override;
+  const char* kind() const override { return "device"; }
+
+ private:
+  int device_;
 };
 
 // out[i] = pattern(i, seed) for i < n: a cheap integer hash, so results are checkable

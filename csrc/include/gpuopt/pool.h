@@ -1,0 +1,109 @@
+// A thread-safe pool of memory blocks in size classes. A released block carries a fence (for CUDA:
+// an event recorded on the stream that used it) and is handed out again only once the fence says
+// that work has finished. What memory is (pinned host, device, plain host) is the RawAllocator's
+// business; what "finished" means is the Fence's. No CUDA and no torch here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace gpuopt {
+
+class Fence {
+ public:
+  virtual ~Fence() = default;
+  virtual bool ready() = 0;  // the work that used the block has finished
+  virtual void wait() = 0;   // block until ready
+};
+
+class RawAllocator {
+ public:
+  virtual ~RawAllocator() = default;
+  // nullptr when the memory cannot be had (the pool turns that into an error naming the size).
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void deallocate(void* ptr, std::size_t bytes) noexcept = 0;
+  virtual const char* kind() const = 0;
+};
+
+// Page-aligned host memory (std::aligned_alloc): the fallback for pinned memory without CUDA.
+class HostAllocator final : public RawAllocator {
+ public:
+  void* allocate(std::size_t bytes) override;
+  void deallocate(void* ptr, std::size_t bytes) noexcept override;
+  const char* kind() const override { return "host"; }
+};
+
+struct PoolOptions {
+  std::string name = "pool";
+  std::size_t capacity_bytes = 0;  // 0: unlimited; else reserved bytes may not exceed it
+};
+
+struct PoolStats {
+  std::uint64_t acquisitions = 0, releases = 0;
+  std::uint64_t hits = 0, misses = 0;    // served from the free lists / by a new allocation
+  std::uint64_t busy_skips = 0;          // free blocks passed over because their fence was not ready
+  std::uint64_t allocations = 0, frees = 0;  // raw allocator calls
+  std::uint64_t bytes_reserved = 0, peak_bytes_reserved = 0;
+  std::uint64_t bytes_in_use = 0, peak_bytes_in_use = 0;
+  std::uint64_t bytes_requested_in_use = 0;
+  std::uint64_t blocks_in_use = 0, free_blocks = 0;
+  std::uint64_t largest_free_block = 0;
+  double fragmentation = 0;  // 1 - requested / in use: what size-class rounding wastes now
+};
+
+struct Block {
+  void* ptr = nullptr;
+  std::size_t size = 0;       // the size class
+  std::size_t requested = 0;  // what was asked for
+};
+
+class BlockPool {
+ public:
+  BlockPool(std::unique_ptr<RawAllocator> allocator, PoolOptions options);
+  ~BlockPool();  // waits for fences and frees every block it holds
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  // A block of at least `bytes`. ValueError-kind errors for 0 bytes, a closed pool, or a request
+  // that would exceed capacity_bytes even after freeing idle blocks; RuntimeError-kind when the
+  // allocator fails.
+  Block acquire(std::size_t bytes);
+  // Returns a block; it is reused only once `fence` (if any) is ready.
+  void release(const Block& block, std::unique_ptr<Fence> fence = nullptr);
+  // Frees idle blocks whose fences are ready; returns the bytes freed.
+  std::size_t trim();
+  // Frees idle blocks (waiting for their fences) and refuses further acquisitions; blocks still in
+  // use are freed when they are released.
+  void close();
+  bool closed() const;
+  PoolStats stats() const;
+  const PoolOptions& options() const { return options_; }
+  const char* kind() const { return allocator_->kind(); }
+
+  // 512-byte minimum; above 4 KiB four classes per power of two (at most 25% rounding waste).
+  static std::size_t size_class(std::size_t bytes);
+
+ private:
+  struct FreeBlock {
+    void* ptr;
+    std::unique_ptr<Fence> fence;
+  };
+  // Removes idle blocks with ready fences (all, waiting, if `wait`); the caller frees them unlocked.
+  std::vector<std::pair<void*, std::size_t>> take_idle_locked(bool wait);
+  void free_blocks(const std::vector<std::pair<void*, std::size_t>>& blocks);
+  void update_free_stats_locked();
+
+  std::unique_ptr<RawAllocator> allocator_;
+  PoolOptions options_;
+  mutable std::mutex mu_;
+  std::map<std::size_t, std::vector<FreeBlock>> free_;
+  PoolStats stats_;
+  bool closed_ = false;
+};
+
+}  // namespace gpuopt

@@ -1,0 +1,156 @@
+"""Memory: pinned-host and device pools implemented in gpuopt's C++ core, and a stream-overlapped
+input pipeline. Peak memory of every measurement is recorded by ``gpuopt.measure``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from ._ext import _C
+from .timing import _device_index
+
+
+def _shape(shape: int | Sequence[int], owner: str) -> list[int]:
+    dims = [shape] if isinstance(shape, int) and not isinstance(shape, bool) else shape
+    if not isinstance(dims, (list, tuple, torch.Size)) or not all(
+            isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        raise TypeError(f"{owner}.empty: shape must be an int or a sequence of ints, got {shape!r}")
+    return list(dims)
+
+
+class _Pool:
+    _kind = "pool"
+
+    def __init__(self, native: Any):
+        self._native = native
+
+    def empty(self, shape: int | Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A tensor from the pool; its storage returns to the pool when the tensor is freed (its block
+        is reused only after the work queued on the current stream at that moment has finished)."""
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"{self.name}.empty: dtype must be a torch.dtype, got {dtype!r}")
+        return self._native.empty(_shape(shape, self.name), dtype)
+
+    def record_stream(self, tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
+        """Also wait for the work queued on ``stream`` before reusing ``tensor``'s block (like
+        ``Tensor.record_stream``, for tensors used on streams other than the current one)."""
+        self._native.record_stream(tensor, stream)
+
+    def stats(self) -> dict[str, Any]:
+        """Allocations, hits, misses, bytes reserved / in use / peak, largest free block,
+        fragmentation (the share of in-use bytes lost to size-class rounding)."""
+        return dict(self._native.stats())
+
+    def trim(self) -> int:
+        """Free idle blocks whose work has finished; returns the bytes freed."""
+        return self._native.trim()
+
+    def close(self) -> None:
+        """Free idle blocks and refuse further allocations; tensors still alive free theirs on release."""
+        self._native.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    @property
+    def name(self) -> str:
+        return self._native.name
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        return (f"{type(self).__name__}({self.name!r}, reserved {s['bytes_reserved'] / 2**20:.1f} MiB, in use "
+                f"{s['bytes_in_use'] / 2**20:.1f} MiB, hits {s['hits']}, misses {s['misses']})")
+
+
+class PinnedPool(_Pool):
+    """Page-locked host memory, pooled: ``cudaHostAlloc`` costs milliseconds, a pool hit about a
+    microsecond. Without CUDA the same API hands out page-aligned plain host memory
+    (``page_locked`` is then False).
+
+    >>> import torch, gpuopt
+    >>> pool = gpuopt.PinnedPool(capacity_bytes=64 << 20)
+    >>> t = pool.empty((4, 1024), torch.float16)
+    >>> t.shape, pool.stats()["bytes_in_use"] > 0
+    (torch.Size([4, 1024]), True)
+    """
+
+    def __init__(self, capacity_bytes: int | None = None, *, name: str = "PinnedPool"):
+        super().__init__(_C.pinned_pool(capacity_bytes, name))
+
+    @property
+    def page_locked(self) -> bool:
+        return self._native.page_locked
+
+
+class DevicePool(_Pool):
+    """Device memory from ``cudaMalloc``, pooled outside torch's caching allocator, reused only after
+    the streams that used a block have finished with it. Needs CUDA."""
+
+    def __init__(self, capacity_bytes: int | None = None, *, device: int | str | torch.device | None = None,
+                 name: str = "DevicePool"):
+        index = _device_index(device)
+        super().__init__(_C.device_pool(-1 if index is None else index, capacity_bytes, name))
+
+
+class InputPipeline:
+    """Host batches to the device, overlapped with compute.
+
+    A C++ worker thread copies each host batch into a pinned pool block and queues its host-to-device
+    copy on a dedicated copy stream, ``depth`` batches ahead; ``next()`` makes the current stream wait
+    for the batch's copy (an event), so the copy of batch i+1 runs while batch i computes.
+
+    >>> pipe = gpuopt.InputPipeline(depth=2)                     # doctest: +SKIP
+    >>> for x in pipe.iterate(host_batches):                     # doctest: +SKIP
+    ...     y = model(x)
+    """
+
+    def __init__(self, *, depth: int = 2, device: int | str | torch.device | None = None,
+                 pinned_pool: PinnedPool | None = None, device_pool: DevicePool | None = None):
+        if isinstance(depth, bool) or not isinstance(depth, int):
+            raise TypeError(f"depth must be an int, got {depth!r}")
+        index = _device_index(device)
+        self.pinned_pool = pinned_pool or PinnedPool(name="InputPipeline pinned pool")
+        self.device_pool = device_pool or DevicePool(device=index, name="InputPipeline device pool")
+        self._native = _C.InputPipeline(self.pinned_pool._native, self.device_pool._native,
+                                        -1 if index is None else index, depth)
+
+    @property
+    def depth(self) -> int:
+        return self._native.depth
+
+    def submit(self, batch: torch.Tensor) -> None:
+        """Queue a CPU tensor (blocks while ``depth`` batches are in flight)."""
+        if not isinstance(batch, torch.Tensor):
+            raise TypeError(f"InputPipeline.submit: batch must be a torch.Tensor, got {type(batch).__name__}")
+        self._native.submit(batch)
+
+    def next(self) -> torch.Tensor:
+        """The next batch on the device, in submission order."""
+        return self._native.next()
+
+    def iterate(self, batches: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
+        """Device tensors for ``batches``, staged ``depth`` ahead of the one being used."""
+        it = iter(batches)
+        for queued, batch in enumerate(it, 1):
+            self.submit(batch)
+            if queued == self.depth:
+                break
+        for batch in it:
+            yield self.next()
+            self.submit(batch)
+        for _ in range(self._native.in_flight):
+            yield self.next()
+
+    def stats(self) -> dict[str, Any]:
+        """Batches submitted and delivered, bytes, worker staging time, consumer wait time."""
+        return dict(self._native.stats())
