@@ -27,6 +27,8 @@ COMPILE = {  # compile is slow to prepare: only where the seeds report it
 
 def extra(p):
     p.add_argument("--max-autotune", action="store_true", help="also run compile:max-autotune (slow)")
+    p.add_argument("--overhead-only", action="store_true",
+                   help="only the gpuopt-vs-hand-written comparisons (results file *-overhead-*.json)")
 
 
 def main() -> int:
@@ -38,6 +40,9 @@ def main() -> int:
         "resnet50": (torchvision.models.resnet50, [1, 32] if args.quick else [1, 32, 256], RESNET),
         "vit_b_16": (torchvision.models.vit_b_16, [1, 32] if args.quick else [1, 32, 128], VIT),
     }
+    if args.overhead_only:
+        plan = {}
+        args.name = "configs_resnet_vit-overhead"
     rows, targets = [], []
     for name, (make, batches, configs) in plan.items():
         model = make(weights=None)
@@ -87,12 +92,14 @@ def main() -> int:
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     small = xh[:1].clone()
+    torch.backends.cudnn.benchmark = True  # as the config does: the same cuDNN algorithms are captured
     with torch.cuda.stream(s), torch.inference_mode():
         for _ in range(3):
             hand(small)
     torch.cuda.current_stream().wait_stream(s)
     with torch.inference_mode(), torch.cuda.graph(g):
         hand(small)
+    torch.backends.cudnn.benchmark = False
     pg = gpuopt.Config.parse("fp16+channels_last+cudagraph").apply(model, x[:1])
     overhead["resnet50_b1_fp16_cudagraph"] = gpuopt.compare(g.replay, pg.runner(x[:1]), labels=("plain", "gpuopt"),
                                                             mode="latency")

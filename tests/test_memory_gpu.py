@@ -24,11 +24,14 @@ def test_device_block_is_not_reused_while_a_kernel_still_reads_it():
     busy, other = torch.cuda.Stream(), torch.cuda.Stream()
     t = pool.empty(1 << 24, torch.float32)
     t.fill_(1.0)
+    with torch.cuda.stream(busy):
+        t.sum()  # load the kernels now: CUDA's lazy loading synchronizes on first use
     torch.cuda.synchronize()
     ptr = t.data_ptr()
     with torch.cuda.stream(busy):
         torch.cuda._sleep(LONG)
         total = t.sum()  # reads t after ~0.1 s
+        assert not busy.query(), "the stream must still be busy for this test to mean anything"
         del t  # fence: an event on `busy`, recorded now
     with torch.cuda.stream(other):  # a reuse attempt from another stream, while `busy` still runs
         u = pool.empty(1 << 24, torch.float32)

@@ -1,9 +1,6 @@
 #include "pools.h"
 
-#include <ATen/ops/empty.h>
-#include <c10/core/CPUAllocator.h>
-#include <c10/core/StorageImpl.h>
-#include <c10/util/strides.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -105,11 +102,12 @@ at::Tensor TensorPool::empty(at::IntArrayRef shape, at::ScalarType dtype) {
     ctx->device = static_cast<int>(c10::cuda::current_device());
   }
 #endif
-  c10::DataPtr data(block.ptr, ctx, &return_block, where);
-  auto storage = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes, std::move(data),
-                                                       /*allocator=*/nullptr, /*resizable=*/false);
-  return at::empty({0}, at::TensorOptions().dtype(dtype).device(where))
-      .set_(c10::Storage(std::move(storage)), 0, shape, c10::contiguous_strides(shape));
+  // One tensor construction, no dispatcher round trip, no pointer-attribute query (device given).
+  return at::for_blob(block.ptr, shape)
+      .context(ctx, &return_block)
+      .target_device(where)
+      .options(at::TensorOptions().dtype(dtype).device(where))
+      .make_tensor();
 }
 
 void TensorPool::record_stream(const at::Tensor& t, const c10::Stream& stream) {

@@ -12,12 +12,13 @@ from ._ext import _C
 from .timing import _device_index
 
 
-def _shape(shape: int | Sequence[int], owner: str) -> list[int]:
-    dims = [shape] if isinstance(shape, int) and not isinstance(shape, bool) else shape
-    if not isinstance(dims, (list, tuple, torch.Size)) or not all(
-            isinstance(d, int) and not isinstance(d, bool) for d in dims):
-        raise TypeError(f"{owner}.empty: shape must be an int or a sequence of ints, got {shape!r}")
-    return list(dims)
+def _shape(shape: int | Sequence[int], owner: str) -> Sequence[int]:
+    # Exact-type checks first: this runs on every allocation.
+    if type(shape) is int:
+        return (shape,)
+    if type(shape) in (tuple, list, torch.Size) and all(type(d) is int for d in shape):
+        return shape
+    raise TypeError(f"{owner}.empty: shape must be an int or a sequence of ints, got {shape!r}")
 
 
 class _Pool:
@@ -29,7 +30,7 @@ class _Pool:
     def empty(self, shape: int | Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A tensor from the pool; its storage returns to the pool when the tensor is freed (its block
         is reused only after the work queued on the current stream at that moment has finished)."""
-        if not isinstance(dtype, torch.dtype):
+        if type(dtype) is not torch.dtype:
             raise TypeError(f"{self.name}.empty: dtype must be a torch.dtype, got {dtype!r}")
         return self._native.empty(_shape(shape, self.name), dtype)
 
