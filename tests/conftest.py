@@ -13,6 +13,8 @@ import torch
 
 import gpuopt
 
+pytest_plugins = ["pytester"]  # the pytest plugin's own tests run inner sessions
+
 
 def _gpu_unavailable_reason() -> str | None:
     info = gpuopt.build_info()

@@ -105,3 +105,21 @@ def test_configure_without_torch_stops_with_one_clear_sentence(tmp_path):
     text = " ".join((proc.stdout + proc.stderr).split())
     assert "cannot import torch" in text and "Install torch first" in text
     assert "pip install --no-build-isolation ." in text
+
+
+def test_a_broken_gpuopt_does_not_break_unrelated_pytest_sessions(tmp_path):
+    # pytest loads installed plugins in every session; if gpuopt cannot be imported (e.g. a stale build
+    # after a torch upgrade), other projects' tests must still run, with a warning.
+    (tmp_path / "test_other.py").write_text("import pytest\n\n@pytest.mark.gpu\ndef test_x():\n    pass\n")
+    proc = _run_python(
+        f"""
+        import sys
+        sys.modules["gpuopt"] = None  # makes `import gpuopt` raise ImportError
+        import pytest
+        sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "--strict-markers", {str(tmp_path)!r}]))
+        """,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 passed" in proc.stdout
+    assert "gpuopt's pytest plugin is off" in proc.stdout + proc.stderr

@@ -116,3 +116,17 @@ def test_bad_statistics_input_names_the_parameter():
         _C.bootstrap_speedup([1.0], [1.0], 0.95, 5)
     with pytest.raises(ValueError, match="finite"):
         _C.summarize([1.0, float("nan")])
+
+
+def test_bootstrap_of_a_tail_quantile():
+    rng = np.random.default_rng(4)
+    base = rng.lognormal(0.0, 0.05, 500)
+    tail = np.concatenate([rng.lognormal(0.0, 0.05, 450), rng.lognormal(np.log(1.5), 0.05, 50)])
+    rng.shuffle(tail)  # slow calls spread over the run (clustered ones widen the block bootstrap)
+    ratio, lo, hi = _C.bootstrap_speedup(tail.tolist(), base.tolist(), q=0.95)
+    assert ratio == pytest.approx(np.quantile(tail, 0.95) / np.quantile(base, 0.95))
+    assert lo > 1.2  # the tail got slower, significantly
+    mratio, mlo, mhi = _C.bootstrap_speedup(tail.tolist(), base.tolist())
+    assert mlo < 1.05  # the median barely moved
+    with pytest.raises(ValueError, match=r"q must be in \(0, 1\)"):
+        _C.bootstrap_speedup(base.tolist(), base.tolist(), q=1.0)

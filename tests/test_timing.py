@@ -57,7 +57,7 @@ def test_time_budget_stops_and_says_the_target_was_missed():
 
 def test_warmup_by_count_and_time():
     m = measure(lambda: busy(1.0), mode="host", warmup=2, warmup_s=0.05, iters=1)
-    assert m.warmup_iters >= 40 and m.warmup_s >= 0.05
+    assert m.warmup_iters > 10 and m.warmup_s >= 0.05  # far more than warmup=2: the time bound ruled
     m = measure(lambda: busy(1.0), mode="host", warmup=7, warmup_s=0.0, iters=1)
     assert m.warmup_iters == 7
 
@@ -141,6 +141,7 @@ def test_default_mode_without_cuda_is_host():
     assert measure(lambda: None, iters=3).mode == "host"
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace.*is deprecated:FutureWarning")
 def test_torchscript_module_is_timed_in_cpp(monkeypatch):
     used = []
     real = gpuopt.timing._C.measure_script

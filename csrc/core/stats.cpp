@@ -66,9 +66,21 @@ std::size_t resampling_blocks(std::size_t n) {
   return k == 0 ? n : k;
 }
 
-// Median of a resample made of the chosen blocks concatenated.
-double block_resample_median(const std::vector<double>& data, const std::vector<std::size_t>& bounds,
-                             const std::vector<std::size_t>& chosen, std::vector<double>& buf) {
+// The q-quantile (numpy's linear method) of the first n values of buf, reordering them.
+double quantile_in_place(double* first, std::size_t n, double q) {
+  if (q == 0.5) return median_in_place(first, n);
+  const double pos = q * static_cast<double>(n - 1);
+  const auto lo = static_cast<std::size_t>(std::floor(pos));
+  std::nth_element(first, first + lo, first + n);
+  const double a = first[lo];
+  if (lo + 1 >= n) return a;
+  const double b = *std::min_element(first + lo + 1, first + n);
+  return a + (b - a) * (pos - static_cast<double>(lo));
+}
+
+// The q-quantile of a resample made of the chosen blocks concatenated.
+double block_resample_quantile(const std::vector<double>& data, const std::vector<std::size_t>& bounds,
+                               const std::vector<std::size_t>& chosen, std::vector<double>& buf, double q) {
   std::size_t len = 0;
   for (std::size_t j : chosen) {
     const std::size_t b = bounds[j], e = bounds[j + 1];
@@ -76,7 +88,7 @@ double block_resample_median(const std::vector<double>& data, const std::vector<
               buf.begin() + static_cast<std::ptrdiff_t>(len));
     len += e - b;
   }
-  return median_in_place(buf.data(), len);
+  return quantile_in_place(buf.data(), len, q);
 }
 
 void draw_blocks(std::vector<std::size_t>& chosen, std::size_t k, SplitMix64& rng) {
@@ -301,17 +313,21 @@ double median(std::vector<double> data) {
 }
 
 Ratio bootstrap_speedup(const std::vector<double>& baseline, const std::vector<double>& candidate,
-                        double confidence, int resamples, std::uint64_t seed, bool paired) {
+                        double confidence, int resamples, std::uint64_t seed, bool paired, double q) {
+  GPUOPT_CHECK_VALUE(q > 0.0 && q < 1.0, "q must be in (0, 1), got ", q);
   check_samples(baseline, "baseline samples");
   check_samples(candidate, "candidate samples");
   check_confidence(confidence);
   GPUOPT_CHECK_VALUE(resamples >= 100, "resamples must be >= 100, got ", resamples);
   GPUOPT_CHECK_VALUE(!paired || baseline.size() == candidate.size(),
                      "paired samples must have equal counts, got ", baseline.size(), " and ", candidate.size());
-  const double med_a = median(baseline);
-  const double med_b = median(candidate);
-  GPUOPT_CHECK_VALUE(med_a > 0.0 && med_b > 0.0,
-                     "a speedup needs positive medians, got baseline ", med_a, " and candidate ", med_b);
+  std::vector<double> sa(baseline), sb(candidate);
+  std::sort(sa.begin(), sa.end());
+  std::sort(sb.begin(), sb.end());
+  const double med_a = quantile_sorted(sa, q);
+  const double med_b = quantile_sorted(sb, q);
+  GPUOPT_CHECK_VALUE(med_a > 0.0 && med_b > 0.0, "a speedup needs positive statistics, got baseline ", med_a,
+                     " and candidate ", med_b);
   SplitMix64 rng{seed};
   const std::size_t ka = resampling_blocks(baseline.size());
   const std::size_t kb = resampling_blocks(candidate.size());
@@ -328,8 +344,8 @@ Ratio bootstrap_speedup(const std::vector<double>& baseline, const std::vector<d
     } else {
       draw_blocks(chosen_b, kb, rng);
     }
-    r = block_resample_median(baseline, bounds_a, chosen_a, buf_a) /
-        block_resample_median(candidate, bounds_b, chosen_b, buf_b);
+    r = block_resample_quantile(baseline, bounds_a, chosen_a, buf_a, q) /
+        block_resample_quantile(candidate, bounds_b, chosen_b, buf_b, q);
   }
   std::sort(ratios.begin(), ratios.end());
   const double tail = (1.0 - confidence) / 2.0;

@@ -1,3 +1,4 @@
+#include "../torch/ceilings.h"
 #include "../torch/device.h"
 #include "bindings.h"
 #include "build_info.h"
@@ -44,6 +45,31 @@ void bind_build(py::module_& m) {
       },
       py::arg("nbytes"), py::arg("reps") = 10, py::arg("device") = 0,
       "Times device-to-device copies with CUDA events; gbps counts bytes read plus written.");
+
+  m.def(
+      "kernel_ceilings",
+      [](std::int64_t device, bool quick) {
+        torch_ext::KernelCeilings c;
+        {
+          py::gil_scoped_release nogil;
+          c = torch_ext::measure_kernel_ceilings(device, quick);
+        }
+        py::dict d;
+        d["hbm_read_gbps"] = c.hbm_read_gbps;
+        d["hbm_write_gbps"] = c.hbm_write_gbps;
+        d["hbm_copy_gbps"] = c.hbm_copy_gbps;
+        d["l2_gbps"] = c.l2_gbps;
+        d["fp32_fma_tflops"] = c.fp32_fma_tflops;
+        d["launch_host_us"] = c.launch_host_us;
+        d["launch_device_us"] = c.launch_device_us;
+        d["graph_node_us"] = c.graph_node_us;
+        d["hbm_bytes"] = c.hbm_bytes;
+        d["l2_bytes"] = c.l2_bytes;
+        return d;
+      },
+      py::arg("device") = 0, py::arg("quick") = false,
+      "Device ceilings measured with gpuopt's own kernels: HBM read/write/copy and L2 GB/s, FP32 FMA "
+      "TFLOP/s, launch overhead, CUDA-graph per-node overhead.");
 }
 
 }  // namespace gpuopt::python

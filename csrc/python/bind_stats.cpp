@@ -74,15 +74,16 @@ void bind_stats(py::module_& m) {
   m.def(
       "bootstrap_speedup",
       [](const std::vector<double>& baseline, const std::vector<double>& candidate, double confidence,
-         int resamples, std::uint64_t seed, bool paired) {
-        const stats::Ratio r = stats::bootstrap_speedup(baseline, candidate, confidence, resamples, seed, paired);
+         int resamples, std::uint64_t seed, bool paired, double q) {
+        const stats::Ratio r = stats::bootstrap_speedup(baseline, candidate, confidence, resamples, seed, paired, q);
         return std::make_tuple(r.ratio, r.lo, r.hi);  // converted after the GIL is back
       },
       py::arg("baseline"), py::arg("candidate"), py::arg("confidence") = 0.95,
       py::arg("resamples") = 2000, py::arg("seed") = 0x6770756f707431ULL, py::arg("paired") = false,
+      py::arg("q") = 0.5,
       py::call_guard<py::gil_scoped_release>(),
-      "median(baseline) / median(candidate) with a percentile block-bootstrap confidence interval "
-      "(paired: interleaved samples resampled with the same blocks).");
+      "quantile_q(baseline) / quantile_q(candidate) (q=0.5: medians) with a percentile block-bootstrap "
+      "confidence interval (paired: interleaved samples resampled with the same blocks).");
   m.def("batch_count", &stats::batch_count, py::arg("n"));
   m.def(
       "batch_median_ci",

@@ -67,7 +67,245 @@ def _run_env(args: argparse.Namespace) -> int:
     return 0
 
 
-_SUBCOMMANDS = [_add_env]
+def _csv_list(value: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {value!r}")
+    return items
+
+
+def _int_list(value: str) -> list[int]:
+    out = []
+    for v in _csv_list(value):
+        try:
+            n = int(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"batch sizes must be positive integers, got {v!r}") from None
+        if n <= 0:
+            raise argparse.ArgumentTypeError(f"batch sizes must be positive integers, got {n}")
+        out.append(n)
+    return out
+
+
+def _default_output(model: str) -> str:
+    import datetime as dt
+
+    return f"gpuopt-results/{model}-{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def _measure_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-time-s", type=float, help="sampling budget per cell (default 10)")
+    p.add_argument("--target-rel-ci", type=float, help="stop when the median's CI is within this (default 0.01)")
+    p.add_argument("--iters", type=int, help="exactly this many samples per cell (no adaptive stop)")
+
+
+def _measure_options(args: argparse.Namespace) -> dict:
+    return {k: v for k, v in (("max_time_s", args.max_time_s), ("target_rel_ci", args.target_rel_ci),
+                              ("iters", args.iters)) if v is not None}
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmark a model across configs and batch sizes (the main job)",
+                       description="With no model: ResNet-50 with fp32, fp16-amp, fp16-amp+channels_last, "
+                                   "TorchScript and torch.compile over batch sizes 1,8,16,32 on a GPU; a tiny "
+                                   "CNN with CPU configs on a machine without one.")
+    p.add_argument("model", nargs="?", help="a zoo model (gpuopt.zoo.names()); default resnet50 / tiny-cnn")
+    p.add_argument("--configs", type=_csv_list, help="preset name or comma-separated configs, e.g. fp32,fp16-amp")
+    p.add_argument("--batch-sizes", type=_int_list, help="comma-separated, e.g. 1,8,16,32")
+    p.add_argument("--modes", type=_csv_list, help="latency,throughput,graph,host,end-to-end")
+    p.add_argument("--train", action="store_true", help="also time training steps")
+    p.add_argument("--no-parity", action="store_true", help="skip the parity gate against fp32")
+    p.add_argument("--profile", action="store_true", help="profile each config at the largest batch")
+    p.add_argument("--device", help="cuda, cuda:1 or cpu")
+    p.add_argument("--output", help="results folder (default gpuopt-results/<model>-<time>)")
+    _measure_args(p)
+    p.set_defaults(run=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    import torch
+
+    from .bench import benchmark
+
+    gpu = torch.cuda.is_available() and (args.device is None or not args.device.startswith("cpu"))
+    if not gpu and args.device is None:
+        print("No CUDA GPU found: running the CPU flow (tiny model, CPU configs).", file=sys.stderr)
+    model = args.model or ("resnet50" if gpu else "tiny-cnn")
+    configs = args.configs or (["bench"] if gpu else ["bench-cpu"])
+    batches = args.batch_sizes or [1, 8, 16, 32]
+    out = args.output or _default_output(model)
+    try:
+        results = benchmark(model, configs=configs[0] if len(configs) == 1 else configs, batch_sizes=batches,
+                            modes=args.modes or ("latency", "throughput"), parity=not args.no_parity,
+                            train=args.train, output_dir=out, device=args.device, profile=args.profile,
+                            **_measure_options(args))
+    except (ValueError, TypeError) as exc:
+        raise UsageError(str(exc)) from exc
+    print(results.table())
+    print(f"\nresults: {out}/ (results.json, results.csv, report.md, plots)")
+    return 1 if results.failed else 0
+
+
+def _add_sweep(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sweep", help="run a sweep spec (TOML/YAML/JSON), resumable")
+    p.add_argument("spec", help="sweep spec file")
+    p.add_argument("--output", required=True, help="results folder (cells.jsonl is appended cell by cell)")
+    p.add_argument("--no-resume", action="store_true", help="start over instead of skipping finished cells")
+    p.set_defaults(run=_run_sweep)
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    from .sweep import sweep
+
+    try:
+        results = sweep(args.spec, args.output, resume=not args.no_resume)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(str(exc)) from exc
+    print(results.table())
+    print(f"\nresults: {args.output}/")
+    return 1 if results.failed else 0
+
+
+def _load_results(paths: list[str]):
+    from .results import Results
+
+    try:
+        return [Results.load(p) for p in paths]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="Markdown report of a results file; several files: cross-hardware report")
+    p.add_argument("results", nargs="+", help="results.json file(s)")
+    p.add_argument("--baseline", help="config the speedups are against (default: the first)")
+    p.add_argument("--output", help="write the report here instead of printing it")
+    p.set_defaults(run=_run_report)
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from .results import write_atomic
+
+    loaded = _load_results(args.results)
+    if len(loaded) == 1:
+        text = loaded[0].to_markdown(baseline=args.baseline)
+    else:
+        from .xreport import cross_hardware_markdown
+
+        text = cross_hardware_markdown([r.to_dict() for r in loaded])
+    if args.output:
+        write_atomic(args.output, text)
+        print(f"wrote {args.output}")
+    else:
+        print(text)
+    return 0
+
+
+def _add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="per-cell speedups of B over A with significance")
+    p.add_argument("a", help="baseline results.json")
+    p.add_argument("b", help="candidate results.json")
+    p.add_argument("--min-effect", type=float, default=0.01, help="smallest relative change called a difference")
+    p.set_defaults(run=_run_compare)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from .timing import compare
+
+    a, b = _load_results([args.a, args.b])
+    print(f"A: {args.a} ({a.device})\nB: {args.b} ({b.device})\n")
+    print(f"{'model':12s} {'config':32s} {'batch':>5s} {'mode':11s} {'B vs A':>8s} {'95% CI':>17s}  verdict")
+    matched = 0
+    for ra in a.ok:
+        rb = b.find(ra["model"], ra.get("config_label", ra["config"]), ra["batch_size"], ra["mode"])
+        if rb is None or rb["status"] != "ok":
+            continue
+        c = compare(a.measurement(ra), b.measurement(rb), min_effect=args.min_effect)
+        matched += 1
+        print(f"{ra['model'][:12]:12s} {ra.get('config_label', ra['config'])[:32]:32s} {ra['batch_size']:>5d} "
+              f"{ra['mode']:11s} {c.speedup:7.3f}x [{c.ci[0]:.3f}, {c.ci[1]:.3f}]  {c.verdict}")
+    if matched == 0:
+        raise UsageError("the two results files have no successful cell in common (model, config, batch, mode)")
+    return 0
+
+
+def _add_plot(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plot", help="PNG and SVG plots of a results file")
+    p.add_argument("results", help="results.json")
+    p.add_argument("--output", required=True, help="folder for the plots")
+    p.set_defaults(run=_run_plot)
+
+
+def _run_plot(args: argparse.Namespace) -> int:
+    from . import plot
+    from .results import check_writable
+
+    (res,) = _load_results([args.results])
+    try:
+        paths = plot.save_all(res, check_writable(args.output))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    for name, path in paths.items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def _add_ceilings(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ceilings", help="measure this GPU's bandwidth, FLOP/s and overhead ceilings (cached)")
+    p.add_argument("--refresh", action="store_true", help="measure again instead of reading the cache")
+    p.add_argument("--quick", action="store_true", help="small sizes: a smoke run, not a ceiling")
+    p.add_argument("--device", help="cuda:N")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=_run_ceilings)
+
+
+def _run_ceilings(args: argparse.Namespace) -> int:
+    from .device_ceilings import ceilings, format_ceilings
+
+    try:
+        doc = ceilings(args.device, refresh=args.refresh, quick=args.quick)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    print(json.dumps(doc, indent=2) if args.json else format_ceilings(doc))
+    return 0
+
+
+def _add_profile(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="torch.profiler summary (and traces) of a model under a config")
+    p.add_argument("model", help="a zoo model")
+    p.add_argument("--config", default="fp32", help="config string (default fp32)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--steps", type=int, default=5, help="profiled iterations")
+    p.add_argument("--device", help="cuda, cuda:1 or cpu")
+    p.add_argument("--output", help="folder for Chrome/Perfetto and TensorBoard traces")
+    p.set_defaults(run=_run_profile)
+
+
+def _run_profile(args: argparse.Namespace) -> int:
+    from .bench import _device
+    from .config import Config
+    from .profile import profile
+    from .zoo import get
+
+    try:
+        model, make = get(args.model)
+        if args.batch_size <= 0:
+            raise ValueError(f"--batch-size must be a positive integer, got {args.batch_size}")
+        config = Config.parse(args.config)
+        device = _device(args.device)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(str(exc)) from exc
+    inputs = make(args.batch_size)
+    prepared = config.apply(model, inputs, device=device)
+    if not prepared.ok:
+        print(f"config {config.label} failed: {prepared.error}", file=sys.stderr)
+        return 1
+    summary = profile(prepared, inputs, steps=args.steps, output_dir=args.output)
+    print(summary)
+    return 0
+
+
+_SUBCOMMANDS = [_add_env, _add_bench, _add_sweep, _add_report, _add_compare, _add_plot, _add_ceilings, _add_profile]
 
 
 def build_parser() -> argparse.ArgumentParser:

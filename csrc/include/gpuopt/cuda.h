@@ -123,6 +123,30 @@ double time_copy_ms(void* dst, const void* src, std::size_t bytes, int reps, cud
 // cudaDeviceGetAttribute, checked.
 int device_attribute(cudaDeviceAttr attribute, int device);
 
+// ---- Device ceilings (micro-benchmarks of ours). Each runs `reps` timed launches on `stream` after
+// one warm-up launch and returns the median rate. Buffers are the caller's.
+struct Rate {
+  double median = 0;  // GB/s, TFLOP/s or us, per the function
+  double best = 0;
+};
+// HBM: 16-byte vectorised grid-stride loops; bytes counted once each (copy: read + written).
+Rate hbm_read_gbps(const void* buffer, std::size_t bytes, int reps, cudaStream_t stream);
+Rate hbm_write_gbps(void* buffer, std::size_t bytes, int reps, cudaStream_t stream);
+Rate hbm_copy_gbps(void* dst, const void* src, std::size_t bytes, int reps, cudaStream_t stream);
+// L2: `passes` reads of a buffer small enough to stay in L2, loads cached at L2 only (ld.global.cg).
+Rate l2_read_gbps(const void* buffer, std::size_t bytes, int passes, int reps, cudaStream_t stream);
+// CUDA-core FP32: independent FMA chains in every thread of a full grid; FLOPs = 2 per FMA.
+Rate fp32_fma_tflops(float* sink, int reps, cudaStream_t stream);
+// Empty kernels: host microseconds per launch, and device microseconds per kernel when launched
+// back to back (launch-rate bound).
+struct LaunchCost {
+  double host_us_per_launch = 0;
+  double device_us_per_kernel = 0;
+};
+LaunchCost launch_overhead(int launches, cudaStream_t stream);
+// A CUDA graph of `nodes` empty kernels, replayed: device microseconds per node.
+Rate graph_node_us(int nodes, int reps, cudaStream_t stream);
+
 int runtime_version();  // e.g. 13000
 int driver_version();   // the CUDA version the driver supports, e.g. 13000; 0 without a driver
 

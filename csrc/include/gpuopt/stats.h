@@ -88,9 +88,10 @@ struct Ratio {
   double confidence = 0;
   int resamples = 0;
 };
+// `q` picks the statistic: 0.5 (default) the median, 0.95 the p95 (a regression of the tail).
 Ratio bootstrap_speedup(const std::vector<double>& baseline, const std::vector<double>& candidate,
                         double confidence = 0.95, int resamples = 2000,
-                        std::uint64_t seed = 0x6770756f707431ULL, bool paired = false);
+                        std::uint64_t seed = 0x6770756f707431ULL, bool paired = false, double q = 0.5);
 
 // Median of unsorted data (numpy semantics: mean of the two middle values for even n).
 double median(std::vector<double> data);

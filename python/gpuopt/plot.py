@@ -1,0 +1,231 @@
+"""Plots of Results (matplotlib, an optional dependency). Every function returns the Figure (so it
+shows in notebooks) and, given ``path``, saves it as PNG and SVG. Titles and axes carry the model,
+the device and the units."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .results import Results
+
+
+def _plt():
+    try:
+        import matplotlib
+
+        if matplotlib.get_backend().lower().startswith(("qt", "tk", "gtk", "wx", "macos")) and not _interactive():
+            matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ImportError("gpuopt's plots need matplotlib: pip install matplotlib") from exc
+    return plt
+
+
+def _interactive() -> bool:
+    import sys
+
+    return hasattr(sys, "ps1") or "ipykernel" in sys.modules
+
+
+def _save(fig, path: str | Path | None) -> None:
+    if path is None:
+        return
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    stem = p.with_suffix("") if p.suffix in (".png", ".svg") else p
+    fig.savefig(stem.with_suffix(".png"), dpi=130, bbox_inches="tight")
+    fig.savefig(stem.with_suffix(".svg"), bbox_inches="tight")
+
+
+def _legend(ax, **kw) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)
+
+
+def _model(results: Results, model: str | None) -> str:
+    models = results.models()
+    if model is None:
+        if not models:
+            raise ValueError("the results hold no rows to plot")
+        return models[0]
+    if model not in models:
+        raise ValueError(f"model {model!r} is not in these results; models: {', '.join(models)}")
+    return model
+
+
+def _mode(results: Results, model: str, mode: str | None, preferred: tuple[str, ...]) -> str:
+    modes = results.modes(model)
+    if mode is not None:
+        if mode not in modes:
+            raise ValueError(f"mode {mode!r} is not in these results for {model}; modes: {', '.join(modes)}")
+        return mode
+    return next((m for m in preferred if m in modes), modes[0])
+
+
+def _unit(results: Results, model: str) -> str:
+    return next((r.get("item_unit") for r in results.rows if r["model"] == model), "items") or "items"
+
+
+def throughput_vs_batch(results: Results, model: str | None = None, mode: str | None = None, path=None):
+    """Items/s against batch size, one line per config."""
+    plt = _plt()
+    model = _model(results, model)
+    mode = _mode(results, model, mode, ("throughput", "latency", "graph", "end-to-end"))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for cfg in results.configs(model):
+        pts = [(r["batch_size"], r["throughput_items_per_s"]) for b in results.batch_sizes(model)
+               if (r := results.find(model, cfg, b, mode)) and r["status"] == "ok"]
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=cfg)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel(f"{_unit(results, model)}/s")
+    ax.set_title(f"{model}: throughput ({mode} mode) on {results.device}")
+    ax.grid(True, alpha=0.3)
+    _legend(ax, fontsize=8)
+    _save(fig, path)
+    return fig
+
+
+def latency_vs_batch(results: Results, model: str | None = None, mode: str | None = None, path=None):
+    """p50 (solid) and p95 (dashed) latency per batch against batch size, per config."""
+    plt = _plt()
+    model = _model(results, model)
+    mode = _mode(results, model, mode, ("latency", "graph", "throughput"))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, cfg in enumerate(results.configs(model)):
+        rows = [r for b in results.batch_sizes(model)
+                if (r := results.find(model, cfg, b, mode)) and r["status"] == "ok"]
+        if not rows:
+            continue
+        color = f"C{i % 10}"
+        xs = [r["batch_size"] for r in rows]
+        ax.plot(xs, [r["latency_ms"]["p50"] for r in rows], marker="o", color=color, label=f"{cfg} p50")
+        ax.plot(xs, [r["latency_ms"]["p95"] for r in rows], linestyle="--", color=color, label=f"{cfg} p95")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("latency per batch (ms)")
+    ax.set_title(f"{model}: latency ({mode} mode) on {results.device}")
+    ax.grid(True, alpha=0.3, which="both")
+    _legend(ax, fontsize=7, ncol=2)
+    _save(fig, path)
+    return fig
+
+
+def speedup_bars(results: Results, model: str | None = None, batch_size: int | None = None, mode: str | None = None,
+                 baseline: str | None = None, path=None):
+    """Speedup of each config over the baseline with 95% confidence-interval error bars."""
+    plt = _plt()
+    model = _model(results, model)
+    mode = _mode(results, model, mode, ("throughput", "latency", "graph"))
+    batch_size = batch_size or max(results.batch_sizes(model))
+    s = [x for x in results.speedups(baseline) if x["model"] == model and x["mode"] == mode
+         and x["batch_size"] == batch_size and x.get("speedup") is not None]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if s:
+        names = [x["config"] for x in s]
+        vals = [x["speedup"] for x in s]
+        err = [[v - x["ci"][0] for v, x in zip(vals, s)], [x["ci"][1] - v for v, x in zip(vals, s)]]
+        colors = ["C2" if x["verdict"] == "faster" else "C3" if x["verdict"] == "slower" else "C7" for x in s]
+        ax.bar(names, vals, yerr=err, capsize=4, color=colors)
+        for i, v in enumerate(vals):
+            ax.annotate(f"{v:.2f}x", (i, v), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        base = s[0]["baseline"]
+    else:
+        base = baseline or results.baseline_config(model)
+        ax.text(0.5, 0.5, "no measured speedups", ha="center", transform=ax.transAxes)
+    ax.set_ylabel(f"speedup over {base} (x)")
+    ax.set_title(f"{model}, batch {batch_size}: speedup ({mode} mode, 95% CI) on {results.device}")
+    _save(fig, path)
+    return fig
+
+
+def memory_bars(results: Results, model: str | None = None, batch_size: int | None = None, path=None):
+    """Peak memory allocated by torch per config, at one batch size."""
+    plt = _plt()
+    model = _model(results, model)
+    batch_size = batch_size or max(results.batch_sizes(model))
+    vals = []
+    for cfg in results.configs(model):
+        peaks = [r["peak_memory"]["max_allocated_bytes"] for r in results.rows
+                 if r["model"] == model and r.get("config_label", r["config"]) == cfg and r["batch_size"] == batch_size
+                 and r["status"] == "ok" and (r.get("peak_memory") or {}).get("max_allocated_bytes")]
+        if peaks:
+            vals.append((cfg, max(peaks) / 2**20))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if vals:
+        ax.bar([v[0] for v in vals], [v[1] for v in vals], color="C0")
+        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    else:
+        ax.text(0.5, 0.5, "no peak memory recorded (CPU run?)", ha="center", transform=ax.transAxes)
+    ax.set_ylabel("peak memory allocated (MiB)")
+    ax.set_title(f"{model}, batch {batch_size}: peak memory on {results.device}")
+    _save(fig, path)
+    return fig
+
+
+def latency_distribution(results: Results, model: str | None = None, batch_size: int | None = None,
+                         mode: str | None = None, path=None):
+    """Violin plots of the raw latency samples of each config."""
+    plt = _plt()
+    model = _model(results, model)
+    mode = _mode(results, model, mode, ("latency", "graph", "throughput"))
+    batch_size = batch_size or min(results.batch_sizes(model))
+    data = []
+    for cfg in results.configs(model):
+        r = results.find(model, cfg, batch_size, mode)
+        if r and r["status"] == "ok" and r.get("measurement"):
+            data.append((cfg, r["measurement"]["samples_ms"]))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if data:
+        ax.violinplot([d[1] for d in data], showmedians=True)
+        ax.set_xticks(range(1, len(data) + 1), [d[0] for d in data], rotation=30, fontsize=8)
+        ax.set_yscale("log")
+    ax.set_ylabel("latency per call (ms)")
+    ax.set_title(f"{model}, batch {batch_size}: latency distribution ({mode} mode) on {results.device}")
+    _save(fig, path)
+    return fig
+
+
+def roofline(results: Results, model: str | None = None, mode: str | None = None, path=None):
+    """Each config/batch result placed on the roofline of the device (measured ceilings when
+    cached, else the datasheet)."""
+    from .roofline import plot_roofline, roofline_points
+
+    model = _model(results, model)
+    mode = _mode(results, model, mode, ("throughput", "latency", "graph"))
+    if not results.ceilings:
+        raise ValueError("these results carry no device ceilings (CPU run, or a GPU missing from the datasheet)")
+    rows = [r for r in results.ok if r["model"] == model and r["mode"] == mode]
+    points = roofline_points(rows)
+    if not points:
+        raise ValueError(f"no {model} row in {mode} mode carries a roofline placement")
+    precision = rows[0].get("precision") or "fp32"
+    return plot_roofline(points, results.ceilings, precision, title=f"{model} on {results.device} ({mode} mode)",
+                         path=path)
+
+
+def save_all(results: Results, out: str | Path) -> dict[str, Path]:
+    """Every plot of every model into ``out`` (PNG + SVG); returns the PNG paths."""
+    plt = _plt()
+    out = Path(out)
+    paths: dict[str, Path] = {}
+    for model in results.models():
+        kinds: dict[str, Any] = {"throughput": throughput_vs_batch, "latency": latency_vs_batch,
+                                 "speedup": speedup_bars, "memory": memory_bars, "distribution": latency_distribution}
+        if results.ceilings:
+            kinds["roofline"] = roofline
+        for kind, fn in kinds.items():
+            path = out / f"{model}-{kind}"
+            try:
+                fig = fn(results, model, path=path)
+            except (ValueError, KeyError):
+                continue
+            plt.close(fig)
+            paths[f"{model}-{kind}"] = path.with_suffix(".png")
+    return paths

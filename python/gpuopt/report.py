@@ -1,0 +1,155 @@
+"""Markdown reports of Results: tables like the seeds' (latency, throughput and memory per
+configuration and batch size, and the speedups), then roofline, training, failures and the
+environment."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .timing import format_ms
+
+if TYPE_CHECKING:
+    from .results import Results
+
+
+def _table(header: list[str], rows: list[list[str]], align_right_from: int = 1) -> list[str]:
+    out = ["| " + " | ".join(header) + " |",
+           "|" + "|".join("---" if i < align_right_from else "---:" for i in range(len(header))) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+def _grid(results: Results, model: str, mode: str, cell) -> list[str]:
+    batches = results.batch_sizes(model)
+    rows = []
+    for cfg in results.configs(model):
+        cells = []
+        for b in batches:
+            r = results.find(model, cfg, b, mode)
+            cells.append("-" if r is None else ("failed" if r["status"] != "ok" else cell(r)))
+        rows.append([cfg, *cells])
+    return _table(["config", *[f"batch {b}" for b in batches]], rows)
+
+
+def _pick(results: Results, model: str, preferred: tuple[str, ...]) -> str | None:
+    modes = results.modes(model)
+    return next((m for m in preferred if m in modes), None)
+
+
+def environment_lines(env: dict[str, Any], build: dict[str, Any] | None = None) -> list[str]:
+    gpus = env.get("gpus") or []
+    gpu = ", ".join(f"{g['name']} ({g['memory_bytes'] / 2**30:.0f} GiB, sm_{g['compute_capability'].replace('.', '')})"
+                    for g in gpus) or "none (CPU)"
+    lines = [f"- GPU: {gpu}",
+             f"- driver {env.get('driver') or '-'}, CUDA runtime {env.get('cuda_runtime') or '-'}, "
+             f"cuDNN {env.get('cudnn') or '-'}",
+             f"- torch {env.get('torch')}, Python {env.get('python')}, gpuopt {env.get('gpuopt')}",
+             f"- CPU: {env.get('cpu')} ({env.get('cpu_count')} logical cores)"]
+    for g in gpus:
+        if g.get("max_clock_sm_mhz"):
+            lines.append(f"- GPU {g['index']}: max SM clock {g['max_clock_sm_mhz']} MHz, power limit "
+                         f"{g.get('power_limit_w')} W, ECC {g.get('ecc_enabled')}")
+    if build:
+        lines.append(f"- gpuopt build: CUDA {'archs ' + build['cuda_archs'] if build.get('cuda') else 'not compiled'}, "
+                     f"{build.get('compiler')}, {build.get('build_type')}")
+    return lines
+
+
+def markdown(results: Results, baseline: str | None = None) -> str:
+    """The full report of ``results`` as Markdown."""
+    lines = [f"# gpuopt results on {results.device}", "",
+             f"{len(results.rows)} cells ({len(results.failed)} failed), {results.created}.", ""]
+    speedups = results.speedups(baseline)
+    for model in results.models():
+        unit = next((r.get("item_unit") for r in results.rows if r["model"] == model), "items")
+        lines += [f"## {model}", ""]
+        tmode = _pick(results, model, ("throughput", "latency", "graph", "host", "end-to-end"))
+        if tmode:
+            lines += [f"### Throughput ({unit}/s, {tmode} mode)", ""]
+            lines += _grid(results, model, tmode, lambda r: f"{r['throughput_items_per_s']:,.0f}") + [""]
+        lmode = _pick(results, model, ("latency", "graph", "host", "throughput"))
+        if lmode:
+            lines += [f"### Latency (ms per batch, {lmode} mode: p50 / p95 / p99)", ""]
+            lines += _grid(results, model, lmode, lambda r: " / ".join(
+                f"{r['latency_ms'][k]:.3g}" for k in ("p50", "p95", "p99"))) + [""]
+        if "end-to-end" in results.modes(model):
+            lines += [f"### End to end ({unit}/s: host batch in, result on the host)", ""]
+            lines += _grid(results, model, "end-to-end", lambda r: f"{r['throughput_items_per_s']:,.0f}") + [""]
+        if tmode and any((r.get("peak_memory") or {}).get("max_allocated_bytes") for r in results.rows
+                         if r["model"] == model):
+            lines += ["### Peak memory (MiB allocated by torch)", ""]
+            lines += _grid(results, model, tmode, lambda r: (
+                "-" if not (r.get("peak_memory") or {}).get("max_allocated_bytes") else
+                f"{r['peak_memory']['max_allocated_bytes'] / 2**20:,.0f}")) + [""]
+        model_speedups = [s for s in speedups if s["model"] == model and s["mode"] == tmode]
+        if model_speedups:
+            base = model_speedups[0]["baseline"]
+            lines += [f"### Speedup over {base} ({tmode} mode, 95% confidence interval)", ""]
+            batches = results.batch_sizes(model)
+            rows = []
+            for cfg in results.configs(model):
+                if cfg == base:
+                    continue
+                cells = []
+                for b in batches:
+                    s = next((x for x in model_speedups if x["config"] == cfg and x["batch_size"] == b), None)
+                    if s is None or s.get("speedup") is None:
+                        cells.append("-")
+                    else:
+                        mark = {"faster": "", "slower": " (slower)", "no significant difference": " (n.s.)"}[s["verdict"]]
+                        cells.append(f"{s['speedup']:.2f}x [{s['ci'][0]:.2f}, {s['ci'][1]:.2f}]{mark}")
+                rows.append([cfg, *cells])
+            lines += _table(["config", *[f"batch {b}" for b in batches]], rows) + [""]
+        if "train" in results.modes(model):
+            lines += [f"### Training step (forward + backward + SGD step; ms per step / {unit}/s)", ""]
+            lines += _grid(results, model, "train", lambda r: (
+                f"{format_ms(r['latency_ms']['p50'])} / {r['throughput_items_per_s']:,.0f}")) + [""]
+        lines += _costs(results, model)
+    failed = results.failed
+    if failed:
+        lines += ["## Failed cells", ""]
+        lines += _table(["model", "config", "batch", "mode", "reason"],
+                        [[r["model"], r.get("config_label", r["config"]), str(r["batch_size"]), r["mode"],
+                          (r.get("error") or "").replace("|", "\\|").replace("\n", " ")[:300]] for r in failed], 5) + [""]
+    warned = [(r, w) for r in results.ok for w in r.get("warnings") or []]
+    if warned:
+        lines += ["## Warnings", ""]
+        lines += [f"- {r['model']} b{r['batch_size']} {r.get('config_label', r['config'])} {r['mode']}: {w}"
+                  for r, w in warned[:50]]
+        lines += [f"- ... and {len(warned) - 50} more"] if len(warned) > 50 else []
+        lines += [""]
+    placed = [r for model in results.models() for r in _largest_batch_rows(results, model) if r.get("roofline")]
+    if placed:
+        from .roofline import roofline_markdown
+
+        lines += [roofline_markdown(placed)]
+    if results.profiles:
+        lines += ["## Profiles", ""]
+        for cell, prof in results.profiles.items():
+            lines += [f"### {cell}", "", prof.get("markdown") or f"profiling failed: {prof.get('error')}", ""]
+    lines += ["## Environment", ""] + environment_lines(results.env, results.build) + [""]
+    return "\n".join(lines)
+
+
+def _largest_batch_rows(results: Results, model: str) -> list[dict]:
+    """The rows the roofline section shows: largest batch, the throughput-like mode."""
+    mode = _pick(results, model, ("throughput", "latency", "graph", "host"))
+    b = max(results.batch_sizes(model))
+    return [r for r in results.ok if r["model"] == model and r["batch_size"] == b and r["mode"] == mode]
+
+
+def _costs(results: Results, model: str) -> list[str]:
+    rows = []
+    for cfg in results.configs(model):
+        rs = [r for r in results.rows if r["model"] == model and r.get("config_label", r["config"]) == cfg]
+        prep = [r["prepare_s"] for r in rs if r.get("prepare_s") is not None]
+        first = [r["first_call_ms"] for r in rs if r.get("first_call_ms") is not None]
+        over = [r["runner_overhead_s"] for r in rs if r.get("runner_overhead_s") is not None]
+        if prep or over:
+            rows.append([cfg, f"{max(prep):.2f}" if prep else "-", f"{max(first):.1f}" if first else "-",
+                         f"{sum(over) / len(over):.2f}" if over else "-"])
+    if not rows:
+        return []
+    return (["### Costs outside the timed regions", ""]
+            + _table(["config", "prepare / compile (s, max)", "first call (ms, max)", "runner overhead per cell (s)"],
+                     rows) + [""])

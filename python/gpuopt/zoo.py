@@ -1,0 +1,136 @@
+"""Models by name, with random weights (nothing is downloaded at run time), and inputs for them.
+
+torchvision models (resnet18, resnet50, vit_b_16, efficientnet_b0, mobilenet_v3_large), Hugging Face
+models built from their configs (bert-base, opt-125m, opt-1.3b; needs transformers), and tiny models
+for CPU runs. Any ``nn.Module`` can be benchmarked directly instead.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+class TinyCNN(torch.nn.Module):
+    """A small CNN for CPU runs and tests (3x32x32 images, 10 classes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.BatchNorm2d(32), torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.BatchNorm2d(64), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+        )
+        self.head = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+class TinyTransformer(torch.nn.Module):
+    """A two-layer encoder over token ids (sequence 32, width 64) for CPU runs and tests."""
+
+    def __init__(self, vocab: int = 1000, width: int = 64):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        layer = torch.nn.TransformerEncoderLayer(width, 4, 2 * width, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, input_ids):
+        return self.head(self.encoder(self.embed(input_ids)))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    build: Callable[[], torch.nn.Module]
+    make_inputs: Callable[[int], Any]  # batch size -> inputs (CPU tensors), Config.apply convention
+    items: str = "images"  # what one batch element is, for throughput units
+    needs: str | None = None  # optional package
+
+
+def _torchvision(name: str) -> Callable[[], torch.nn.Module]:
+    def build():
+        try:
+            import torchvision
+        except ImportError as exc:
+            raise ImportError(f"model {name!r} needs torchvision: pip install torchvision") from exc
+        return getattr(torchvision.models, name)(weights=None)
+
+    return build
+
+
+def _images(shape: tuple[int, ...]) -> Callable[[int], torch.Tensor]:
+    return lambda batch: torch.randn(batch, *shape)
+
+
+def _hf(kind: str, **config: Any) -> Callable[[], torch.nn.Module]:
+    def build():
+        try:
+            import transformers
+        except ImportError as exc:
+            raise ImportError("this model needs transformers: pip install transformers") from exc
+        if kind == "bert":
+            return transformers.BertModel(transformers.BertConfig(**config))
+        return transformers.OPTForCausalLM(transformers.OPTConfig(**config))
+
+    return build
+
+
+def _tokens(vocab: int, seq: int, mask: bool) -> Callable[[int], dict[str, torch.Tensor]]:
+    def make(batch: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, vocab, (batch, seq))
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)} if mask else {"input_ids": ids}
+
+    return make
+
+
+_SPECS = [
+    ModelSpec("resnet18", _torchvision("resnet18"), _images((3, 224, 224)), needs="torchvision"),
+    ModelSpec("resnet50", _torchvision("resnet50"), _images((3, 224, 224)), needs="torchvision"),
+    ModelSpec("vit_b_16", _torchvision("vit_b_16"), _images((3, 224, 224)), needs="torchvision"),
+    ModelSpec("efficientnet_b0", _torchvision("efficientnet_b0"), _images((3, 224, 224)), needs="torchvision"),
+    ModelSpec("mobilenet_v3_large", _torchvision("mobilenet_v3_large"), _images((3, 224, 224)), needs="torchvision"),
+    ModelSpec("bert-base", _hf("bert"), _tokens(30522, 128, True), items="sequences", needs="transformers"),
+    ModelSpec("opt-125m", _hf("opt", hidden_size=768, num_hidden_layers=12, ffn_dim=3072, num_attention_heads=12,
+                              word_embed_proj_dim=768), _tokens(50272, 128, True), items="sequences",
+              needs="transformers"),
+    ModelSpec("opt-1.3b", _hf("opt", hidden_size=2048, num_hidden_layers=24, ffn_dim=8192, num_attention_heads=32,
+                              word_embed_proj_dim=2048), _tokens(50272, 128, True), items="sequences",
+              needs="transformers"),
+    ModelSpec("tiny-cnn", TinyCNN, _images((3, 32, 32))),
+    ModelSpec("tiny-transformer", TinyTransformer, _tokens(1000, 32, False), items="sequences"),
+]
+MODELS: dict[str, ModelSpec] = {s.name: s for s in _SPECS}
+
+
+def names() -> list[str]:
+    return list(MODELS)
+
+
+def spec(name: str) -> ModelSpec:
+    """The zoo entry for ``name``; ValueError with close matches for an unknown name."""
+    if not isinstance(name, str):
+        raise TypeError(f"model name must be a string, got {type(name).__name__}")
+    if name not in MODELS:
+        close = difflib.get_close_matches(name, MODELS, n=3, cutoff=0.5)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        raise ValueError(f"unknown model {name!r}{hint}; known models: {', '.join(MODELS)}")
+    return MODELS[name]
+
+
+def get(name: str) -> tuple[torch.nn.Module, Callable[[int], Any]]:
+    """(model with random weights, batch size -> inputs) for a zoo name.
+
+    >>> model, make_inputs = get("tiny-cnn")
+    >>> tuple(model(make_inputs(2)).shape)
+    (2, 10)
+    """
+    s = spec(name)
+    return s.build().eval(), s.make_inputs

@@ -1,0 +1,62 @@
+"""The main job on a real GPU: every mode, a training step, speedups, roofline placement, a real
+out-of-memory cell in a sweep."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gpuopt
+
+pytestmark = pytest.mark.gpu
+
+FAST = {"max_time_s": 1.0, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def resnet18(tmp_path_factory):
+    pytest.importorskip("torchvision")
+    out = tmp_path_factory.mktemp("bench-gpu")
+    return gpuopt.benchmark("resnet18", configs=["fp32", "fp16-amp+channels_last", "fp16+channels_last+cudagraph"],
+                            batch_sizes=[8], modes=["latency", "throughput", "graph", "end-to-end"], train=True,
+                            output_dir=str(out), **FAST), out
+
+
+def test_every_mode_measures_on_the_gpu(resnet18):
+    res, out = resnet18
+    ok = {(r["config"], r["mode"]) for r in res.ok}
+    for cfg in ("fp32", "fp16-amp+channels_last"):
+        for mode in ("latency", "throughput", "graph", "end-to-end", "train"):
+            assert (cfg, mode) in ok, (cfg, mode, [r.get("error") for r in res.failed])
+    graph_train = res.find("resnet18", "fp16+channels_last+cudagraph", 8, "train")
+    assert graph_train["status"] == "failed" and "inference-only" in graph_train["error"]
+    for r in res.ok:
+        assert r["peak_memory"]["max_allocated_bytes"] > 0
+        assert r["device"] == torch.cuda.get_device_name()
+    assert (out / "resnet18-throughput.png").exists() and (out / "report.md").exists()
+
+
+def test_fp16_is_faster_and_the_report_shows_it(resnet18):
+    res, _ = resnet18
+    s = [x for x in res.speedups() if x["config"] == "fp16-amp+channels_last" and x["mode"] == "latency"]
+    assert s and s[0]["verdict"] == "faster" and s[0]["speedup"] > 1.2
+    md = res.to_markdown()
+    assert "### Speedup over fp32" in md and "### Roofline" in md and "### Training step" in md
+
+
+def test_rows_are_placed_on_the_roofline(resnet18):
+    res, _ = resnet18
+    row = res.find("resnet18", "fp16-amp+channels_last", 8, "throughput")
+    roof = row["roofline"]
+    assert roof["achieved_tflops"] > 0 and 0 < roof["pct_of_compute_ceiling"] < 150  # percent
+    assert roof["bound"] in ("compute-bound", "memory-bound", "latency/launch-bound")
+
+
+def test_a_real_out_of_memory_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
+    # 2048x2048 images: batch 128 is 6.4 GB of input but ~140 GB of activations, beyond any one GPU here.
+    spec = {"models": [{"name": "tiny-cnn", "input_shape": [3, 2048, 2048], "batch_sizes": [2, 128, 4]}],
+            "configs": ["fp32"], "modes": ["latency"], "measure": {"max_time_s": 0.5}}
+    res = gpuopt.sweep(spec, tmp_path, progress=False)
+    by_batch = {r["batch_size"]: r for r in res.rows}
+    assert by_batch[128]["status"] == "failed" and "out of memory" in by_batch[128]["error"], by_batch[128]
+    assert by_batch[2]["status"] == by_batch[4]["status"] == "ok"

@@ -1,0 +1,93 @@
+"""The gpuopt CLI's main-job commands, in subprocesses (CI)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+
+def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpuopt", *args], capture_output=True, text=True, timeout=600,
+                          cwd=cwd)
+
+
+FAST = ["--max-time-s", "0.2"]
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("cli")
+    runs = []
+    for name in ("a", "b"):
+        out = base / name
+        proc = cli("bench", "tiny-cnn", "--device", "cpu", "--configs", "fp32,fp32+torchscript", "--batch-sizes",
+                   "1,2", *FAST, "--output", str(out))
+        assert proc.returncode == 0, proc.stderr
+        runs.append(out)
+    return runs
+
+
+def test_bench_writes_a_results_folder_and_prints_the_table(two_runs):
+    out = two_runs[0]
+    for name in ("results.json", "results.csv", "report.md"):
+        assert (out / name).exists()
+    assert json.loads((out / "results.json").read_text())["rows"]
+
+
+def test_report_compare_and_plot(two_runs, tmp_path):
+    a, b = (str(p / "results.json") for p in two_runs)
+    rep = cli("report", a)
+    assert rep.returncode == 0 and "### Throughput" in rep.stdout
+    cmp = cli("compare", a, b)
+    assert cmp.returncode == 0 and "fp32+torchscript" in cmp.stdout and "x [" in cmp.stdout
+    plots = cli("plot", a, "--output", str(tmp_path / "plots"))
+    assert plots.returncode == 0 and (tmp_path / "plots" / "tiny-cnn-throughput.png").exists()
+
+
+def test_a_failing_cell_gives_exit_code_1(tmp_path):
+    proc = cli("bench", "tiny-cnn", "--device", "cpu", "--configs", "fp32,fp32+cudagraph", "--batch-sizes", "1",
+               *FAST, "--output", str(tmp_path))
+    assert proc.returncode == 1, proc.stderr
+    assert "needs a CUDA device" in proc.stdout and (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["bench", "resnet5"], "did you mean 'resnet50'"),
+        (["bench", "tiny-cnn", "--batch-sizes", "0"], "batch sizes must be positive integers"),
+        (["bench", "tiny-cnn", "--batch-sizes", "a,b"], "batch sizes must be positive integers"),
+        (["bench", "tiny-cnn", "--configs", "fp99"], "unknown config token 'fp99'"),
+        (["report", "nonexistent.json"], "cannot read results file"),
+        (["sweep", "spec.txt", "--output", "x"], "cannot read sweep spec"),
+        (["bench", "--frobnicate"], "unrecognized arguments"),
+    ],
+)
+def test_usage_errors_exit_2(args, message):
+    proc = cli(*args)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert message in proc.stderr
+
+
+def test_sweep_spec_with_an_unknown_key_exits_2(tmp_path):
+    spec = tmp_path / "s.toml"
+    spec.write_text('models = ["tiny-cnn"]\nbach_sizes = [1]\n')
+    proc = cli("sweep", str(spec), "--output", str(tmp_path / "out"))
+    assert proc.returncode == 2 and "'bach_sizes'" in proc.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only default")
+def test_bench_without_a_model_on_cpu_runs_the_small_flow_and_says_so(tmp_path):
+    proc = cli("bench", "--batch-sizes", "1", *FAST, "--output", str(tmp_path))
+    assert proc.returncode in (0, 1), proc.stderr
+    assert "No CUDA GPU found" in proc.stderr and "tiny-cnn" in proc.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_ceilings_without_a_gpu_is_a_clear_usage_error():
+    proc = cli("ceilings")
+    assert proc.returncode == 2 and "need a CUDA device" in proc.stderr
