@@ -114,7 +114,8 @@ def test_a_broken_gpuopt_does_not_break_unrelated_pytest_sessions(tmp_path):
     proc = _run_python(
         f"""
         import sys
-        sys.modules["gpuopt"] = None  # makes `import gpuopt` raise ImportError
+        import torch
+        torch.__version__ = "0.0.1+stale"  # gpuopt's import now fails: built for another torch
         import pytest
         sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "--strict-markers", {str(tmp_path)!r}]))
         """,

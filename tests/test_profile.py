@@ -63,7 +63,9 @@ def test_profile_targets_prepared_callable_and_kwargs(rng):
     calls = []
     w = torch.randn(64, 64, generator=rng)
     s = profile(lambda: calls.append(w @ w), steps=4, warmup=2, record_shapes=True)
-    assert len(calls) == 6 and s.top_cpu_ops[0]["calls"] == 4
+    assert len(calls) == 6
+    mm = [op for op in s.top_cpu_ops if op["name"] == "aten::mm"]  # other ops may rank first on a GPU host
+    assert mm and mm[0]["calls"] == 4, s.top_cpu_ops
     lin = torch.nn.Linear(6, 2)
     s = profile(lin, {"input": torch.randn(3, 6, generator=rng)}, steps=1, warmup=1)
     assert any(op["name"] == "aten::addmm" for op in s.top_cpu_ops)

@@ -464,7 +464,7 @@ def benchmark(
     ...                      device="cpu", max_time_s=0.2)                       # doctest: +SKIP
     >>> print(r.to_markdown())                                                   # doctest: +SKIP
     """
-    from .results import Results
+    from .results import Results, check_writable
 
     work = workload(model_or_name, inputs=inputs, input_shape=input_shape, input_fn=input_fn)
     cfgs = resolve_configs(configs)
@@ -475,6 +475,8 @@ def benchmark(
     for name, flag in (("parity", parity), ("train", train), ("profile", profile), ("progress", progress)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
+    if output_dir is not None:
+        check_writable(output_dir)  # before the run, not after it
     results = Results.new(spec={"models": [work.name], "configs": [str(c) for c in cfgs],
                                 "config_labels": [c.label for c in cfgs], "batch_sizes": batches,
                                 "modes": mode_list, "parity": parity, "measure": opts})
