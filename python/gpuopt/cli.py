@@ -94,7 +94,9 @@ def _default_output(model: str) -> str:
 
 
 def _measure_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-time-s", type=float, help="sampling budget per cell (default 10)")
+    p.add_argument("--max-time-s", type=float, default=1.0,
+                   help="sampling budget per cell and mode (default 1 s: the whole default run in about "
+                        "two minutes; raise it for tighter intervals)")
     p.add_argument("--target-rel-ci", type=float, help="stop when the median's CI is within this (default 0.01)")
     p.add_argument("--iters", type=int, help="exactly this many samples per cell (no adaptive stop)")
 
