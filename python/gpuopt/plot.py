@@ -39,6 +39,14 @@ def _save(fig, path: str | Path | None) -> None:
     fig.savefig(stem.with_suffix(".svg"), bbox_inches="tight")
 
 
+def _batch_axis(ax, batches: list[int]) -> None:
+    """Log2 batch axis labelled with the batch sizes themselves."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.minorticks_off()
+    ax.set_xlabel("batch size")
+
+
 def _legend(ax, **kw) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(**kw)
@@ -79,8 +87,7 @@ def throughput_vs_batch(results: Results, model: str | None = None, mode: str | 
                if (r := results.find(model, cfg, b, mode)) and r["status"] == "ok"]
         if pts:
             ax.plot(*zip(*pts), marker="o", label=cfg)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("batch size")
+    _batch_axis(ax, results.batch_sizes(model))
     ax.set_ylabel(f"{_unit(results, model)}/s")
     ax.set_title(f"{model}: throughput ({mode} mode) on {results.device}")
     ax.grid(True, alpha=0.3)
@@ -104,9 +111,8 @@ def latency_vs_batch(results: Results, model: str | None = None, mode: str | Non
         xs = [r["batch_size"] for r in rows]
         ax.plot(xs, [r["latency_ms"]["p50"] for r in rows], marker="o", color=color, label=f"{cfg} p50")
         ax.plot(xs, [r["latency_ms"]["p95"] for r in rows], linestyle="--", color=color, label=f"{cfg} p95")
-    ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("batch size")
+    _batch_axis(ax, results.batch_sizes(model))
     ax.set_ylabel("latency per batch (ms)")
     ax.set_title(f"{model}: latency ({mode} mode) on {results.device}")
     ax.grid(True, alpha=0.3, which="both")
@@ -192,9 +198,10 @@ def latency_distribution(results: Results, model: str | None = None, batch_size:
     return fig
 
 
-def roofline(results: Results, model: str | None = None, mode: str | None = None, path=None):
-    """Each config/batch result placed on the roofline of the device (measured ceilings when
-    cached, else the datasheet)."""
+def roofline(results: Results, model: str | None = None, mode: str | None = None, precision: str | None = None,
+             path=None):
+    """The results of one precision (default: the first) on the device's roofline for that precision
+    (measured ceilings when cached, else the datasheet): a point per config and batch size."""
     from .roofline import plot_roofline, roofline_points
 
     model = _model(results, model)
@@ -202,12 +209,13 @@ def roofline(results: Results, model: str | None = None, mode: str | None = None
     if not results.ceilings:
         raise ValueError("these results carry no device ceilings (CPU run, or a GPU missing from the datasheet)")
     rows = [r for r in results.ok if r["model"] == model and r["mode"] == mode]
-    points = roofline_points(rows)
+    precisions = list(dict.fromkeys(r.get("precision") or "fp32" for r in rows))
+    precision = precision or (precisions[0] if precisions else "fp32")
+    points = roofline_points([r for r in rows if (r.get("precision") or "fp32") == precision])
     if not points:
-        raise ValueError(f"no {model} row in {mode} mode carries a roofline placement")
-    precision = rows[0].get("precision") or "fp32"
-    return plot_roofline(points, results.ceilings, precision, title=f"{model} on {results.device} ({mode} mode)",
-                         path=path)
+        raise ValueError(f"no {model} row in {mode} mode with precision {precision} carries a roofline placement")
+    return plot_roofline(points, results.ceilings, precision,
+                         title=f"{model}, {precision}, on {results.device} ({mode} mode)", path=path)
 
 
 def save_all(results: Results, out: str | Path) -> dict[str, Path]:
@@ -219,7 +227,8 @@ def save_all(results: Results, out: str | Path) -> dict[str, Path]:
         kinds: dict[str, Any] = {"throughput": throughput_vs_batch, "latency": latency_vs_batch,
                                  "speedup": speedup_bars, "memory": memory_bars, "distribution": latency_distribution}
         if results.ceilings:
-            kinds["roofline"] = roofline
+            for prec in dict.fromkeys(r.get("precision") or "fp32" for r in results.ok if r["model"] == model):
+                kinds[f"roofline-{prec}"] = lambda res, m, path, prec=prec: roofline(res, m, precision=prec, path=path)
         for kind, fn in kinds.items():
             path = out / f"{model}-{kind}"
             try:
