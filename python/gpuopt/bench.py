@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import itertools
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from . import zoo
-from .config import Config, Prepared, preset, presets
+from .config import Config, Prepared, preset, presets, split_inputs, tensors_in
 from .parity import parity as check_parity
 from .timing import _MEASURE_DEFAULTS, MODES, Measurement, measure
 
@@ -37,21 +37,10 @@ class Workload:
 
 
 def _batch_of(inputs: Any) -> int:
-    for t in _tensors(inputs):
+    for t in tensors_in(inputs):
         if t.dim() > 0:
             return int(t.shape[0])
     raise ValueError("inputs hold no tensor with a batch dimension")
-
-
-def _tensors(obj: Any) -> Iterable[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _tensors(v)
 
 
 def workload(model_or_name: torch.nn.Module | str, *, inputs: Any = None, input_shape: Sequence[int] | None = None,
@@ -240,7 +229,7 @@ def train_step(config: Config, model: torch.nn.Module, inputs: Any, device: torc
     with torch.no_grad():
         for t in [*m.parameters(), *m.buffers()]:
             t.data, _ = _C.convert_nested(t.data, device, config.cast_dtype, config.memory_format == "channels_last")
-    (args, kwargs), _ = _C.convert_nested(_split(inputs), device, config.cast_dtype,
+    (args, kwargs), _ = _C.convert_nested(split_inputs(inputs), device, config.cast_dtype,
                                           config.memory_format == "channels_last")
     step_model = m
     if config.backend == "compile":
@@ -264,14 +253,6 @@ def train_step(config: Config, model: torch.nn.Module, inputs: Any, device: torc
     return step
 
 
-def _split(inputs: Any) -> tuple[tuple, dict]:
-    if isinstance(inputs, dict):
-        return (), dict(inputs)
-    if isinstance(inputs, (tuple, list)):
-        return tuple(inputs), {}
-    return (inputs,), {}
-
-
 def end_to_end(prepared: Prepared, host_batches: list[torch.Tensor]) -> Callable[[], None]:
     """One call per batch: host tensor in (through gpuopt.InputPipeline on CUDA), model, result copied
     back to the host (into a pinned pool). Rotates through ``host_batches``."""
@@ -289,7 +270,7 @@ def end_to_end(prepared: Prepared, host_batches: list[torch.Tensor]) -> Callable
     def call() -> None:
         y = prepared(pipe.next())
         pipe.submit(next(cycle))
-        for t in _tensors(y):
+        for t in tensors_in(y):
             out_pool.empty(tuple(t.shape), t.dtype).copy_(t, non_blocking=True)
 
     call.pipeline = pipe  # keep the pipeline alive with the callable
@@ -325,7 +306,7 @@ class Runner:
         if ref is not None and not ref.ok:
             if "OutOfMemoryError" in (ref.error or ""):
                 raise torch.OutOfMemoryError(f"the fp32 reference ran out of memory at batch {batch}")
-            shapes = [tuple(t.shape) for t in _tensors(inputs)]
+            shapes = [tuple(t.shape) for t in tensors_in(inputs)]
             raise ValueError(f"{self.work.name}: inputs of shape {', '.join(map(str, shapes))} (batch {batch}) do not "
                              f"fit the model: {ref.error}")
         counts = {"flops_per_item": None, "bytes_per_item_min": None, "bytes_per_item_max": None}

@@ -169,12 +169,27 @@ class Config:
         return prepared
 
 
-def _split(inputs: Any) -> tuple[tuple, dict]:
+def split_inputs(inputs: Any) -> tuple[tuple, dict]:
+    """gpuopt's inputs convention as (args, kwargs): None -> no arguments, a dict -> keyword
+    arguments, a tuple or list -> positional arguments, anything else -> one positional argument."""
+    if inputs is None:
+        return (), {}
     if isinstance(inputs, dict):
         return (), dict(inputs)
     if isinstance(inputs, (tuple, list)):
         return tuple(inputs), {}
     return (inputs,), {}
+
+
+def tensors_in(obj: Any) -> list[torch.Tensor]:
+    """Every tensor inside nested tuples, lists and dicts (inputs or outputs of any structure)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in tensors_in(v)]
+    if isinstance(obj, (tuple, list)):
+        return [t for v in obj for t in tensors_in(v)]
+    return []
 
 
 def _sync(device: torch.device) -> None:
@@ -215,7 +230,7 @@ class Prepared:
     def convert_inputs(self, inputs: Any) -> tuple[tuple, dict]:
         """Inputs moved to the device, cast for fp16/bf16 configs and made channels-last for
         channels-last configs (in C++), as (args, kwargs)."""
-        args, kwargs = _split(inputs)
+        args, kwargs = split_inputs(inputs)
         converted, _ = _C.convert_nested((args, kwargs), self.device, self.config.cast_dtype,
                                          self.config.memory_format == "channels_last")
         return converted[0], converted[1]

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .config import Prepared
+from .config import Prepared, split_inputs
 
 # Default relative L2 tolerance by precision (overridable with rtol=).
 TOLERANCES = {"fp32": 1e-5, "tf32": 5e-3, "fp16-amp": 2e-2, "bf16-amp": 2e-2, "fp16": 2e-2, "bf16": 2e-2}
@@ -111,11 +111,8 @@ def _tolerance(candidate: Any, precision: str | None, rtol: float | None) -> flo
 def _call(fn: Any, inputs: Any) -> Any:
     if isinstance(fn, Prepared):
         return fn(inputs)
-    if isinstance(inputs, dict):
-        return fn(**inputs)
-    if isinstance(inputs, (tuple, list)):
-        return fn(*inputs)
-    return fn(inputs)
+    args, kwargs = split_inputs(inputs)
+    return fn(*args, **kwargs)
 
 
 def _eager(fn: Any) -> tuple[torch.nn.Module | None, Callable[[Any], Any] | None]:

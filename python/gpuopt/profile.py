@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 
-from .config import Prepared
-from .roofline import _call_args
+from .config import Prepared, split_inputs
 from .timing import format_ms
 
 _GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -116,7 +115,7 @@ def _runner(target: Any, inputs: Any) -> Callable[[], Any]:
             raise ValueError("profiling a Prepared needs inputs (as given to Config.apply)")
         return target.runner(inputs)
     if isinstance(target, torch.nn.Module):
-        args, kwargs = _call_args(inputs)
+        args, kwargs = split_inputs(inputs)
 
         def run():
             with torch.inference_mode():

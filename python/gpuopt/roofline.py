@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from .config import split_inputs, tensors_in
 from .datasheet import PRECISIONS, DeviceSpec, lookup, peak_tflops
 
 # Below this share of both ceilings neither compute nor memory is what the run waits for.
@@ -30,29 +31,6 @@ LOW_UTILIZATION_PCT = 25.0
 _GEMM_KEY = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "fp16-amp": "fp16", "bf16": "bf16",
              "bf16-amp": "bf16", "fp8": "fp8", "int8": "int8"}
 BOUNDS = ("compute-bound", "memory-bound", "latency/launch-bound", "unknown")
-
-
-def _call_args(inputs: Any) -> tuple[tuple, dict]:
-    """gpuopt's inputs convention: None -> no arguments, a dict -> keyword arguments, a tuple or
-    list -> positional arguments, anything else -> one positional argument."""
-    if inputs is None:
-        return (), {}
-    if isinstance(inputs, dict):
-        return (), dict(inputs)
-    if isinstance(inputs, (tuple, list)):
-        return tuple(inputs), {}
-    return (inputs,), {}
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    """Every tensor inside nested tuples, lists and dicts (model outputs of any structure)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensors(v)]
-    if isinstance(obj, (tuple, list)):
-        return [t for v in obj for t in _tensors(v)]
-    return []
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:
@@ -74,7 +52,7 @@ def count_flops(model: Any, inputs: Any) -> float:
 
     if not callable(model):
         raise TypeError(f"model must be an nn.Module or a callable, got {type(model).__name__}")
-    args, kwargs = _call_args(inputs)
+    args, kwargs = split_inputs(inputs)
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
         model(*args, **kwargs)
@@ -104,7 +82,7 @@ def count_bytes(model: torch.nn.Module, inputs: Any) -> dict[str, int]:
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    args, kwargs = _call_args(inputs)
+    args, kwargs = split_inputs(inputs)
     leaves = [m for m in model.modules() if next(m.children(), None) is None]
     leaf_ids = {id(m) for m in leaves}
     weights = {id(t): t for t in [*model.parameters(), *model.buffers()]}
@@ -115,8 +93,8 @@ def count_bytes(model: torch.nn.Module, inputs: Any) -> dict[str, int]:
 
     def hook(module, hook_args, hook_kwargs, output):
         own = _nbytes([*module.parameters(recurse=False), *module.buffers(recurse=False)])
-        outs = _tensors(output)
-        calls.append(own + _nbytes(_tensors(hook_args)) + _nbytes(_tensors(hook_kwargs)) + _nbytes(outs))
+        outs = tensors_in(output)
+        calls.append(own + _nbytes(tensors_in(hook_args)) + _nbytes(tensors_in(hook_kwargs)) + _nbytes(outs))
         for t in outs:
             produced.append((weakref.ref(t), t.data_ptr(), t.numel() * t.element_size()))
 
@@ -127,7 +105,7 @@ def count_bytes(model: torch.nn.Module, inputs: Any) -> dict[str, int]:
     finally:
         for h in handles:
             h.remove()
-    outputs = _tensors(output)
+    outputs = tensors_in(output)
     # A leaf output that is (or is viewed by) a model output is written once as an output, not an
     # activation. A weakref still alive identifies it: a view keeps its base alive, and a freed
     # intermediate whose memory the output reuses is dead.
@@ -140,7 +118,7 @@ def count_bytes(model: torch.nn.Module, inputs: Any) -> dict[str, int]:
             continue
         activation += nbytes
     weight_bytes = _nbytes(list(weights.values()))
-    input_bytes = _nbytes(_tensors(args)) + _nbytes(_tensors(kwargs))
+    input_bytes = _nbytes(tensors_in(args)) + _nbytes(tensors_in(kwargs))
     output_bytes = _nbytes(outputs)
     min_bytes = weight_bytes + input_bytes + output_bytes + 2 * activation
     max_bytes = max(min_bytes, sum(calls) + _nbytes(list(non_leaf_weights.values())))
