@@ -7,7 +7,6 @@ NVML facts enrich results, they never decide whether a run works.
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 from typing import Any
@@ -83,28 +82,6 @@ def device_facts(device_index: int) -> dict[str, Any]:
     }
 
 
-def clocks(device_index: int) -> tuple[int | None, int | None]:
-    """(current SM clock, max SM clock) in MHz."""
-    nv = _nvml()
-    h = handle(device_index)
-    if nv is None or h is None:
-        return None, None
-    return (
-        _call(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
-        _call(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_SM),
-    )
-
-
-def other_processes(device_index: int, own_pid: int) -> list[int]:
-    """PIDs of other compute processes on the device (empty when unknown)."""
-    nv = _nvml()
-    h = handle(device_index)
-    if nv is None or h is None:
-        return []
-    procs = _call(nv.nvmlDeviceGetComputeRunningProcesses, h, default=[]) or []
-    return sorted({p.pid for p in procs if p.pid != own_pid})
-
-
 def memory_used_bytes(device_index: int) -> int | None:
     nv = _nvml()
     h = handle(device_index)
@@ -145,7 +122,6 @@ class ClockMonitor:
         self._stop = threading.Event()
         self._thread = None
         self._t0 = 0.0
-        self._pid = os.getpid()
         self.samples: list[tuple[float, int, int]] = []  # (seconds since start, SM MHz, reasons)
         self.max_sm_mhz: int | None = None
         self.processes: set[int] = set()

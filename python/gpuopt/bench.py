@@ -304,7 +304,7 @@ class Runner:
             raise ValueError(f"input_fn({batch}) returned a batch of {actual}")
         ref = Config("fp32").apply(self.work.model, inputs, device=self.device) if self.parity else None
         if ref is not None and not ref.ok:
-            if "OutOfMemoryError" in (ref.error or ""):
+            if isinstance(ref.exception, torch.OutOfMemoryError):
                 raise torch.OutOfMemoryError(f"the fp32 reference ran out of memory at batch {batch}")
             shapes = [tuple(t.shape) for t in tensors_in(inputs)]
             raise ValueError(f"{self.work.name}: inputs of shape {', '.join(map(str, shapes))} (batch {batch}) do not "

@@ -211,6 +211,7 @@ class Prepared:
     device: torch.device
     ok: bool = False
     error: str | None = None
+    exception: BaseException | None = field(default=None, repr=False, compare=False)  # what made it fail
     prepare_s: float | None = None
     first_call_ms: float | None = None
     notes: list[str] = field(default_factory=list)
@@ -317,6 +318,7 @@ class Prepared:
     def _fail(self, exc: BaseException) -> None:
         self.ok = False
         self.error = f"{self.config.label}: {type(exc).__name__}: {exc}".strip()
+        self.exception = exc
         self.module = None
         self._graph = None
 

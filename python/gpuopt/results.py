@@ -85,6 +85,7 @@ class Results:
         self.created = created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         self.profiles: dict[str, dict] = dict(profiles or {})
         self.ceilings = ceilings  # what the roofline placement used (measured or datasheet), if any
+        self._speedups: dict[tuple, list[dict]] = {}  # bootstraps are not free: report and plots share them
 
     @classmethod
     def new(cls, spec: dict | None = None) -> Results:
@@ -140,6 +141,12 @@ class Results:
     def speedups(self, baseline: str | None = None) -> list[dict]:
         """Per model, batch size and mode: each config's speedup over ``baseline`` (default: the first
         config) -- the ratio of medians with its 95% block-bootstrap interval and verdict."""
+        key = (baseline, len(self.rows))
+        if key not in self._speedups:
+            self._speedups[key] = self._compute_speedups(baseline)
+        return self._speedups[key]
+
+    def _compute_speedups(self, baseline: str | None) -> list[dict]:
         out = []
         for model in self.models():
             base = baseline or self.baseline_config(model)
