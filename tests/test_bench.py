@@ -10,7 +10,7 @@ import torch
 
 import gpuopt
 from gpuopt import Results, benchmark, sweep
-from gpuopt.zoo import TinyCNN
+from gpuopt.run.zoo import TinyCNN
 
 FAST = {"max_time_s": 0.2, "min_time_s": 0.01, "warmup": 1, "warmup_s": 0.0, "progress": False}
 
@@ -97,7 +97,7 @@ def test_a_config_that_drifts_fails_the_parity_gate_and_is_not_timed():
 
 
 def test_out_of_memory_in_one_cell_is_recorded(monkeypatch):
-    real = gpuopt.bench.measure
+    real = gpuopt.run.runner.measure
     calls = {"n": 0}
 
     def flaky(fn, **kw):
@@ -106,7 +106,7 @@ def test_out_of_memory_in_one_cell_is_recorded(monkeypatch):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
         return real(fn, **kw)
 
-    monkeypatch.setattr(gpuopt.bench, "measure", flaky)
+    monkeypatch.setattr(gpuopt.run.runner, "measure", flaky)
     res = benchmark("tiny-cnn", configs=["fp32", "bf16"], batch_sizes=[1, 2], modes=["latency"], device="cpu", **FAST)
     assert [r["status"] for r in res.rows].count("failed") == 1
     assert next(r for r in res.rows if r["status"] == "failed")["error"].startswith("out of memory")
@@ -169,7 +169,7 @@ def test_sweep_appends_cells_and_resumes(tmp_path):
 
 
 def test_an_interrupted_sweep_loses_no_finished_cell(tmp_path, monkeypatch):
-    real = gpuopt.bench.measure
+    real = gpuopt.run.runner.measure
     calls = {"n": 0}
 
     def interrupted(fn, **kw):
@@ -178,12 +178,12 @@ def test_an_interrupted_sweep_loses_no_finished_cell(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(fn, **kw)
 
-    monkeypatch.setattr(gpuopt.bench, "measure", interrupted)
+    monkeypatch.setattr(gpuopt.run.runner, "measure", interrupted)
     with pytest.raises(KeyboardInterrupt):
         sweep(_spec(), tmp_path, progress=False)
     assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 2
     assert Results.load(tmp_path / "results.json").rows  # the partial report was written
-    monkeypatch.setattr(gpuopt.bench, "measure", real)
+    monkeypatch.setattr(gpuopt.run.runner, "measure", real)
     done = sweep(_spec(), tmp_path, progress=False)
     assert len(done.rows) == 4 and all(r["status"] == "ok" for r in done.rows)
 

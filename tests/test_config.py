@@ -11,7 +11,7 @@ import torch
 import gpuopt
 from gpuopt import Config, parity
 from gpuopt._ext import _C
-from gpuopt.config import BACKENDS, COMPILE_MODES, MEMORY_FORMATS, PRECISIONS
+from gpuopt.prepare.config import BACKENDS, COMPILE_MODES, MEMORY_FORMATS, PRECISIONS
 
 
 def small_cnn() -> torch.nn.Module:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuopt.datasheet import PRECISIONS, DeviceSpec, all_specs, lookup, peak_tflops
+from gpuopt.analysis.datasheet import PRECISIONS, DeviceSpec, all_specs, lookup, peak_tflops
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gpuopt import Config
-from gpuopt.profile import ProfileSummary, _gpu_summary, profile
+from gpuopt.analysis.profiler import ProfileSummary, _gpu_summary, profile
 
 
 def small_cnn() -> torch.nn.Module:

@@ -11,8 +11,8 @@ import torch
 
 import gpuopt
 from gpuopt import Config
-from gpuopt.profile import profile
-from gpuopt.roofline import count_flops, datasheet_ceilings, place
+from gpuopt.analysis.profiler import profile
+from gpuopt.analysis.roofline import count_flops, datasheet_ceilings, place
 
 pytestmark = pytest.mark.gpu
 

@@ -15,7 +15,7 @@ import torch
 
 import gpuopt
 from gpuopt import Measurement
-from gpuopt.pytest_plugin import parse_thresholds
+from gpuopt.pytest.regression import parse_thresholds
 from gpuopt.testing import (
     assert_faster,
     assert_latency,

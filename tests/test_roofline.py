@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpuopt import roofline
-from gpuopt.roofline import (
+from gpuopt.analysis.roofline import (
     compute_ceiling,
     count_bytes,
     count_flops,
@@ -21,7 +21,7 @@ from gpuopt.roofline import (
     roofline_markdown,
     roofline_points,
 )
-from gpuopt.xreport import cross_hardware_markdown
+from gpuopt.report.crosshw import cross_hardware_markdown
 
 # ----------------------------------------------------------------------------- counting
 

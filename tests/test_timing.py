@@ -144,13 +144,13 @@ def test_default_mode_without_cuda_is_host():
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace.*is deprecated:FutureWarning")
 def test_torchscript_module_is_timed_in_cpp(monkeypatch):
     used = []
-    real = gpuopt.timing._C.measure_script
+    real = gpuopt._ext._C.measure_script
 
     def spy(*args):
         used.append(True)
         return real(*args)
 
-    monkeypatch.setattr(gpuopt.timing._C, "measure_script", spy)
+    monkeypatch.setattr(gpuopt._ext._C, "measure_script", spy)
     module = torch.jit.trace(torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()), torch.randn(4, 32))
     m = measure(module, mode="host", inputs=[torch.randn(8, 32), torch.randn(8, 32)], iters=20)
     assert used and m.n == 20 and m.p50 > 0

@@ -1,23 +1,31 @@
 """gpuopt: how fast a PyTorch model really runs on a GPU, why, and how to make it faster.
 
-The compiled core (``gpuopt._C``) is loaded after torch and checked against the installed torch
-version; everything public is re-exported here.
+The package is layered; each subpackage imports only the ones listed before it:
+
+- ``_ext``: the one module that imports the compiled core ``gpuopt._C`` (after torch, version-checked)
+- ``measure``: timing engine, comparisons, the inputs convention, NVML facts, the environment record
+- ``memory``: pinned/device pools and the input pipeline
+- ``prepare``: optimization configs and the parity gate
+- ``analysis``: FLOP/byte counting, device ceilings, datasheets, roofline, profiler summaries
+- ``report``: the Results table and its files, Markdown, plots, cross-hardware reports
+- ``run``: workloads and the model zoo, the runner, ``benchmark()``, ``sweep()``
+- ``testing``, ``pytest`` (the plugin), ``cli``: the surfaces on top
+
+Rooms for what comes next follow the same shape, each a subpackage above ``run``: ``serve`` (dynamic
+batcher, load generator), ``llm`` (prefill/decode), ``dist`` (torch.distributed), ``quant`` (INT8/FP8,
+exported backends), ``energy`` (NVML energy) and ``optimize`` (config search).
 """
 
 import torch  # noqa: F401  (first: the extension links against the libtorch it loads)
 
-from . import datasheet, plot, roofline, zoo  # noqa: E402,F401,I001  (submodules as attributes)
-from ._ext import build_info
-from .bench import benchmark
-from .config import Config, Prepared, autocast, precision, preset, presets
-from .device_ceilings import ceilings
-from .env import env
+from ._ext import build_info  # noqa: I001  (after torch)
+from .analysis import ProfileSummary, ceilings, datasheet, profile, roofline
+from .measure import Comparison, Measurement, compare, env, measure
 from .memory import DevicePool, InputPipeline, PinnedPool
-from .parity import Parity, parity
-from .profile import ProfileSummary, profile
-from .results import Results
-from .sweep import sweep
-from .timing import Comparison, Measurement, compare, measure
+from .prepare import Config, Parity, Prepared, autocast, parity, precision, preset, presets
+from .report import Results
+from .report import plots as plot
+from .run import benchmark, sweep, zoo
 
 __version__ = build_info()["gpuopt_version"]
 

@@ -57,7 +57,8 @@ def _add_env(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_env(args: argparse.Namespace) -> int:
-    from . import build_info, env
+    from ._ext import build_info
+    from .measure.environment import env
 
     e, b = env(), build_info()
     if args.json:
@@ -127,7 +128,7 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 def _run_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from .bench import benchmark
+    from .run.bench import benchmark
 
     gpu = torch.cuda.is_available() and (args.device is None or not args.device.startswith("cpu"))
     if not gpu and args.device is None:
@@ -157,7 +158,7 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    from .sweep import sweep
+    from .run.sweeps import sweep
 
     try:
         results = sweep(args.spec, args.output, resume=not args.no_resume)
@@ -169,7 +170,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
 
 
 def _load_results(paths: list[str]):
-    from .results import Results
+    from .report.results import Results
 
     try:
         return [Results.load(p) for p in paths]
@@ -186,13 +187,13 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    from .results import write_atomic
+    from ._files import write_atomic
 
     loaded = _load_results(args.results)
     if len(loaded) == 1:
         text = loaded[0].to_markdown(baseline=args.baseline)
     else:
-        from .xreport import cross_hardware_markdown
+        from .report.crosshw import cross_hardware_markdown
 
         text = cross_hardware_markdown([r.to_dict() for r in loaded])
     if args.output:
@@ -212,7 +213,7 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    from .timing import compare
+    from .measure.compare import compare
 
     a, b = _load_results([args.a, args.b])
     print(f"A: {args.a} ({a.device})\nB: {args.b} ({b.device})\n")
@@ -239,12 +240,12 @@ def _add_plot(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_plot(args: argparse.Namespace) -> int:
-    from . import plot
-    from .results import check_writable
+    from ._files import check_writable
+    from .report.plots import save_all
 
     (res,) = _load_results([args.results])
     try:
-        paths = plot.save_all(res, check_writable(args.output))
+        paths = save_all(res, check_writable(args.output))
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     for name, path in paths.items():
@@ -262,7 +263,7 @@ def _add_ceilings(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_ceilings(args: argparse.Namespace) -> int:
-    from .device_ceilings import ceilings, format_ceilings
+    from .analysis.ceilings import ceilings, format_ceilings
 
     try:
         doc = ceilings(args.device, refresh=args.refresh, quick=args.quick)
@@ -284,17 +285,17 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_profile(args: argparse.Namespace) -> int:
-    from .bench import _device
-    from .config import Config
-    from .profile import profile
-    from .zoo import get
+    from .analysis.profiler import profile
+    from .prepare.config import Config
+    from .run.workload import resolve_device
+    from .run.zoo import get
 
     try:
         model, make = get(args.model)
         if args.batch_size <= 0:
             raise ValueError(f"--batch-size must be a positive integer, got {args.batch_size}")
         config = Config.parse(args.config)
-        device = _device(args.device)
+        device = resolve_device(args.device)
     except (ValueError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
     inputs = make(args.batch_size)

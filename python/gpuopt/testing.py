@@ -21,9 +21,11 @@ from typing import Any
 
 import torch
 
-from .env import env
-from .parity import Parity, parity
-from .timing import Comparison, Measurement, _argument_sets, compare, format_ms
+from .measure.compare import Comparison, compare
+from .measure.environment import env
+from .measure.inputs import argument_sets
+from .measure.timing import Measurement, format_ms
+from .prepare.parity import Parity, parity
 
 DISABLED = "disabled"  # stop_reason of a Measurement taken with timing disabled
 
@@ -50,7 +52,7 @@ def untimed(m: Measurement) -> bool:
 def _run_once(fn: Callable[..., Any], inputs: Any = None, label: str | None = None) -> Measurement:
     """Call ``fn`` once on its first argument set, host-timed: the stand-in for a measurement when
     timing is disabled, flagged so that timing assertions skip it."""
-    args, kwargs = _argument_sets(inputs)[0]
+    args, kwargs = argument_sets(inputs)[0]
     t0 = time.perf_counter()
     fn(*args, **kwargs)
     if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -9,7 +9,7 @@ and a warning says why gpuopt's plugin is off.
 import pytest
 
 try:
-    from gpuopt.pytest_plugin import (  # noqa: F401  (hooks and the fixture, re-exported for pytest)
+    from gpuopt.pytest.plugin import (  # noqa: F401  (hooks and the fixture, re-exported for pytest)
         gpuopt_bench,
         pytest_addoption,
         pytest_collection_modifyitems,

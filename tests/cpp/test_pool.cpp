@@ -1,6 +1,12 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -51,11 +57,35 @@ class CountingAllocator : public gpuopt::RawAllocator {
   std::shared_ptr<std::atomic<long>> live_;
 };
 
-std::unique_ptr<BlockPool> make_pool(std::shared_ptr<std::atomic<long>> live, std::size_t capacity = 0) {
+std::unique_ptr<BlockPool> make_pool(std::shared_ptr<std::atomic<long>> live, std::size_t capacity = 0,
+                                     double fence_wait_timeout_s = 10.0) {
   PoolOptions o;
   o.name = "TestPool";
   o.capacity_bytes = capacity;
+  o.fence_wait_timeout_s = fence_wait_timeout_s;
   return std::make_unique<BlockPool>(std::make_unique<CountingAllocator>(std::move(live)), o);
+}
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Opens `gate` after `ms` on another thread, as a GPU completes work while the host waits.
+std::thread open_later(std::shared_ptr<Gate> gate, int ms) {
+  return std::thread([gate = std::move(gate), ms] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    gate->open = true;
+  });
+}
+
+std::string value_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const gpuopt::Error& e) {
+    EXPECT_EQ(e.kind(), gpuopt::ErrorKind::kValue) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ValueError-kind gpuopt::Error";
+  return "";
 }
 
 TEST(Pool, SizeClassesRoundUpByAtMostAQuarter) {
@@ -127,6 +157,187 @@ TEST(Pool, CapacityIsEnforcedAfterTrimmingIdleBlocks) {
   EXPECT_EQ(pool->stats().frees, 1u);
   pool->release(b);
   pool->release(c);
+}
+
+TEST(Pool, UnderCapacityARequestWaitsForTheFenceOfItsOnlyReusableBlock) {
+  auto live = std::make_shared<std::atomic<long>>(0);
+  auto pool = make_pool(live, 4096);
+  auto gate = std::make_shared<Gate>();
+  Block a = pool->acquire(4000);
+  pool->release(a, std::make_unique<GateFence>(gate));
+  std::thread opener = open_later(gate, 100);
+  const auto t0 = Clock::now();
+  Block b = pool->acquire(3500);  // same class, fenced: waits instead of failing with "0 B are in use"
+  const double waited = seconds_since(t0);
+  opener.join();
+  EXPECT_EQ(b.ptr, a.ptr);
+  EXPECT_GE(waited, 0.09);
+  EXPECT_LT(waited, 5.0);
+  const auto s = pool->stats();
+  EXPECT_EQ(s.fence_waits, 1u);
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.allocations, 1u);
+  EXPECT_EQ(s.bytes_reserved, 4096u);
+  pool->release(b);
+}
+
+TEST(Pool, UnderCapacityAFencedBlockOfAnotherClassIsFreedOnceReady) {
+  auto live = std::make_shared<std::atomic<long>>(0);
+  auto pool = make_pool(live, 4096);
+  auto gate = std::make_shared<Gate>();
+  pool->release(pool->acquire(4096), std::make_unique<GateFence>(gate));
+  std::thread opener = open_later(gate, 80);
+  Block b = pool->acquire(1000);  // 1 KiB class: room comes from freeing the 4 KiB block
+  opener.join();
+  const auto s = pool->stats();
+  EXPECT_EQ(s.fence_waits, 1u);
+  EXPECT_EQ(s.frees, 1u);
+  EXPECT_EQ(s.allocations, 2u);
+  EXPECT_EQ(s.bytes_reserved, 1024u);
+  EXPECT_EQ(*live, 1);
+  pool->release(b);
+}
+
+TEST(Pool, FenceWaitIsBoundedAndSaysWhatHoldsTheMemory) {
+  auto live = std::make_shared<std::atomic<long>>(0);
+  auto gate = std::make_shared<Gate>();
+  {
+    auto pool = make_pool(live, 8192, 0.2);
+    Block held = pool->acquire(4096);
+    pool->release(pool->acquire(4096), std::make_unique<GateFence>(gate));
+    const auto t0 = Clock::now();
+    const std::string msg = value_error_of([&] { pool->acquire(4096); });
+    const double waited = seconds_since(t0);
+    EXPECT_GE(waited, 0.19);
+    EXPECT_LT(waited, 5.0);
+    EXPECT_EQ(msg,
+              "TestPool: a 4 KiB request (4 KiB size class) would exceed capacity_bytes=8192 (8 KiB); 4 KiB of free "
+              "blocks are held by pending GPU work (their fences did not complete within fence_wait_timeout_s=0.2) "
+              "and 4 KiB are in use. Synchronize the streams that use this pool's tensors before allocating, or raise "
+              "fence_wait_timeout_s or capacity_bytes");
+    EXPECT_EQ(pool->stats().fence_waits, 1u);
+    EXPECT_EQ(pool->stats().acquisitions, 2u);  // the failed request is not counted
+    pool->release(held);
+    gate->open = true;  // the destructor waits for fences
+  }
+  EXPECT_EQ(*live, 0);
+}
+
+TEST(Pool, NoWaitWhenFencesCannotMakeRoomOrTheBoundIsZero) {
+  auto live = std::make_shared<std::atomic<long>>(0);
+  auto gate = std::make_shared<Gate>();
+  {
+    auto pool = make_pool(live, 8192);
+    Block held = pool->acquire(4096);
+    pool->release(pool->acquire(4096), std::make_unique<GateFence>(gate));
+    auto t0 = Clock::now();
+    // 8 KiB needs the held block back too: waiting for the fence cannot help, so it fails at once.
+    EXPECT_EQ(value_error_of([&] { pool->acquire(8192); }),
+              "TestPool: a 8 KiB request (8 KiB size class) would exceed capacity_bytes=8192 (8 KiB); 4 KiB are in "
+              "use. Release tensors or raise capacity_bytes");
+    EXPECT_LT(seconds_since(t0), 0.5);
+    EXPECT_EQ(pool->stats().fence_waits, 0u);
+    pool->release(held);
+    gate->open = true;
+  }
+  auto gate2 = std::make_shared<Gate>();
+  {
+    auto pool = make_pool(live, 4096, 0.0);
+    pool->release(pool->acquire(4096), std::make_unique<GateFence>(gate2));
+    const auto t0 = Clock::now();
+    const std::string msg = value_error_of([&] { pool->acquire(100); });
+    EXPECT_LT(seconds_since(t0), 0.5);
+    EXPECT_NE(msg.find("held by pending GPU work (their fences did not complete within fence_wait_timeout_s=0)"),
+              std::string::npos)
+        << msg;
+    gate2->open = true;
+  }
+  EXPECT_EQ(*live, 0);
+}
+
+TEST(Pool, ClosingWakesARequestWaitingForAFence) {
+  auto live = std::make_shared<std::atomic<long>>(0);
+  auto gate = std::make_shared<Gate>();
+  auto pool = make_pool(live, 4096, 30.0);
+  pool->release(pool->acquire(4096), std::make_unique<GateFence>(gate));
+  std::string msg;
+  std::thread waiter([&] { msg = value_error_of([&] { pool->acquire(4096); }); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::thread opener = open_later(gate, 50);  // close() waits for fences before freeing
+  const auto t0 = Clock::now();
+  pool->close();
+  waiter.join();
+  opener.join();
+  EXPECT_LT(seconds_since(t0), 5.0);
+  EXPECT_EQ(msg, "TestPool is closed; create a new pool");
+  EXPECT_EQ(*live, 0);
+}
+
+TEST(Pool, BadFenceWaitTimeouts) {
+  auto live = std::make_shared<std::atomic<long>>(0);
+  for (double bad : {-1.0, std::nan(""), 3601.0}) {
+    const std::string msg = value_error_of([&] { make_pool(live, 0, bad); });
+    EXPECT_NE(msg.find("TestPool: fence_wait_timeout_s must be in [0, 3600] seconds, got "), std::string::npos) << msg;
+  }
+}
+
+// 4 threads under a tight capacity; every block is released with a fence that a separate thread
+// opens a little later (as the GPU would). Requests wait for fences and none fails.
+TEST(Pool, CapacityWithFencesOpenedByAnotherThread) {
+  auto live = std::make_shared<std::atomic<long>>(0);
+  auto pool = make_pool(live, 64 << 10);
+  std::mutex mu;
+  std::deque<std::shared_ptr<Gate>> closed_gates;
+  std::atomic<bool> done{false};
+  std::thread gpu([&] {
+    while (!done.load()) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      std::lock_guard<std::mutex> lock(mu);
+      for (int k = 0; k < 4 && !closed_gates.empty(); ++k) {
+        closed_gates.front()->open = true;
+        closed_gates.pop_front();
+      }
+    }
+  });
+  constexpr int kThreads = 4, kOps = 1500;
+  std::atomic<long> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<unsigned>(100 + t));
+      std::uniform_int_distribution<std::size_t> size(1, 8192);
+      for (int i = 0; i < kOps; ++i) {
+        try {
+          const std::size_t n = size(rng);
+          Block b = pool->acquire(n);
+          static_cast<unsigned char*>(b.ptr)[n - 1] = static_cast<unsigned char>(i);
+          auto g = std::make_shared<Gate>();
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            closed_gates.push_back(g);
+          }
+          pool->release(b, std::make_unique<GateFence>(g));
+        } catch (const gpuopt::Error&) {
+          ++failures;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  done = true;
+  gpu.join();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& g : closed_gates) g->open = true;
+  }
+  const auto s = pool->stats();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(s.acquisitions, static_cast<std::uint64_t>(kThreads) * kOps);
+  EXPECT_EQ(s.releases, s.acquisitions);
+  EXPECT_LE(s.peak_bytes_reserved, 64u << 10);
+  EXPECT_GT(s.fence_waits, 0u);  // the capacity was really the constraint
+  pool.reset();
+  EXPECT_EQ(*live, 0);
 }
 
 TEST(Pool, BadRequestsAndUseAfterClose) {

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpuopt/errors.h"
@@ -11,7 +13,10 @@
 namespace {
 
 using gpuopt::stats::bootstrap_speedup;
+using gpuopt::stats::judge;
 using gpuopt::stats::median_ci_ranks;
+using gpuopt::stats::Ratio;
+using gpuopt::stats::Verdict;
 using gpuopt::stats::quantile_sorted;
 using gpuopt::stats::summarize;
 
@@ -132,7 +137,8 @@ TEST(BatchCi, CorrelatedSamplesWidenTheReportedInterval) {
   const auto v = drifting(600, 0.05, 400, 5);
   const auto s = summarize(v);
   EXPECT_STREQ(s.ci_method, "batch-medians");
-  EXPECT_GT(s.ci_rel_halfwidth(), 0.01);
+  EXPECT_GT(s.ci_rel, 0.01);
+  EXPECT_FALSE(s.target_met);
 }
 
 // An AR(1) process around 1.0: each sample keeps 95% of the previous one's deviation.
@@ -250,6 +256,117 @@ TEST(Bootstrap, RejectsBadArguments) {
   EXPECT_THROW(bootstrap_speedup({}, {1.0}), gpuopt::Error);
   EXPECT_THROW(bootstrap_speedup({1.0}, {1.0}, 0.95, 10), gpuopt::Error);
   EXPECT_THROW(bootstrap_speedup({0.0}, {1.0}), gpuopt::Error);
+}
+
+// What a call threw: the kind and the message (a test of the message must see it).
+template <typename Fn>
+std::string value_error(Fn fn) {
+  try {
+    fn();
+  } catch (const gpuopt::Error& e) {
+    EXPECT_EQ(e.kind(), gpuopt::ErrorKind::kValue) << e.what();
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(RelHalfwidth, IsTheFartherBoundOverTheCenter) {
+  EXPECT_DOUBLE_EQ(gpuopt::stats::rel_halfwidth(2.0, 1.9, 2.3), 0.15);
+  EXPECT_DOUBLE_EQ(gpuopt::stats::rel_halfwidth(2.0, 1.5, 2.1), 0.25);
+  EXPECT_EQ(gpuopt::stats::rel_halfwidth(0.0, -1.0, 1.0), std::numeric_limits<double>::infinity());
+}
+
+TEST(Summarize, CiRelAndTargetMetMatchADirectComputation) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  int met = 0, missed = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const std::size_t n = 3 + rng() % 400;
+    const double sigma = 0.005 + 0.1 * std::uniform_real_distribution<double>()(rng);
+    const double target = 0.002 + 0.03 * std::uniform_real_distribution<double>()(rng);
+    const auto v = lognormal(n, 0.5, sigma, static_cast<unsigned>(rng()));
+    const auto s = summarize(v, 0.95, target);
+    const double rel = std::max(s.p50 - s.ci_lo, s.ci_hi - s.p50) / s.p50;
+    EXPECT_NEAR(s.ci_rel, rel, 1e-15 * rel) << "n=" << n;
+    EXPECT_EQ(s.target_met, s.ci_attained && rel <= target) << "n=" << n << " target " << target;
+    EXPECT_EQ(s.target_rel_ci, target);
+    (s.target_met ? met : missed) += 1;
+  }
+  EXPECT_GT(met, 0);  // both outcomes were exercised
+  EXPECT_GT(missed, 0);
+}
+
+TEST(Summarize, TooFewSamplesNeverMeetTheTarget) {
+  const auto s = summarize({1.0, 1.0, 1.0, 1.0}, 0.95, 0.5);  // ci_rel is 0, but unattained
+  EXPECT_EQ(s.ci_rel, 0.0);
+  EXPECT_FALSE(s.ci_attained);
+  EXPECT_FALSE(s.target_met);
+}
+
+TEST(Summarize, RejectsATargetOutsideZeroToOne) {
+  EXPECT_EQ(value_error([] { summarize({1.0, 2.0}, 0.95, 0.0); }), "target_rel_ci must be in (0, 1), got 0");
+  EXPECT_EQ(value_error([] { summarize({1.0, 2.0}, 0.95, 1.0); }), "target_rel_ci must be in (0, 1), got 1");
+  EXPECT_EQ(value_error([] { summarize({1.0, 2.0}, 0.95, NAN); }), "target_rel_ci must be in (0, 1), got nan");
+}
+
+TEST(Verdict, FasterNeedsTheWholeIntervalAboveOneAndTheMinimumEffect) {
+  const double above_one = std::nextafter(1.0, 2.0);
+  EXPECT_EQ(judge(Ratio{1.25, above_one, 1.3}, 0.25), Verdict::kFaster);  // exactly 1 + min_effect
+  EXPECT_EQ(judge(Ratio{std::nextafter(1.25, 0.0), above_one, 1.3}, 0.25), Verdict::kNoDifference);
+  EXPECT_EQ(judge(Ratio{2.0, 1.0, 3.0}, 0.25), Verdict::kNoDifference);  // the interval touches 1
+  EXPECT_EQ(judge(Ratio{2.0, above_one, 3.0}, 0.25), Verdict::kFaster);
+  EXPECT_EQ(judge(Ratio{above_one, above_one, above_one}, 0.0), Verdict::kFaster);  // no minimum
+  EXPECT_EQ(judge(Ratio{1.001, 1.0005, 1.002}), Verdict::kNoDifference);  // tight, but below the default 1%
+}
+
+TEST(Verdict, SlowerIsTheMirrorImage) {
+  const double below_one = std::nextafter(1.0, 0.0);
+  EXPECT_EQ(judge(Ratio{0.8, 0.7, below_one}, 0.25), Verdict::kSlower);  // exactly 1 / (1 + min_effect)
+  EXPECT_EQ(judge(Ratio{std::nextafter(0.8, 1.0), 0.7, below_one}, 0.25), Verdict::kNoDifference);
+  EXPECT_EQ(judge(Ratio{0.5, 0.4, 1.0}, 0.25), Verdict::kNoDifference);  // the interval touches 1
+  EXPECT_EQ(judge(Ratio{below_one, below_one, below_one}, 0.0), Verdict::kSlower);
+  EXPECT_EQ(judge(Ratio{0.5, 0.4, 1.2}, 0.25), Verdict::kNoDifference);  // the interval spans 1
+}
+
+TEST(Verdict, NamesAndValidation) {
+  EXPECT_STREQ(gpuopt::stats::verdict_name(Verdict::kFaster), "faster");
+  EXPECT_STREQ(gpuopt::stats::verdict_name(Verdict::kSlower), "slower");
+  EXPECT_STREQ(gpuopt::stats::verdict_name(Verdict::kNoDifference), "no significant difference");
+  const Ratio r{1.1, 1.05, 1.15};
+  EXPECT_EQ(value_error([&] { judge(r, 1.0); }), "min_effect must be in [0, 1), got 1");
+  EXPECT_EQ(value_error([&] { judge(r, -0.01); }), "min_effect must be in [0, 1), got -0.01");
+  EXPECT_EQ(value_error([&] { judge(r, NAN); }), "min_effect must be in [0, 1), got nan");
+}
+
+TEST(CompareSamples, IsTheBootstrapJudgedWithMinEffect) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const auto slow = lognormal(300, std::log(1.06), 0.01, seed);
+  const auto fast = lognormal(300, 0.0, 0.01, seed + 1);
+  gpuopt::stats::CompareOptions o;
+  o.seed = seed;
+  const auto c = gpuopt::stats::compare_samples(slow, fast, o);
+  const auto r = bootstrap_speedup(slow, fast, o.confidence, o.resamples, o.seed, o.paired, o.q);
+  EXPECT_EQ(c.ratio.ratio, r.ratio);
+  EXPECT_EQ(c.ratio.lo, r.lo);
+  EXPECT_EQ(c.ratio.hi, r.hi);
+  EXPECT_GT(r.lo, 1.0);
+  EXPECT_EQ(c.verdict, Verdict::kFaster);
+  EXPECT_EQ(gpuopt::stats::compare_samples(fast, slow, o).verdict, Verdict::kSlower);
+  o.min_effect = 0.2;  // a 6% change, however certain, is below a 20% minimum
+  EXPECT_EQ(gpuopt::stats::compare_samples(slow, fast, o).verdict, Verdict::kNoDifference);
+  o.min_effect = 1.5;
+  EXPECT_EQ(value_error([&] { gpuopt::stats::compare_samples(slow, fast, o); }),
+            "min_effect must be in [0, 1), got 1.5");
+}
+
+TEST(CompareSamples, IdenticalWorkloadsShowNoDifference) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const auto a = lognormal(400, 0.0, 0.02, seed);
+  const auto b = lognormal(400, 0.0, 0.02, seed + 7);
+  EXPECT_EQ(gpuopt::stats::compare_samples(a, b).verdict, Verdict::kNoDifference);
 }
 
 }  // namespace

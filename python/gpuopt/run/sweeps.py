@@ -11,17 +11,17 @@ from typing import Any
 
 import torch
 
-from .bench import (
-    ProgressBar,
-    Runner,
-    _device,
+from .._files import check_writable, write_atomic
+from ..report.results import Results
+from .runner import ProgressBar, Runner
+from .workload import (
     check_measure_options,
     resolve_batch_sizes,
     resolve_configs,
+    resolve_device,
     resolve_modes,
     workload,
 )
-from .results import Results, check_writable, write_atomic
 
 SPEC_KEYS = {
     "name": "a title for the sweep",
@@ -117,7 +117,7 @@ def sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *, resu
     configs = resolve_configs(doc.get("configs", "bench"))
     default_batches = resolve_batch_sizes(doc.get("batch_sizes", [1, 8, 16, 32]))
     train = bool(doc.get("train", False))
-    device = _device(doc.get("device"))
+    device = resolve_device(doc.get("device"))
     modes = resolve_modes(doc.get("modes", ["latency", "throughput"]), train, device)
     options = check_measure_options(dict(doc.get("measure") or {}))
     parity = doc.get("parity", True)

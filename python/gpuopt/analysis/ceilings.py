@@ -19,9 +19,11 @@ from typing import Any
 
 import torch
 
-from ._ext import _C
-from .config import precision
-from .timing import _device_index, measure
+from .._ext import _C
+from .._files import write_atomic
+from ..measure.inputs import device_index
+from ..measure.timing import measure
+from ..prepare.config import precision
 
 CACHE_VERSION = 1
 
@@ -112,7 +114,7 @@ def ceilings(device: int | str | torch.device | None = None, *, refresh: bool = 
             return None
         raise ValueError("device ceilings need a CUDA device and a CUDA build of gpuopt (none here); datasheet "
                          "figures of known GPUs: gpuopt.datasheet.lookup(name)")
-    index = _device_index(device)
+    index = device_index(device)
     path = _cache_path(index)
     if path.exists() and not refresh:
         try:
@@ -137,7 +139,7 @@ def ceilings(device: int | str | torch.device | None = None, *, refresh: bool = 
         "graph_node_us": kernels["graph_node_us"],
     }
     name = torch.cuda.get_device_name(index)
-    from .env import env
+    from ..measure.environment import env
 
     doc = {
         "cache_version": CACHE_VERSION,
@@ -152,10 +154,7 @@ def ceilings(device: int | str | torch.device | None = None, *, refresh: bool = 
         "env": env(),
     }
     if not quick:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(doc, indent=2))
-        tmp.replace(path)
+        write_atomic(path, json.dumps(doc, indent=2))
     return doc
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from ._ext import _C
+from .._ext import _C
+from ..measure.inputs import split_inputs
 
 PRECISIONS = ("fp32", "tf32", "fp16-amp", "bf16-amp", "fp16", "bf16")
 MEMORY_FORMATS = ("contiguous", "channels_last")
@@ -167,29 +168,6 @@ class Config:
             if strict:
                 raise
         return prepared
-
-
-def split_inputs(inputs: Any) -> tuple[tuple, dict]:
-    """gpuopt's inputs convention as (args, kwargs): None -> no arguments, a dict -> keyword
-    arguments, a tuple or list -> positional arguments, anything else -> one positional argument."""
-    if inputs is None:
-        return (), {}
-    if isinstance(inputs, dict):
-        return (), dict(inputs)
-    if isinstance(inputs, (tuple, list)):
-        return tuple(inputs), {}
-    return (inputs,), {}
-
-
-def tensors_in(obj: Any) -> list[torch.Tensor]:
-    """Every tensor inside nested tuples, lists and dicts (inputs or outputs of any structure)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in tensors_in(v)]
-    if isinstance(obj, (tuple, list)):
-        return [t for v in obj for t in tensors_in(v)]
-    return []
 
 
 def _sync(device: torch.device) -> None:

@@ -202,7 +202,7 @@ def roofline(results: Results, model: str | None = None, mode: str | None = None
              path=None):
     """The results of one precision (default: the first) on the device's roofline for that precision
     (measured ceilings when cached, else the datasheet): a point per config and batch size."""
-    from .roofline import plot_roofline, roofline_points
+    from ..analysis.roofline import plot_roofline, roofline_points
 
     model = _model(results, model)
     mode = _mode(results, model, mode, ("throughput", "latency", "graph"))

@@ -13,7 +13,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .timing import Comparison, Measurement, compare, format_ms
+from .._files import check_writable, write_atomic
+from ..measure.compare import Comparison, compare
+from ..measure.timing import Measurement, format_ms
 
 SCHEMA_VERSION = 1
 
@@ -23,29 +25,6 @@ CSV_COLUMNS = [
     "parity_worst_rel_l2", "prepare_s", "first_call_ms", "runner_overhead_s", "achieved_tflops",
     "pct_of_compute_ceiling", "achieved_gbps", "bound", "diagnosis", "device",
 ]
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write via a temporary file in the same folder and rename: readers see old or new, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path
-
-
-def check_writable(output_dir: str | os.PathLike) -> Path:
-    """The output folder, created if needed; ValueError naming it when it cannot be written."""
-    path = Path(output_dir)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".gpuopt-write-test-{os.getpid()}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise ValueError(f"output directory {str(path)!r} is not writable: {exc.strerror or exc}") from exc
-    return path
 
 
 def _flat(row: dict) -> dict[str, Any]:
@@ -89,7 +68,8 @@ class Results:
 
     @classmethod
     def new(cls, spec: dict | None = None) -> Results:
-        from . import build_info, env
+        from .._ext import build_info
+        from ..measure.environment import env
 
         return cls(env=env(), build=build_info(), spec=spec)
 
@@ -237,7 +217,7 @@ class Results:
         return pd.DataFrame([_flat(r) for r in self.rows], columns=CSV_COLUMNS)
 
     def to_markdown(self, baseline: str | None = None) -> str:
-        from .report import markdown
+        from .markdown import markdown
 
         return markdown(self, baseline=baseline)
 
@@ -250,9 +230,9 @@ class Results:
         write_atomic(paths["markdown"], self.to_markdown())
         if plots and self.ok:
             try:
-                from . import plot
+                from .plots import save_all
 
-                paths.update(plot.save_all(self, out))
+                paths.update(save_all(self, out))
             except ImportError:
                 pass  # matplotlib is optional; the tables stand alone
         return paths

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .timing import format_ms
+from ..measure.timing import format_ms
 
 if TYPE_CHECKING:
     from .results import Results
@@ -120,7 +120,7 @@ def markdown(results: Results, baseline: str | None = None) -> str:
         lines += [""]
     placed = [r for model in results.models() for r in _largest_batch_rows(results, model) if r.get("roofline")]
     if placed:
-        from .roofline import roofline_markdown
+        from ..analysis.roofline import roofline_markdown
 
         lines += [roofline_markdown(placed)]
     if results.profiles:

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from . import _nvml
-from ._ext import _C
+from .._ext import _C
+from . import nvml as _nvml
 
 
 def _cuda_version(v: int) -> str | None:

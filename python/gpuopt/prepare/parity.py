@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from .config import Prepared, split_inputs
+from ..measure.inputs import split_inputs
+from .config import Prepared
 
 # Default relative L2 tolerance by precision (overridable with rtol=).
 TOLERANCES = {"fp32": 1e-5, "tf32": 5e-3, "fp16-amp": 2e-2, "bf16-amp": 2e-2, "fp16": 2e-2, "bf16": 2e-2}

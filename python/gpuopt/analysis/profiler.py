@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
-from .config import Prepared, split_inputs
-from .timing import format_ms
+from ..measure.inputs import split_inputs
+from ..measure.timing import format_ms
+from ..prepare.config import Prepared
 
 _GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 

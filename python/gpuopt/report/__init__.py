@@ -1,0 +1,11 @@
+"""Report: the Results table (one typed row per cell, JSON/CSV files), Markdown reports, plots and the
+cross-hardware comparison.
+
+Layer: imports ``gpuopt.measure``, ``gpuopt.prepare`` and ``gpuopt.analysis``; never ``gpuopt.run``.
+"""
+
+from . import plots
+from .crosshw import cross_hardware_markdown
+from .results import Results, merge
+
+__all__ = ["Results", "cross_hardware_markdown", "merge", "plots"]
