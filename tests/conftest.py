@@ -1,45 +1,34 @@
-"""Shared fixtures and the `gpu` marker's automatic skip.
-
-Set GPUOPT_REQUIRE_GPU=1 (the GPU runner does) to turn "no usable GPU" into an error instead of a
-skip, so that a GPU run can never pass by skipping.
-"""
+"""Shared fixtures. The `gpu` marker's skip (and GPUOPT_REQUIRE_GPU=1, which makes "no usable GPU" an
+error so that a GPU run can never pass by skipping) comes from gpuopt's own pytest plugin: one hook,
+the one users get."""
 
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 import torch
-
-import gpuopt
 
 pytest_plugins = ["pytester"]  # the pytest plugin's own tests run inner sessions
 
 
-def _gpu_unavailable_reason() -> str | None:
-    info = gpuopt.build_info()
-    if not info["cuda"]:
-        return f"gpuopt was built without CUDA ({info['no_cuda_reason']})"
-    if not torch.cuda.is_available():
-        return "no CUDA device visible"
-    return None
-
-
-def pytest_collection_modifyitems(config, items):
-    reason = _gpu_unavailable_reason()
-    if reason is None:
-        return
-    if os.environ.get("GPUOPT_REQUIRE_GPU") == "1" and any("gpu" in i.keywords for i in items):
-        raise pytest.UsageError(f"GPUOPT_REQUIRE_GPU=1 but {reason}")
-    skip = pytest.mark.skip(reason=reason)
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+@pytest.fixture
+def seed() -> int:
+    """A fresh random seed per test, printed so that a failure shows it (pytest prints a failing
+    test's captured output): rerun with GPUOPT_TEST_SEED=<seed> to reproduce."""
+    value = int(os.environ.get("GPUOPT_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
+    print(f"random seed: {value} (GPUOPT_TEST_SEED={value} reproduces it)")
+    return value
 
 
 @pytest.fixture
-def rng() -> torch.Generator:
-    """A fresh, seeded generator per test: random inputs, reproducible failures."""
-    g = torch.Generator()
-    g.manual_seed(int.from_bytes(os.urandom(4), "little"))
-    return g
+def rng(seed: int) -> torch.Generator:
+    """A torch generator seeded with the test's printed seed: random inputs, reproducible failures."""
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture
+def np_rng(seed: int) -> np.random.Generator:
+    """A numpy generator seeded with the test's printed seed."""
+    return np.random.default_rng(seed)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gpuopt.analysis.datasheet import PRECISIONS, DeviceSpec, all_specs, lookup, peak_tflops
@@ -47,32 +49,44 @@ def test_lookup_rejects_non_strings():
         lookup(None)
 
 
-def test_peak_tflops_per_precision():
+# What each precision's matmuls run on; written here from the meaning of the precisions (autocast
+# runs matmuls in the 16-bit type, fp32 means TF32 off), not copied from the implementation.
+_FIELD = {"fp32": "fp32_tflops", "tf32": "tf32_tflops", "fp16": "fp16_tflops", "fp16-amp": "fp16_tflops",
+          "bf16": "bf16_tflops", "bf16-amp": "bf16_tflops", "fp8": "fp8_tflops", "int8": "int8_tops"}
+
+
+@pytest.mark.parametrize("spec", all_specs(), ids=lambda s: s.key)
+def test_peak_tflops_reads_the_field_of_each_precision(spec):
+    assert set(_FIELD) == set(PRECISIONS)
+    for precision, field in _FIELD.items():
+        expected = getattr(spec, field)
+        if expected is None and precision == "tf32":
+            expected = spec.fp32_tflops  # no TF32 hardware: tf32 runs as fp32
+        assert peak_tflops(spec, precision) == expected
+        assert peak_tflops(spec.to_dict(), precision) == expected
+
+
+def test_peak_tflops_rejects_bad_arguments():
     h100 = lookup("NVIDIA H100 80GB HBM3")
-    assert peak_tflops(h100, "fp32") == 67.0  # TF32 off: CUDA cores
-    assert peak_tflops(h100, "tf32") == 494.5
-    assert peak_tflops(h100, "fp16-amp") == peak_tflops(h100, "fp16") == 989.5
-    assert peak_tflops(h100, "bf16-amp") == peak_tflops(h100, "bf16") == 989.5
-    assert peak_tflops(h100, "fp8") == 1979.0 and peak_tflops(h100, "int8") == 1979.0
-    assert peak_tflops(h100.to_dict(), "bf16") == 989.5
-    t4 = lookup("Tesla T4")
-    assert peak_tflops(t4, "fp16-amp") == 65.0
-    assert peak_tflops(t4, "bf16-amp") is None and peak_tflops(t4, "fp8") is None
-    assert peak_tflops(t4, "tf32") == 8.1  # no TF32 hardware: tf32 runs as fp32
     with pytest.raises(ValueError, match="precision must be one of fp32, tf32"):
         peak_tflops(h100, "fp64")
     with pytest.raises(TypeError, match="spec must be a DeviceSpec"):
         peak_tflops("H100", "fp32")
 
 
-def test_known_dense_figures():
-    a100 = lookup("NVIDIA A100-SXM4-80GB")
-    assert (a100.fp32_tflops, a100.tf32_tflops, a100.bf16_tflops, a100.int8_tops, a100.fp8_tflops) == (
-        19.5, 156.0, 312.0, 624.0, None)
-    assert a100.memory_bandwidth_gbps == 2039 and lookup("NVIDIA A100-SXM4-40GB").memory_bandwidth_gbps == 1555
-    assert lookup("NVIDIA H200").memory_bandwidth_gbps == 4800 and lookup("NVIDIA H200").memory_gb == 141
-    assert lookup("NVIDIA L4").bf16_tflops == 121.0  # 242 with sparsity, halved
-    assert lookup("NVIDIA GeForce RTX 4090").fp16_tflops == 165.2  # FP32 accumulate
+def _numbers(text):
+    return [float(x) for x in re.findall(r"\d+(?:\.\d+)?", text)]
+
+
+@pytest.mark.parametrize("spec", [s for s in all_specs() if "halved" in s.note], ids=lambda s: s.key)
+def test_halved_entries_are_half_the_sparsity_figures_their_note_quotes(spec):
+    # The note quotes the datasheet's sparsity figures (tf32/fp16/bf16/fp8/int8); the dense entry must
+    # be half of each, within the rounding of the printed figures.
+    quoted = _numbers(spec.note[spec.note.index("("):spec.note.index(")") + 1])
+    dense = [spec.tf32_tflops, spec.fp16_tflops, spec.bf16_tflops, spec.fp8_tflops, spec.int8_tops]
+    assert len(quoted) == 5, spec.note
+    for q, d in zip(quoted, dense):
+        assert d == pytest.approx(q / 2, abs=0.6), (spec.key, q, d)
 
 
 def test_every_entry_is_complete_and_plausible():

@@ -3,7 +3,7 @@
 The package is layered; each subpackage imports only the ones listed before it:
 
 - ``_ext``: the one module that imports the compiled core ``gpuopt._C`` (after torch, version-checked)
-- ``measure``: timing engine, comparisons, the inputs convention, NVML facts, the environment record
+- ``timing``: the timing engine, comparisons, the inputs convention, NVML facts, the environment record
 - ``memory``: pinned/device pools and the input pipeline
 - ``prepare``: optimization configs and the parity gate
 - ``analysis``: FLOP/byte counting, device ceilings, datasheets, roofline, profiler summaries
@@ -20,12 +20,12 @@ import torch  # noqa: F401  (first: the extension links against the libtorch it 
 
 from ._ext import build_info  # noqa: I001  (after torch)
 from .analysis import ProfileSummary, ceilings, datasheet, profile, roofline
-from .measure import Comparison, Measurement, compare, env, measure
 from .memory import DevicePool, InputPipeline, PinnedPool
 from .prepare import Config, Parity, Prepared, autocast, parity, precision, preset, presets
 from .report import Results
 from .report import plots as plot
 from .run import benchmark, sweep, zoo
+from .timing import Comparison, Measurement, compare, env, measure
 
 __version__ = build_info()["gpuopt_version"]
 

@@ -58,7 +58,7 @@ def _add_env(sub: argparse._SubParsersAction) -> None:
 
 def _run_env(args: argparse.Namespace) -> int:
     from ._ext import build_info
-    from .measure.environment import env
+    from .timing.environment import env
 
     e, b = env(), build_info()
     if args.json:
@@ -213,7 +213,7 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    from .measure.compare import compare
+    from .timing.compare import compare
 
     a, b = _load_results([args.a, args.b])
     print(f"A: {args.a} ({a.device})\nB: {args.b} ({b.device})\n")
@@ -327,9 +327,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # exits with status 2 on unknown commands or options
     if args.version:
-        from . import __version__
+        from ._ext import build_info
 
-        print(__version__)
+        print(build_info()["gpuopt_version"])
         return 0
     if args.command is None:
         parser.print_help(sys.stderr)

@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from .measure.compare import Comparison, compare
-from .measure.environment import env
-from .measure.inputs import argument_sets
-from .measure.timing import Measurement, format_ms
 from .prepare.parity import Parity, parity
+from .timing.compare import Comparison, compare
+from .timing.environment import env
+from .timing.inputs import argument_sets
+from .timing.measurement import Measurement, format_ms
 
 DISABLED = "disabled"  # stop_reason of a Measurement taken with timing disabled
 

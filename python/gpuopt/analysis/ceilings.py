@@ -21,9 +21,9 @@ import torch
 
 from .._ext import _C
 from .._files import write_atomic
-from ..measure.inputs import device_index
-from ..measure.timing import measure
 from ..prepare.config import precision
+from ..timing.inputs import device_index
+from ..timing.measurement import measure
 
 CACHE_VERSION = 1
 
@@ -139,7 +139,7 @@ def ceilings(device: int | str | torch.device | None = None, *, refresh: bool = 
         "graph_node_us": kernels["graph_node_us"],
     }
     name = torch.cuda.get_device_name(index)
-    from ..measure.environment import env
+    from ..timing.environment import env
 
     doc = {
         "cache_version": CACHE_VERSION,

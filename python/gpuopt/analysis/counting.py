@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..measure.inputs import split_inputs, tensors_in
+from ..timing.inputs import split_inputs, tensors_in
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:

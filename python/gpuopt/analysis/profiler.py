@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from ..measure.inputs import split_inputs
-from ..measure.timing import format_ms
 from ..prepare.config import Prepared
+from ..timing.inputs import split_inputs
+from ..timing.measurement import format_ms
 
 _GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 

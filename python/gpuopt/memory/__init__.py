@@ -1,6 +1,6 @@
 """Memory: pinned-host and device pools in gpuopt's C++ core, and the input pipeline built on them.
 
-Layer: imports only ``gpuopt._ext`` and ``gpuopt.measure``.
+Layer: imports only ``gpuopt._ext`` and ``gpuopt.timing``.
 """
 
 from .pipeline import InputPipeline

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from .._ext import _C
-from ..measure.inputs import device_index
+from ..timing.inputs import device_index
 from .pools import DevicePool, PinnedPool
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from .._ext import _C
-from ..measure.inputs import split_inputs
+from ..timing.inputs import split_inputs
 
 PRECISIONS = ("fp32", "tf32", "fp16-amp", "bf16-amp", "fp16", "bf16")
 MEMORY_FORMATS = ("contiguous", "channels_last")

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..measure.inputs import split_inputs
+from ..timing.inputs import split_inputs
 from .config import Prepared
 
 # Default relative L2 tolerance by precision (overridable with rtol=).

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from .._files import write_atomic
-from ..measure.timing import Measurement
+from ..timing.measurement import Measurement
 
 BASELINE_SCHEMA = 1
 BASELINE_DIR = Path(".gpuopt") / "baselines"

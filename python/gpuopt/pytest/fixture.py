@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from .. import testing
-from ..measure.timing import Measurement, measure
 from ..prepare.config import Config
+from ..timing.measurement import Measurement, measure
 from .session import REGRESSIONS, STATE, _Session
 
 

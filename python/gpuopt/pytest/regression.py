@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._ext import _C
-from ..measure.timing import Measurement, format_ms
+from ..timing.measurement import Measurement, format_ms
 
 CONFIDENCE = 0.95
 RESAMPLES = 2000

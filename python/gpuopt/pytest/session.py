@@ -11,8 +11,8 @@ import pytest
 
 from .. import testing
 from .._ext import build_info
-from ..measure.environment import env
-from ..measure.timing import Measurement, format_ms
+from ..timing.environment import env
+from ..timing.measurement import Measurement, format_ms
 from .baselines import (
     BASELINE_DIR,
     BASELINE_SCHEMA,

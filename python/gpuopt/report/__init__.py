@@ -1,7 +1,7 @@
 """Report: the Results table (one typed row per cell, JSON/CSV files), Markdown reports, plots and the
 cross-hardware comparison.
 
-Layer: imports ``gpuopt.measure``, ``gpuopt.prepare`` and ``gpuopt.analysis``; never ``gpuopt.run``.
+Layer: imports ``gpuopt.timing``, ``gpuopt.prepare`` and ``gpuopt.analysis``; never ``gpuopt.run``.
 """
 
 from . import plots

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..measure.timing import format_ms
+from ..timing.measurement import format_ms
 
 if TYPE_CHECKING:
     from .results import Results

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from .._files import check_writable, write_atomic
-from ..measure.compare import Comparison, compare
-from ..measure.timing import Measurement, format_ms
+from ..timing.compare import Comparison, compare
+from ..timing.measurement import Measurement, format_ms
 
 SCHEMA_VERSION = 1
 
@@ -69,7 +69,7 @@ class Results:
     @classmethod
     def new(cls, spec: dict | None = None) -> Results:
         from .._ext import build_info
-        from ..measure.environment import env
+        from ..timing.environment import env
 
         return cls(env=env(), build=build_info(), spec=spec)
 

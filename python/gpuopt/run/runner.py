@@ -16,11 +16,11 @@ from .._ext import _C
 from ..analysis import ceilings as device_ceilings
 from ..analysis import roofline
 from ..analysis.profiler import profile
-from ..measure.inputs import split_inputs, tensors_in
-from ..measure.timing import Measurement, measure
 from ..memory import InputPipeline, PinnedPool
 from ..prepare.config import Config, Prepared
 from ..prepare.parity import parity as check_parity
+from ..timing.inputs import split_inputs, tensors_in
+from ..timing.measurement import Measurement, measure
 from .workload import TRAIN_MODE, Workload, batch_of
 
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from ..measure.inputs import tensors_in
-from ..measure.timing import _MEASURE_DEFAULTS, MODES
 from ..prepare.config import Config, preset, presets
+from ..timing.inputs import tensors_in
+from ..timing.measurement import _MEASURE_DEFAULTS, MODES
 from . import zoo
 
 BENCH_MODES = (*MODES, "end-to-end")

@@ -1,4 +1,4 @@
-"""Measure: gpuopt's timing engine (C++ loop and statistics), comparisons, the inputs convention, NVML
+"""Timing: gpuopt's timing engine (C++ loop and statistics), comparisons, the inputs convention, NVML
 facts and the environment record.
 
 Layer: the lowest above ``gpuopt._ext``; imports nothing else of gpuopt.
@@ -6,6 +6,6 @@ Layer: the lowest above ``gpuopt._ext``; imports nothing else of gpuopt.
 
 from .compare import Comparison, compare
 from .environment import env
-from .timing import MODES, Measurement, format_ms, measure
+from .measurement import MODES, Measurement, format_ms, measure
 
 __all__ = ["MODES", "Comparison", "Measurement", "compare", "env", "format_ms", "measure"]

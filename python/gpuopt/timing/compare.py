@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .._ext import _C
-from .timing import Measurement, _setup, format_ms
+from .measurement import Measurement, _setup, format_ms
 
 
 @dataclass
