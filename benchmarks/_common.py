@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 import gpuopt
+from gpuopt._files import write_atomic
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -96,10 +97,7 @@ def write(args: argparse.Namespace, results: dict[str, Any], targets: list[Targe
         "targets": [asdict(t) | {"passed": t.passed} for t in targets],
     }
     out = args.out or RESULTS / f"{args.name}-{slug(device)}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2, default=float))
-    tmp.replace(out)
+    write_atomic(out, json.dumps(record, indent=2, default=float))
     for t in targets:
         print(t.line())
     applicable = [t for t in targets if t.passed is not None]
