@@ -9,7 +9,6 @@ under ``$GPUOPT_CACHE_DIR`` (default ``~/.cache/gpuopt``).
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import json
 import os
@@ -24,6 +23,7 @@ from .._files import write_atomic
 from ..prepare.config import precision
 from ..timing.inputs import device_index
 from ..timing.measurement import measure
+from .datasheet import lookup_dict
 
 CACHE_VERSION = 1
 
@@ -91,13 +91,6 @@ def _transfers(index: int, quick: bool) -> dict[str, float]:
     return out
 
 
-def _datasheet(name: str) -> dict[str, Any] | None:
-    from .datasheet import lookup
-
-    spec = lookup(name)
-    return dataclasses.asdict(spec) if spec is not None else None
-
-
 def ceilings(device: int | str | torch.device | None = None, *, refresh: bool = False, quick: bool = False,
              cached_only: bool = False) -> dict[str, Any] | None:
     """This GPU's measured ceilings, with the datasheet figures beside them.
@@ -150,7 +143,7 @@ def ceilings(device: int | str | torch.device | None = None, *, refresh: bool = 
         "gpuopt": _C.__version__,
         "measured": measured,
         "sizes": {"hbm_bytes": kernels["hbm_bytes"], "l2_bytes": kernels["l2_bytes"]},
-        "datasheet": _datasheet(name),
+        "datasheet": lookup_dict(name),
         "env": env(),
     }
     if not quick:

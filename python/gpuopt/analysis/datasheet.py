@@ -163,6 +163,17 @@ def lookup(device_name: str) -> DeviceSpec | None:
     return None
 
 
+def lookup_dict(device_name: str) -> dict | None:
+    """The datasheet entry of a GPU as the dict results and ceilings carry (``DeviceSpec.to_dict()``),
+    or None: the one way a datasheet entry is serialised.
+
+    >>> lookup_dict("NVIDIA H200")["memory_bandwidth_gbps"]
+    4800
+    """
+    spec = lookup(device_name)
+    return spec.to_dict() if spec is not None else None
+
+
 def peak_tflops(spec: DeviceSpec | dict, precision: str) -> float | None:
     """Dense peak TFLOP/s (TOP/s for int8) that matmuls under ``precision`` run at.
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .counting import count_bytes, count_flops  # noqa: F401  (re-exported: part of the roofline API)
-from .datasheet import PRECISIONS, DeviceSpec, lookup, peak_tflops
+from .datasheet import PRECISIONS, DeviceSpec, lookup_dict, peak_tflops
 
 # Below this share of both ceilings neither compute nor memory is what the run waits for.
 LOW_UTILIZATION_PCT = 25.0
@@ -60,8 +60,7 @@ def _datasheet(ceilings: dict) -> dict | None:
     if isinstance(sheet, dict):
         return sheet
     device = ceilings.get("device")
-    spec = lookup(device) if isinstance(device, str) else None
-    return spec.to_dict() if spec is not None else None
+    return lookup_dict(device) if isinstance(device, str) else None
 
 
 def datasheet_ceilings(device_name: str | None = None) -> dict:
@@ -75,8 +74,7 @@ def datasheet_ceilings(device_name: str | None = None) -> dict:
         if not torch.cuda.is_available():
             raise ValueError("device_name is needed when no CUDA device is visible")
         device_name = torch.cuda.get_device_name()
-    spec = lookup(device_name)
-    return {"device": device_name, "measured": {}, "datasheet": spec.to_dict() if spec is not None else None}
+    return {"device": device_name, "measured": {}, "datasheet": lookup_dict(device_name)}
 
 
 def compute_ceiling(ceilings: dict | None, precision: str) -> tuple[float | None, str | None]:
