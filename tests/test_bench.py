@@ -1,16 +1,25 @@
-"""The main job on the CPU: benchmark(), Results and its formats, sweeps and resume (CI)."""
+"""The main job on the CPU: benchmark(), Results and its formats, one failure path for cells and batch
+sizes, sweeps and resume, and reading version 1 files (CI)."""
 
 from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import gpuopt
 from gpuopt import Results, benchmark, sweep
+from gpuopt.report.results import SCHEMA_VERSION, Row, read_cells
+from gpuopt.run.bench import plan_benchmark
 from gpuopt.run.zoo import TinyCNN
+from gpuopt.timing.measurement import Measurement
+
+V1_RESULTS = (Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+              / "gpuopt-bench-resnet50-nvidia-h100-80gb-hbm3" / "results.json")
 
 FAST = {"max_time_s": 0.2, "min_time_s": 0.01, "warmup": 1, "warmup_s": 0.0, "progress": False}
 
@@ -26,29 +35,37 @@ def test_every_cell_is_a_row(results):
     res, _ = results
     # on the CPU latency is host mode; torchscript is inference-only, so its train rows fail
     assert len(res.rows) == 3 * 2 * 3
-    assert {r["mode"] for r in res.rows} == {"host", "end-to-end", "train"}
+    assert {r.mode for r in res.rows} == {"host", "end-to-end", "train"}
     failed = res.failed
-    assert {(r["config"], r["mode"]) for r in failed} == {("fp32+torchscript", "train")}
-    assert all("inference-only" in r["error"] for r in failed)
+    assert {(r.config, r.mode) for r in failed} == {("fp32+torchscript", "train")}
+    assert all("inference-only" in r.error for r in failed)
     for r in res.ok:
-        assert r["latency_ms"]["p50"] > 0 and r["throughput_items_per_s"] > 0
-        assert r["measurement"]["n"] > 0 and r["device"] == "cpu"
-        if r["mode"] != "train":
-            assert r["parity"]["passed"] and r["prepare_s"] is not None and r["first_call_ms"] > 0
-        assert r["runner_overhead_s"] >= 0
-        assert r["flops_per_item"] > 0 and r["bytes_per_item_min"] > 0
+        m = r.measurement
+        assert r.latency_ms["p50"] == m.p50 == pytest.approx(float(np.median(m.samples_ms)))
+        assert r.throughput_items_per_s == pytest.approx(r.batch_size * 1e3 / m.p50)
+        assert m.n == len(m.samples_ms) > 0 and r.device == "cpu"
+        if r.mode != "train":
+            assert r.parity["passed"] and r.prepare_s is not None and r.first_call_ms > 0
+        assert r.runner_overhead_s >= 0
+        assert r.flops_per_item > 0 and r.bytes_per_item_min > 0
+        assert res.find(r.model, r.config, r.batch_size, r.mode) is r
 
 
 def test_files_are_written_and_read_back(results):
     res, out = results
     for name in ("results.json", "results.csv", "report.md", "tiny-cnn-throughput.png", "tiny-cnn-speedup.svg"):
         assert (out / name).exists(), name
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["schema_version"] == SCHEMA_VERSION == 2
+    assert all("config_label" not in r for r in doc["rows"])  # one label field
     back = Results.load(out / "results.json")
-    assert back.rows == json.loads(json.dumps(res.rows, default=str))
+    assert [r.to_dict() for r in back.rows] == json.loads(json.dumps([r.to_dict() for r in res.rows], default=str))
+    assert [r.measurement for r in back.rows] == [r.measurement for r in res.rows]
     assert back.env["torch"] == torch.__version__
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == len(res.rows) and rows[0]["model"] == "tiny-cnn"
+    assert [(r["config"], int(r["batch_size"]), r["mode"]) for r in rows] == [
+        (r.config, r.batch_size, r.mode) for r in res.rows]
     assert res.to_dataframe().shape[0] == len(res.rows)
 
 
@@ -61,21 +78,57 @@ def test_markdown_has_the_seeds_tables(results):
     assert "| fp32+torchscript |" in md
 
 
-def test_speedups_carry_intervals_and_verdicts(results):
+def _verdict_from_interval(speedup: float, lo: float, hi: float, min_effect: float = 0.01) -> str:
+    """The verdict rule as gpuopt documents it, written out independently."""
+    if lo > 1 and speedup >= 1 + min_effect:
+        return "faster"
+    if hi < 1 and speedup <= 1 / (1 + min_effect):
+        return "slower"
+    return "no significant difference"
+
+
+def test_speedups_are_ratios_of_medians_with_the_documented_verdict(results):
     res, _ = results
     s = res.speedups()
     assert s and all(x["baseline"] == "fp32" for x in s)
     measured = [x for x in s if x.get("speedup") is not None]
-    assert all(x["ci"][0] <= x["speedup"] <= x["ci"][1] for x in measured)
-    assert {x["verdict"] for x in measured} <= {"faster", "slower", "no significant difference"}
+    assert measured
+    for x in measured:
+        ref = res.find("tiny-cnn", "fp32", x["batch_size"], x["mode"]).measurement
+        row = res.find("tiny-cnn", x["config"], x["batch_size"], x["mode"]).measurement
+        assert x["speedup"] == pytest.approx(np.median(ref.samples_ms) / np.median(row.samples_ms), rel=1e-9)
+        assert x["ci"][0] <= x["speedup"] <= x["ci"][1]
+        assert x["verdict"] == _verdict_from_interval(x["speedup"], *x["ci"])
+
+
+def _cell(model: str, config: str, samples: np.ndarray, batch: int = 4, mode: str = "latency") -> Row:
+    return Row.measured(Measurement.from_samples(samples.tolist(), mode=mode), model=model, config=config,
+                        batch_size=batch, mode=mode)
+
+
+def test_speedup_verdicts_follow_the_data(np_rng):
+    # Lognormal timings with 2% noise: half the time is faster, twice the time slower.
+    base = np_rng.lognormal(np.log(2.0), 0.02, 400)
+    res = Results([_cell("m", "fp32", base),
+                   _cell("m", "half", np_rng.lognormal(np.log(1.0), 0.02, 400)),
+                   _cell("m", "double", np_rng.lognormal(np.log(4.0), 0.02, 400)),
+                   _cell("m", "same", np_rng.lognormal(np.log(2.0), 0.02, 400))])
+    by = {x["config"]: x for x in res.speedups()}
+    assert by["half"]["verdict"] == "faster" and by["half"]["speedup"] == pytest.approx(2.0, rel=0.02)
+    assert by["double"]["verdict"] == "slower" and by["double"]["speedup"] == pytest.approx(0.5, rel=0.02)
+    # The same distribution: within min_effect (1%) of no change, whatever side of 1 the interval falls.
+    assert by["same"]["verdict"] == "no significant difference" and by["same"]["speedup"] == pytest.approx(1, abs=0.01)
+    for x in by.values():
+        other = res.find("m", x["config"], 4, "latency").measurement.samples_ms
+        assert x["speedup"] == pytest.approx(np.median(base) / np.median(other), rel=1e-9)
 
 
 def test_a_failing_config_is_recorded_and_the_rest_goes_on():
     res = benchmark(TinyCNN(), input_shape=(3, 32, 32), configs=["fp32", "fp32+cudagraph", "bf16"],
                     batch_sizes=[2], modes=["latency"], device="cpu", **FAST)
-    by = {r["config"]: r for r in res.rows}
-    assert by["fp32+cudagraph"]["status"] == "failed" and "needs a CUDA device" in by["fp32+cudagraph"]["error"]
-    assert by["fp32"]["status"] == by["bf16"]["status"] == "ok"
+    by = {r.config: r for r in res.rows}
+    assert by["fp32+cudagraph"].status == "failed" and "needs a CUDA device" in by["fp32+cudagraph"].error
+    assert by["fp32"].status == by["bf16"].status == "ok"
 
 
 class Overflow(torch.nn.Module):
@@ -91,9 +144,9 @@ class Overflow(torch.nn.Module):
 def test_a_config_that_drifts_fails_the_parity_gate_and_is_not_timed():
     res = benchmark(Overflow(), input_shape=(8,), configs=["fp32", "fp16"], batch_sizes=[2], modes=["latency"],
                     device="cpu", **FAST)
-    bad = next(r for r in res.rows if r["config"] == "fp16")
-    assert bad["status"] == "failed" and bad["error"].startswith("parity failed")
-    assert bad["measurement"] is None and bad["parity"]["passed"] is False
+    bad = res.find("Overflow", "fp16", 2, "host")
+    assert bad.status == "failed" and bad.error.startswith("parity failed")
+    assert bad.measurement is None and bad.parity["passed"] is False
 
 
 def test_out_of_memory_in_one_cell_is_recorded(monkeypatch):
@@ -108,8 +161,53 @@ def test_out_of_memory_in_one_cell_is_recorded(monkeypatch):
 
     monkeypatch.setattr(gpuopt.run.runner, "measure", flaky)
     res = benchmark("tiny-cnn", configs=["fp32", "bf16"], batch_sizes=[1, 2], modes=["latency"], device="cpu", **FAST)
-    assert [r["status"] for r in res.rows].count("failed") == 1
-    assert next(r for r in res.rows if r["status"] == "failed")["error"].startswith("out of memory")
+    assert [r.status for r in res.rows].count("failed") == 1
+    assert res.failed[0].error == "out of memory: CUDA out of memory. Tried to allocate 20.00 GiB"
+
+
+class OutOfMemoryAt(torch.nn.Module):
+    """A linear layer that runs out of memory at one batch size only (as a GPU would at a large one)."""
+
+    def __init__(self, batch: int):
+        super().__init__()
+        self.batch = batch
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        if x.shape[0] == self.batch:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+        return self.lin(x)
+
+
+def _check_failed_batch(res: Results, model: str, batches: list[int], failing: int) -> None:
+    assert len(res.rows) == 2 * len(batches)
+    for b in batches:
+        for cfg in ("fp32", "bf16"):
+            row = res.find(model, cfg, b, "host")
+            if b == failing:
+                assert row.status == "failed" and row.measurement is None, row
+                assert row.error == (f"out of memory in the fp32 reference at batch {b}: CUDA out of memory. "
+                                     "Tried to allocate 80.00 GiB")
+            else:
+                assert row.status == "ok" and row.measurement.n > 0, row.error
+
+
+def test_a_reference_out_of_memory_fails_that_batch_and_benchmark_keeps_the_others(tmp_path):
+    res = benchmark(OutOfMemoryAt(4), input_shape=(8,), configs=["fp32", "bf16"], batch_sizes=[2, 4, 8],
+                    modes=["latency"], device="cpu", output_dir=str(tmp_path), **FAST)
+    _check_failed_batch(res, "OutOfMemoryAt", [2, 4, 8], failing=4)
+    saved = Results.load(tmp_path / "results.json")
+    assert [r.to_dict() for r in saved.rows] == json.loads(json.dumps([r.to_dict() for r in res.rows]))
+    assert "out of memory in the fp32 reference at batch 4" in saved.to_markdown()
+
+
+def test_a_reference_out_of_memory_fails_that_batch_in_a_sweep_too(tmp_path, monkeypatch):
+    model = OutOfMemoryAt(2)
+    monkeypatch.setattr(gpuopt.run.sweeps, "workload",
+                        lambda name, input_shape=None: gpuopt.run.workload.workload(model, input_shape=(8,)))
+    res = sweep(_spec(batch_sizes=[1, 2, 3]), tmp_path, progress=False)
+    _check_failed_batch(res, "OutOfMemoryAt", [1, 2, 3], failing=2)
+    assert [r.key for r in read_cells(tmp_path / "cells.jsonl")] == [r.key for r in res.rows]
 
 
 @pytest.mark.parametrize(
@@ -134,13 +232,43 @@ def test_bad_arguments_are_clear_errors(kwargs, exc, match):
         benchmark(args.pop("model_or_name"), **args)
 
 
-def test_inputs_that_do_not_fit_name_the_model_and_the_shape():
-    with pytest.raises(ValueError, match=r"Linear: inputs of shape \(2, 7\) \(batch 2\) do not fit the model"):
-        benchmark(torch.nn.Linear(4, 2), input_shape=(7,), batch_sizes=[2], device="cpu", **FAST)
+def test_inputs_that_do_not_fit_fail_their_cells_naming_the_model_and_the_shape():
+    res = benchmark(torch.nn.Linear(4, 2), input_shape=(7,), configs=["fp32", "bf16"], batch_sizes=[2, 3],
+                    modes=["latency"], device="cpu", **FAST)
+    assert len(res.rows) == len(res.failed) == 4
+    for r in res.rows:
+        assert r.error.startswith(f"Linear: the fp32 reference failed on inputs of shape ({r.batch_size}, 7) "
+                                  f"(batch {r.batch_size}): fp32: RuntimeError: mat1 and mat2 shapes cannot be "
+                                  "multiplied"), r.error
     with pytest.raises(ValueError, match="input_shape must be a non-empty sequence of positive ints"):
         benchmark(torch.nn.Linear(4, 2), input_shape=(0,), device="cpu", **FAST)
     with pytest.raises(ValueError, match="give at most one of inputs, input_shape, input_fn"):
         benchmark(torch.nn.Linear(4, 2), input_shape=(4,), inputs=torch.randn(2, 4), device="cpu", **FAST)
+
+
+def test_a_plan_validates_everything_and_runs_nothing(monkeypatch, tmp_path):
+    def never(*args, **kwargs):
+        raise AssertionError("planning measured something")
+
+    monkeypatch.setattr(gpuopt.run.runner, "measure", never)
+    plan = plan_benchmark("tiny-cnn", configs=["fp32", "bf16"], batch_sizes=[2, 1, 2], device="cpu",
+                          output_dir=str(tmp_path / "out"), **FAST)
+    assert [c.label for c in plan.configs] == ["fp32", "bf16"] and plan.batch_sizes == [2, 1]
+    assert plan.modes == ["host"] and not (tmp_path / "out" / "results.json").exists()
+    with pytest.raises(ValueError, match="unknown config token 'fp99'"):
+        plan_benchmark("tiny-cnn", configs=["fp99"], device="cpu")
+
+
+def test_results_find_cells_by_key_and_refuse_a_cell_twice(np_rng):
+    row = _cell("m", "fp32", np_rng.lognormal(0, 0.1, 50))
+    res = Results([row, _cell("m", "fp32", np_rng.lognormal(0, 0.1, 50), batch=8)])
+    assert res.find("m", "fp32", 4, "latency") is row and res.find("m", "fp32", 2, "latency") is None
+    with pytest.raises(ValueError, match="cell m fp32 batch 4 latency is already in these results"):
+        res.add(_cell("m", "fp32", np_rng.lognormal(0, 0.1, 50)))
+    with pytest.raises(ValueError, match="a failed row needs its reason"):
+        Row.failed("", model="m", config="fp32", batch_size=1, mode="latency")
+    with pytest.raises(TypeError, match="latency_ms cannot be given as facts of a row"):
+        Row.failed("boom", model="m", config="fp32", batch_size=1, mode="latency", latency_ms={"p50": 1.0})
 
 
 def test_unwritable_output_dir_is_a_clear_error(tmp_path):
@@ -160,7 +288,7 @@ def _spec(**kw):
 def test_sweep_appends_cells_and_resumes(tmp_path):
     res = sweep(_spec(), tmp_path, progress=False)
     lines = (tmp_path / "cells.jsonl").read_text().splitlines()
-    assert len(lines) == len(res.rows) == 4 and all(r["status"] == "ok" for r in res.rows)
+    assert len(lines) == len(res.rows) == 4 and all(r.status == "ok" for r in res.rows)
     assert (tmp_path / "results.json").exists() and (tmp_path / "report.md").exists()
     again = sweep(_spec(), tmp_path, progress=False)  # nothing left to run
     assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 4 and len(again.rows) == 4
@@ -185,7 +313,63 @@ def test_an_interrupted_sweep_loses_no_finished_cell(tmp_path, monkeypatch):
     assert Results.load(tmp_path / "results.json").rows  # the partial report was written
     monkeypatch.setattr(gpuopt.run.runner, "measure", real)
     done = sweep(_spec(), tmp_path, progress=False)
-    assert len(done.rows) == 4 and all(r["status"] == "ok" for r in done.rows)
+    assert len(done.rows) == 4 and all(r.status == "ok" for r in done.rows)
+
+
+def _as_version_1(row: Row, canonical: str) -> dict:
+    """A row as gpuopt 0.1 wrote it: the canonical config string in "config", the label beside it."""
+    d = row.to_dict()
+    d["config_label"] = d["config"]
+    d["config"] = canonical
+    return d
+
+
+def test_a_sweep_resumes_from_version_1_cells_and_a_line_a_crash_cut_short(tmp_path, monkeypatch):
+    first = sweep(_spec(), tmp_path / "new", progress=False)
+    old = [json.dumps(_as_version_1(r, r.config)) for r in first.rows[:2]]
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "cells.jsonl").write_text("\n".join(old) + "\n" + old[0][:40])  # cut short by a crash
+    ran = []
+    real = gpuopt.run.runner.measure
+    monkeypatch.setattr(gpuopt.run.runner, "measure", lambda fn, **kw: ran.append(kw["label"]) or real(fn, **kw))
+    res = sweep(_spec(), tmp_path / "old", progress=False)
+    assert len(ran) == 2 and len(res.rows) == 4  # only the two cells not in the old file ran
+    assert [r.to_dict() for r in res.rows[:2]] == [r.to_dict() for r in first.rows[:2]]
+    lines = (tmp_path / "old" / "cells.jsonl").read_text().splitlines()
+    assert len(lines) == 5 and lines[2] == old[0][:40]  # the cut line stays, ended; new rows on their own lines
+    assert [r.key for r in Results.load(tmp_path / "old" / "cells.jsonl").rows] == [r.key for r in res.rows]
+
+
+def test_version_1_documents_are_read(np_rng, tmp_path):
+    named = Row.measured(Measurement.from_samples(np_rng.lognormal(0, 0.05, 60).tolist()), model="m",
+                         config="fast", batch_size=2, mode="host", precision="fp16-amp")
+    base = _cell("m", "fp32", np_rng.lognormal(0, 0.05, 60), batch=2, mode="host")
+    doc = {"schema_version": 1, "env": {}, "rows": [_as_version_1(base, "fp32"),
+                                                    _as_version_1(named, "fp16-amp+channels_last")]}
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(doc))
+    res = Results.load(path)
+    assert res.configs() == ["fp32", "fast"]  # the label is the config
+    assert res.find("m", "fast", 2, "host").measurement == named.measurement
+    assert [x["config"] for x in res.speedups()] == ["fast"] and "| fast |" in res.to_markdown()
+    res.save(tmp_path / "again", plots=False)
+    assert json.loads((tmp_path / "again" / "results.json").read_text())["rows"][1]["config"] == "fast"
+    doc["schema_version"] = 2  # a version 2 document has no config_label
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="row 1 has unknown field\\(s\\) config_label"):
+        Results.load(path)
+
+
+def test_the_committed_h100_results_of_gpuopt_0_1_are_read():
+    doc = json.loads(V1_RESULTS.read_text())
+    assert doc["schema_version"] == 1
+    res = Results.load(V1_RESULTS)
+    assert len(res.rows) == len(doc["rows"]) == 40 and not res.failed
+    for d in doc["rows"]:
+        row = res.find(d["model"], d["config_label"], d["batch_size"], d["mode"])
+        assert row.throughput_items_per_s == d["throughput_items_per_s"]
+        assert row.measurement.samples_ms == d["measurement"]["samples_ms"]
+    assert "### Speedup over fp32" in res.to_markdown()
 
 
 def test_sweep_specs_from_toml_and_yaml(tmp_path):
@@ -210,7 +394,20 @@ def test_sweep_specs_from_toml_and_yaml(tmp_path):
 )
 def test_bad_sweep_specs_name_the_problem(tmp_path, spec, match):
     with pytest.raises(ValueError, match=match):
-        sweep(spec, tmp_path, progress=False)
+        sweep(spec, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()  # refused before anything ran or was written
+
+
+def test_an_unknown_model_late_in_a_sweep_is_refused_before_the_first_runs(tmp_path, monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("a cell ran")
+
+    monkeypatch.setattr(gpuopt.run.runner, "measure", never)
+    with pytest.raises(ValueError, match="unknown model 'resnet5'"):
+        sweep(_spec(models=["tiny-cnn", "resnet5"]), tmp_path / "out", progress=False)
+    with pytest.raises(ValueError, match="input_shape must be a non-empty sequence"):
+        sweep(_spec(models=[{"name": "tiny-cnn", "input_shape": [0]}]), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 def test_load_rejects_corrupt_and_foreign_files(tmp_path):
@@ -220,7 +417,7 @@ def test_load_rejects_corrupt_and_foreign_files(tmp_path):
         Results.load(bad)
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"rows": [], "schema_version": 99}))
-    with pytest.raises(ValueError, match="schema_version 99"):
+    with pytest.raises(ValueError, match=r"schema_version 99 is not one this gpuopt reads \(1 to 2\)"):
         Results.load(other)
     with pytest.raises(ValueError, match="cannot read results file"):
         Results.load(tmp_path / "missing.json")

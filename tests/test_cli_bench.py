@@ -9,6 +9,9 @@ import sys
 import pytest
 import torch
 
+import gpuopt
+from gpuopt.cli import main
+
 
 def cli(*args: str, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpuopt", *args], capture_output=True, text=True, timeout=600,
@@ -52,7 +55,45 @@ def test_a_failing_cell_gives_exit_code_1(tmp_path):
     proc = cli("bench", "tiny-cnn", "--device", "cpu", "--configs", "fp32,fp32+cudagraph", "--batch-sizes", "1",
                *FAST, "--output", str(tmp_path))
     assert proc.returncode == 1, proc.stderr
-    assert "needs a CUDA device" in proc.stdout and (tmp_path / "results.json").exists()
+    assert "needs a CUDA device" in proc.stdout
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert {(r["config"], r["status"]) for r in rows} == {("fp32", "ok"), ("fp32+cudagraph", "failed")}
+
+
+def test_an_error_during_the_run_is_exit_1_with_the_results_so_far_written(tmp_path, monkeypatch, capsys):
+    # A ValueError raised once cells have run is a failure of the run, not a usage error (exit 2).
+    real = gpuopt.run.runner.Runner.run_batch
+
+    def second_batch_breaks(self, batch):
+        if batch == 2:
+            raise ValueError("the disk went away")
+        real(self, batch)
+
+    monkeypatch.setattr(gpuopt.run.runner.Runner, "run_batch", second_batch_breaks)
+    code = main(["bench", "tiny-cnn", "--device", "cpu", "--configs", "fp32", "--batch-sizes", "1,2", *FAST,
+                 "--output", str(tmp_path)])
+    assert code == 1
+    assert "gpuopt bench: the run stopped: ValueError: the disk went away" in capsys.readouterr().err
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert [(r["batch_size"], r["status"]) for r in rows] == [(1, "ok")]
+
+
+def test_usage_errors_are_found_before_anything_runs(tmp_path, monkeypatch, capsys):
+    def never(self, batch):
+        raise AssertionError("a batch ran")
+
+    monkeypatch.setattr(gpuopt.run.runner.Runner, "run_batch", never)
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "tiny-cnn", "--device", "cpu", "--output", str(blocker / "out")])
+    assert info.value.code == 2 and "is not writable" in capsys.readouterr().err
+    spec = tmp_path / "s.toml"
+    spec.write_text('models = ["tiny-cnn", "resnet5"]\ndevice = "cpu"\n')
+    with pytest.raises(SystemExit) as info:
+        main(["sweep", str(spec), "--output", str(tmp_path / "sweep")])
+    assert info.value.code == 2 and "unknown model 'resnet5'" in capsys.readouterr().err
+    assert not (tmp_path / "sweep").exists()
 
 
 @pytest.mark.parametrize(
@@ -65,6 +106,7 @@ def test_a_failing_cell_gives_exit_code_1(tmp_path):
         (["report", "nonexistent.json"], "cannot read results file"),
         (["sweep", "spec.txt", "--output", "x"], "cannot read sweep spec"),
         (["bench", "--frobnicate"], "unrecognized arguments"),
+        (["bench", "tiny-cnn", "--device", "cpu", "--modes", "graph"], "mode 'graph' needs a CUDA device"),
     ],
 )
 def test_usage_errors_exit_2(args, message):

@@ -8,6 +8,7 @@ import torch
 import gpuopt
 from gpuopt import Config, parity
 from gpuopt._ext import _C
+from gpuopt.run import zoo
 
 pytestmark = pytest.mark.gpu
 
@@ -42,9 +43,12 @@ def test_every_precision_and_backend_passes_parity(name, config):
     ref = Config("fp32").apply(model, x)
     p = Config.parse(config).apply(model, x)
     assert p.ok, p.error
-    fresh = inputs()  # parity on an input the config was not prepared with
-    res = parity(p, ref, fresh) if "cudagraph" not in config else parity(p, ref, fresh)
+    fresh = inputs()  # not the input it was prepared with: a CUDA graph must replay the new one
+    res = parity(p, ref, fresh)
     assert res.passed, res
+    assert not any(o.degenerate for o in res.outputs) and res.note == "", res
+    if p.config.autocast_dtype or p.config.cast_dtype:  # it really ran in fp16/bf16, not silently in fp32
+        assert res.worst_rel_l2 > 1e-5, res
     assert p.prepare_s > 0 and p.first_call_ms > 0
 
 
@@ -58,6 +62,40 @@ def test_compile_backends_pass_parity(name, config):
     p = Config.parse(config).apply(model, x)
     assert p.ok, p.error
     assert parity(p, ref, x).passed
+
+
+ZOO_CONFIGS = [(name, config) for name in ("efficientnet_b0", "mobilenet_v3_large", "resnet50", "vit_b_16")
+               for config in ("fp16-amp", "fp16", "fp16-amp+channels_last")]
+ZOO_CONFIGS += [("resnet50", "bf16-amp"), ("vit_b_16", "bf16-amp"), ("vit_b_16", "fp16-amp+torchscript"),
+                ("vit_b_16", "fp16+cudagraph")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, config", ZOO_CONFIGS)
+def test_zoo_models_pass_parity_in_fp16_on_their_real_outputs(name, config):
+    pytest.importorskip("torchvision")
+    model, make_inputs = zoo.get(name)
+    x = make_inputs(8)
+    ref = Config("fp32").apply(model, x)
+    p = Config.parse(config).apply(model, x)
+    assert p.ok, p.error
+    res = parity(p, ref, make_inputs(8))
+    assert res.passed and res.note == "", f"{name} {config}: {res}"
+    assert not res.outputs[0].degenerate and res.outputs[0].ref_max_abs > 1e-2, res
+    assert res.worst_rel_l2 > 1e-5, res  # fp16 arithmetic really ran
+
+
+def test_fp16_underflow_of_an_uncalibrated_efficientnet_is_named():
+    torchvision = pytest.importorskip("torchvision")
+    model = torchvision.models.efficientnet_b0(weights=None).eval()  # default BatchNorm statistics
+    x = torch.randn(8, 3, 224, 224)
+    ref = Config("fp32").apply(model, x)
+    largest = float(ref(x).abs().max())
+    assert 0 < largest < torch.finfo(torch.float16).tiny, "the outputs of about 1e-14 this test is about"
+    res = parity(Config("fp16-amp").apply(model, x), ref, x)
+    assert not res.passed, res
+    assert (f"underflow: reference output 'output' magnitudes (max {largest:.2g}) lie below fp16's smallest "
+            "normal number 6.1e-05") in res.note
 
 
 def test_cudagraph_replays_new_inputs_and_rejects_other_shapes():

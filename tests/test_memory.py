@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
 import gpuopt
 from gpuopt import PinnedPool
+from gpuopt._ext import _C
 
 
 def test_pool_tensors_are_real_and_return_to_the_pool():
@@ -79,29 +78,61 @@ def test_tensors_keep_their_pool_alive():
     del t  # returns the block to the pool, which then goes away
 
 
-def test_concurrent_threads_share_a_pool():
-    pool = PinnedPool()
-    errors = []
+@pytest.mark.parametrize("capacity_bytes", [None, 1 << 20])
+def test_cpp_threads_share_a_pool_without_the_gil(seed, capacity_bytes):
+    # C++ threads (not Python ones, which the GIL would serialise) create and free tensors of random
+    # sizes, each tagged at both ends and checked before it is freed.
+    pool = PinnedPool(capacity_bytes=capacity_bytes, name="Stressed")
+    threads, iters = 8, 20000
+    r = _C.pool_stress(pool._native, threads, iters, seed % (1 << 31))
+    n = threads * iters
+    assert r["tensors"] == n and r["corrupted"] == 0
+    assert r["acquisitions"] == r["releases"] == n
+    assert r["hits"] + r["misses"] == n and r["hits"] > 10 * r["misses"]  # the pool actually pools
+    assert r["bytes_in_use"] == r["blocks_in_use"] == r["bytes_requested_in_use"] == 0
+    assert r["free_blocks"] == r["allocations"] - r["frees"]
+    # 8 threads x at most 5 held x at most a 16 KiB class: 640 KiB, under the 1 MiB capacity.
+    assert r["peak_bytes_in_use"] <= threads * 5 * 16384
+    if capacity_bytes is not None:
+        assert r["peak_bytes_reserved"] <= capacity_bytes
+    assert pool.stats() == {k: v for k, v in r.items() if k not in ("tensors", "corrupted", "seconds")}
 
-    def work(seed):
-        try:
-            g = torch.Generator().manual_seed(seed)
-            for _ in range(2000):
-                n = int(torch.randint(1, 4096, (1,), generator=g))
-                t = pool.empty(n, torch.uint8)
-                t[0] = 1
-                del t
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    s = pool.stats()
-    assert not errors
-    assert s["acquisitions"] == s["releases"] == 8000 and s["bytes_in_use"] == 0
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((0, 10, 1), r"pool_stress: threads must be in \[1, 256\], got 0"),
+        ((2, 0, 1), r"pool_stress: iters must be in \[1, 1e8\], got 0"),
+        ((2, 10, -3), "pool_stress: seed must be >= 0, got -3"),
+    ],
+)
+def test_pool_stress_arguments(args, match):
+    with pytest.raises(ValueError, match=match):
+        _C.pool_stress(PinnedPool()._native, *args)
+
+
+def test_fence_wait_timeout_is_validated_and_kept():
+    assert PinnedPool().fence_wait_timeout_s == 10.0
+    pool = PinnedPool(capacity_bytes=4096, fence_wait_timeout_s=0.25)
+    assert pool.fence_wait_timeout_s == 0.25 and pool.capacity_bytes == 4096
+    assert PinnedPool().capacity_bytes is None
+    for bad in (-1, float("nan"), 3601):
+        with pytest.raises(ValueError, match=r"Waiting: fence_wait_timeout_s must be in \[0, 3600\] seconds, got"):
+            PinnedPool(name="Waiting", fence_wait_timeout_s=bad)
+    with pytest.raises(TypeError, match="Waiting: fence_wait_timeout_s must be a number of seconds, got '5'"):
+        PinnedPool(name="Waiting", fence_wait_timeout_s="5")
+
+
+def test_pipeline_arguments_are_checked_before_any_device_work():
+    with pytest.raises(TypeError, match="InputPipeline: timeout_s must be a number of seconds, got '1'"):
+        gpuopt.InputPipeline(timeout_s="1")
+    with pytest.raises(TypeError, match="InputPipeline: timeout_s must be a number of seconds, got None"):
+        gpuopt.InputPipeline(timeout_s=None)
+    pinned = PinnedPool()
+    with pytest.raises(ValueError, match="InputPipeline: device_pool must be a DevicePool"):
+        _C.InputPipeline(pinned._native, pinned._native, 0, 2)
+    with pytest.raises(ValueError, match="InputPipeline: device_pool must be a DevicePool"):
+        _C.InputPipeline(pinned._native, None, 0, 2)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")

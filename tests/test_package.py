@@ -49,7 +49,7 @@ def test_numeric_error_messages_cross_the_boundary_as_value_error():
 
 def test_type_errors_arrive_as_type_error():
     with pytest.raises(TypeError, match="out must be int32"):
-        gpuopt._C.fill_pattern(torch.zeros(4), 0)
+        torch.ops.gpuopt.fill_pattern_(torch.zeros(4), 0)
 
 
 def test_build_info_describes_the_build():

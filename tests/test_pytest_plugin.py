@@ -15,7 +15,7 @@ import torch
 
 import gpuopt
 from gpuopt import Measurement
-from gpuopt.pytest.regression import parse_thresholds
+from gpuopt.pytest.regression import parse_thresholds, regression_checks
 from gpuopt.testing import (
     assert_faster,
     assert_latency,
@@ -389,6 +389,26 @@ def test_parse_thresholds():
     assert parse_thresholds("median:10%, p95:15.5%,mean:0%") == pytest.approx(
         {"median": 0.10, "p95": 0.155, "mean": 0.0})
     assert parse_thresholds("p50:.5%") == pytest.approx({"median": 0.005})
+
+
+@pytest.mark.parametrize("slowdown, verdict", [(1.03, "slower"), (1.005, "no significant difference"),
+                                               (0.97, "faster")])
+def test_regression_checks_use_gpuopts_verdict_with_min_effect(np_rng, slowdown, verdict):
+    # 0.1% noise: even a 0.5% slowdown has an interval wholly above 1, but it is below gpuopt's
+    # min_effect (1%), so it is no regression -- the verdict compare() gives, not the interval alone.
+    base = np_rng.lognormal(0.0, 0.001, 1000)
+    cur = slowdown * np_rng.lognormal(0.0, 0.001, 1000)
+    mb, mc = Measurement.from_samples(base.tolist()), Measurement.from_samples(cur.tolist())
+    median, p95, mean = regression_checks(mb, mc, {"median": 0.001, "p95": 0.001, "mean": 0.001})
+    assert median.verdict == p95.verdict == mean.verdict == verdict == gpuopt.compare(mb, mc).verdict
+    assert median.change == pytest.approx(np.median(cur) / np.median(base) - 1, rel=1e-6)
+    assert p95.change == pytest.approx(np.percentile(cur, 95) / np.percentile(base, 95) - 1, rel=1e-6)
+    assert mean.change == pytest.approx(cur.mean() / base.mean() - 1, rel=1e-6) and mean.ci is None
+    assert median.ci[0] <= median.change <= median.ci[1]
+    if slowdown == 1.005:
+        assert median.ci[0] > 0  # significant by the interval alone, yet not a regression
+    assert [c.significant for c in (median, p95, mean)] == [verdict == "slower"] * 3
+    assert [c.failed for c in (median, p95, mean)] == [verdict == "slower"] * 3
 
 
 # ------------------------------------------------------------------------------- gpuopt.testing

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
 
-from gpuopt import roofline
+from gpuopt import Results
+from gpuopt.analysis.datasheet import lookup
 from gpuopt.analysis.roofline import (
     compute_ceiling,
     count_bytes,
@@ -136,15 +138,17 @@ def test_compute_ceiling_prefers_measured_and_falls_back_to_the_datasheet():
     assert compute_ceiling(measured, "bf16") == (790.0, "measured")
     assert compute_ceiling(measured, "fp32") == (60.0, "measured")  # max of GEMM fp32 and FMA
     # Not measured: the datasheet (looked up by the device name when the entry is None).
-    assert compute_ceiling(measured, "tf32") == (494.5, "datasheet")
-    assert compute_ceiling(measured, "fp16-amp") == (989.5, "datasheet")
+    h100 = lookup(H100)
+    assert compute_ceiling(measured, "tf32") == (h100.tf32_tflops, "datasheet")
+    assert compute_ceiling(measured, "fp16-amp") == (h100.fp16_tflops, "datasheet")
     # An explicit datasheet dict is used as given.
     sheet = {"measured": {"gemm_tflops": {"fp16": 0.0}}, "datasheet": {"fp16_tflops": 100.0}}
     assert compute_ceiling(sheet, "fp16") == (100.0, "datasheet")  # a zero measurement is no measurement
     assert compute_ceiling({"measured": {"gemm_tflops": {"fp16": float("nan")}}}, "fp16") == (None, None)
     assert compute_ceiling({}, "fp32") == (None, None) and compute_ceiling(None, "fp32") == (None, None)
     assert compute_ceiling({"device": "Tesla T4"}, "bf16-amp") == (None, None)  # no BF16 hardware
-    assert compute_ceiling({"device": "Tesla T4"}, "tf32") == (8.1, "datasheet")
+    t4 = lookup("Tesla T4")  # no TF32 hardware: tf32 runs at the FP32 rate
+    assert t4.tf32_tflops is None and compute_ceiling({"device": "Tesla T4"}, "tf32") == (t4.fp32_tflops, "datasheet")
     with pytest.raises(ValueError, match="precision must be one of"):
         compute_ceiling(measured, "fp64")
     with pytest.raises(TypeError, match="ceilings must be a dict"):
@@ -153,8 +157,10 @@ def test_compute_ceiling_prefers_measured_and_falls_back_to_the_datasheet():
 
 def test_memory_ceiling_prefers_measured_copy_bandwidth():
     assert memory_ceiling({"measured": {"hbm_copy_gbps": 2950.5}, "device": H100}) == (2950.5, "measured")
-    assert memory_ceiling({"measured": {"hbm_read_gbps": 3100.0}, "device": H100}) == (3350.0, "datasheet")
-    assert memory_ceiling({"device": "NVIDIA A100-SXM4-40GB"}) == (1555.0, "datasheet")
+    assert memory_ceiling({"measured": {"hbm_read_gbps": 3100.0}, "device": H100}) == (
+        lookup(H100).memory_bandwidth_gbps, "datasheet")  # a read figure is not the copy ceiling
+    a100 = "NVIDIA A100-SXM4-40GB"
+    assert memory_ceiling({"device": a100}) == (lookup(a100).memory_bandwidth_gbps, "datasheet")
     assert memory_ceiling({"device": "NVIDIA GeForce GTX 1080", "measured": {}}) == (None, None)
     assert memory_ceiling(None) == (None, None)
 
@@ -290,7 +296,9 @@ def test_roofline_markdown_and_points():
             _row("vit_b_16", "fp32", 8, "latency", 100.0, "NVIDIA A100-SXM4-80GB")]
     md = roofline_markdown(rows)
     assert md.startswith("## Roofline")
-    assert "| resnet50 | fp16-amp | 32 | 24.6 | 8 | 312 TFLOP/s (datasheet) |" in md
+    peak = lookup("NVIDIA A100-SXM4-80GB").fp16_tflops
+    tflops = 8.2e9 * 3000 / 1e12
+    assert f"| resnet50 | fp16-amp | 32 | {tflops:.3g} | {100 * tflops / peak:.0f} | {peak:.4g} TFLOP/s (datasheet) |" in md
     assert roof["reason"] in md and "vit_b_16" not in md
     points = roofline_points(rows)
     assert points == [{"label": "resnet50 fp16-amp bs32", "arithmetic_intensity": roof["arithmetic_intensity"],
@@ -355,6 +363,10 @@ def test_cross_hardware_report_tells_same_named_devices_apart():
     assert "NVIDIA L4 (1)" in md and "NVIDIA L4 (2)" in md and "(1.00x)" in md
     no_env = cross_hardware_markdown([{"rows": [row]}])  # no env: the rows' device names the column
     assert "| m | fp32 | 1 | latency | 10 |" in no_env and "| 1 | X |" in no_env
+    # Results objects and documents of either schema version side by side.
+    v2 = Results.from_dict(_doc("NVIDIA L4", [_row("m", "fp32", 1, "latency", 20.0, "Y")]))
+    mixed = cross_hardware_markdown([_doc("NVIDIA A10", [row]), v2, v2.to_dict()])
+    assert "| m | fp32 | 1 | latency | 10 | 20 (2.00x) | 20 (2.00x) |" in mixed
 
 
 @pytest.mark.parametrize(
@@ -362,11 +374,15 @@ def test_cross_hardware_report_tells_same_named_devices_apart():
     [
         ({"rows": []}, TypeError, "docs must be a list"),
         ([], ValueError, "at least one results document"),
-        (["a.json"], TypeError, "document 1 must be a dict"),
-        ([_doc("A", [_row("m", "fp32", 1, "latency", 1.0, "A")]), {"env": {}}], ValueError, "document 2 has no rows"),
-        ([{"schema_version": 2, "rows": [_row("m", "fp32", 1, "latency", 1.0, "A")]}], ValueError,
-         "schema_version 2, newer than this gpuopt understands"),
-        ([{"rows": [{"model": "m"}]}], ValueError, "document 1, row 1 lacks config, batch_size, mode"),
+        (["a.json"], TypeError, "document 1 must be Results or a dict"),
+        ([_doc("A", [_row("m", "fp32", 1, "latency", 1.0, "A")]), {"env": {}}], ValueError,
+         "document 2, not a gpuopt results document: no 'rows' list"),
+        ([_doc("A", [])], ValueError, "document 1 has no rows"),
+        ([{"schema_version": 3, "rows": [_row("m", "fp32", 1, "latency", 1.0, "A")]}], ValueError,
+         r"document 1, results schema_version 3 is not one this gpuopt reads \(1 to 2\); upgrade gpuopt"),
+        ([{"rows": [{"model": "m"}]}], ValueError, "document 1, row 1 lacks config, batch_size, mode, status"),
+        ([{"rows": [{**_row("m", "fp32", 1, "latency", 1.0, "A"), "colour": "red"}]}], ValueError,
+         r"document 1, row 1 has unknown field\(s\) colour"),
     ],
 )
 def test_cross_hardware_report_validates_documents(docs, error, match):
@@ -374,6 +390,17 @@ def test_cross_hardware_report_validates_documents(docs, error, match):
         cross_hardware_markdown(docs)
 
 
-def test_low_utilization_threshold_is_documented():
-    assert roofline.LOW_UTILIZATION_PCT == 25.0
-    assert "25%" in (place.__doc__ or "")
+def test_the_low_utilization_rule_works_at_the_documented_threshold():
+    # The threshold as the docstring states it (the spec), then placements just under and just over it:
+    # intensity 1000 FLOP/B is above the ridge point (266.7), so a busy run is compute-bound.
+    documented = float(re.search(r"Below (\d+(?:\.\d+)?)% of both the compute and the memory ceiling",
+                                 " ".join(place.__doc__.split())).group(1))
+    flops, nbytes = 1e9, 1e6
+    for share, bound in ((0.99, "latency/launch-bound"), (1.01, "compute-bound")):
+        rate = share * documented / 100 * 800e12 / flops  # items/s at that share of the 800 TFLOP/s ceiling
+        r = place(flops_per_item=flops, bytes_per_item=nbytes, items_per_s=rate, precision="bf16", ceilings=CEILINGS)
+        assert r["pct_of_compute_ceiling"] == pytest.approx(share * documented)
+        assert r["pct_of_memory_ceiling"] == pytest.approx(100 * rate * nbytes / 3000e9)
+        assert r["pct_of_memory_ceiling"] < documented
+        assert r["bound"] == bound, r["reason"]
+        assert (f"below {documented:.0f}% of both ceilings" in r["reason"]) == (share < 1)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
 import json
+import re
+import threading
 import time
 
 import numpy as np
@@ -11,6 +16,8 @@ import torch
 
 import gpuopt
 from gpuopt import Measurement, compare, measure
+from gpuopt._ext import _C
+from gpuopt.timing.measurement import _MEASURE_DEFAULTS
 
 
 def busy(ms: float):
@@ -248,3 +255,110 @@ def test_compare_round_trips_and_rejects_bad_input():
         compare(lambda: None, lambda: None, mode="throughput")
     with pytest.raises(ValueError, match="min_effect must be in"):
         compare(a, a, min_effect=2)
+
+
+def test_measure_defaults_are_defined_once_in_cpp():
+    native = _C.measure_defaults()
+    python_only = {"mode": None, "inputs": None, "device": None, "monitor": True}
+    assert {k: v for k, v in _MEASURE_DEFAULTS.items() if k not in python_only} == native
+    assert {k: _MEASURE_DEFAULTS[k] for k in python_only} == python_only
+    # The defaults measure()'s docstring states in brackets are the C++ ones.
+    doc = " ".join(measure.__doc__.split())
+    for name, value in native.items():
+        if name == "iters":  # no default count: adaptive
+            assert value is None
+            continue
+        found = re.search(rf"``±?{name}`` \[([^\]:]+)", doc)
+        assert found, f"measure() does not document the default of {name}"
+        stated = found.group(1)
+        assert (stated == "auto") if value is None else (ast.literal_eval(stated) == value), (name, stated, value)
+    params = inspect.signature(Measurement.from_samples).parameters
+    assert params["confidence"].default == native["confidence"]
+    assert params["target_rel_ci"].default == native["target_rel_ci"]
+    params = inspect.signature(compare).parameters
+    for name, value in _C.compare_defaults().items():
+        if name != "seed":  # compare(seed=None) means the C++ default seed
+            assert params[name].default == value, name
+
+
+def test_measure_reports_the_ci_and_the_target_as_cpp_decides_them():
+    m = measure(lambda: busy(0.05), mode="host", target_rel_ci=0.02, max_time_s=0.5)
+    x = np.asarray(m.samples_ms)
+    lo, hi = m.ci95
+    assert m.ci_rel == pytest.approx(max(np.median(x) - lo, hi - np.median(x)) / np.median(x), rel=1e-12)
+    s = _C.summarize(m.samples_ms, m.ci_level, m.target_rel_ci)
+    assert m.target_met == s["target_met"] == (m.ci_rel <= 0.02)  # n >= 40 here: the CI is attained
+    assert m.n >= 40
+
+
+# Sampling for 0.3 s (an unreachable target), whatever one call costs.
+_FOR_300_MS = {"mode": "host", "target_rel_ci": 1e-6, "max_time_s": 0.3, "warmup": 1, "warmup_s": 0}
+
+
+def _runs(kind: str, fn):
+    if kind == "measure":
+        return measure(fn, **_FOR_300_MS)
+    return compare(fn, fn, **_FOR_300_MS).baseline_measurement
+
+
+@pytest.mark.parametrize("kind", ["measure", "compare"])
+def test_measure_and_compare_start_no_python_thread(kind):
+    before = {t.ident for t in threading.enumerate()}
+    seen = []
+    _runs(kind, lambda: seen.append({t.ident for t in threading.enumerate()}))
+    assert len(seen) > 200 and all(s == before for s in seen)
+
+
+def _longest_pause_of_another_thread(run) -> tuple[float, object]:
+    """Runs `run()` while a Python thread stamps the time as fast as it can; returns the longest
+    pause between its stamps -- the longest time it could not get the GIL -- and run's result."""
+    stamps: list[float] = []
+    stop = threading.Event()
+
+    def stamp():
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+
+    t = threading.Thread(target=stamp, daemon=True)
+    t.start()
+    while len(stamps) < 1000:
+        time.sleep(0.001)
+    try:
+        result = run()
+    finally:
+        stop.set()
+        t.join(timeout=10)
+    return float(np.diff(stamps).max()), result
+
+
+@pytest.mark.parametrize("kind", ["measure", "compare"])
+def test_the_gil_is_held_across_the_timed_loop(kind):
+    # A builtin runs no bytecode, so the interpreter never forces a switch inside it: with the GIL
+    # held across the loop the other thread is shut out for all of it. Re-taken for every call (the
+    # old behaviour), the GIL went to the other thread between calls, at most a few ms apart.
+    fn = functools.partial(sum, range(20000))
+    pause, m = _longest_pause_of_another_thread(lambda: _runs(kind, fn))
+    assert m.sampling_s >= 0.3 and m.n > 100
+    assert pause >= m.sampling_s, (pause, m.sampling_s)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace.*is deprecated:FutureWarning")
+def test_a_torchscript_module_is_timed_without_the_gil():
+    module = torch.jit.trace(torch.nn.Linear(64, 64), torch.randn(8, 64))
+    x = torch.randn(8, 64)
+    measure(module, inputs=[x], **_FOR_300_MS)  # one-time costs (JIT optimisation) with the GIL held
+    pause, m = _longest_pause_of_another_thread(lambda: measure(module, inputs=[x], **_FOR_300_MS))
+    assert m.sampling_s >= 0.3 and m.n > 100
+    assert pause < 0.25 * m.sampling_s, (pause, m.sampling_s)
+
+
+def test_the_clock_monitor_without_nvml_or_device_is_inactive_and_harmless():
+    mon = gpuopt.timing.nvml.clock_monitor(0)
+    if mon.active:
+        pytest.skip("NVML and a device are present: tests/test_timing_gpu.py covers the active monitor")
+    assert mon.reason  # says why: no libnvidia-ml, or no such device
+    with mon:
+        time.sleep(0.01)
+    assert mon.summary(0.0) is None and mon.error == "" and mon.stop()
+    with pytest.raises(ValueError, match="interval_ms must be a finite number of milliseconds > 0, got 0"):
+        _C.ClockMonitor(0, None, 0.0)

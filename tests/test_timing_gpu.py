@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+import threading
+import time
+
+import numpy as np
 import pytest
 import torch
 
 import gpuopt
 from gpuopt import measure
+from gpuopt._ext import _C
+from gpuopt.timing import nvml
 
 pytestmark = pytest.mark.gpu
 
@@ -153,17 +160,85 @@ def test_inputs_rotate_on_the_device():
     assert float(out[0]) == 6.0
 
 
-def test_torchscript_module_on_gpu():
-    module = torch.jit.trace(torch.nn.Linear(512, 512).cuda().eval(), torch.randn(64, 512, device="cuda"))
-    m = measure(module, inputs=[torch.randn(64, 512, device="cuda")], max_time_s=1)
-    assert m.mode == "latency" and m.p50 > 0
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace.*is deprecated:FutureWarning")
+def test_torchscript_module_on_gpu(monkeypatch):
+    used = []
+    real = _C.measure_script
+    monkeypatch.setattr(_C, "measure_script", lambda *a: used.append(True) or real(*a))
+    linear = torch.nn.Linear(4096, 4096).cuda().eval()
+    x = torch.randn(2048, 4096, device="cuda")
+    module = torch.jit.trace(linear, x)
+    with torch.no_grad():
+        ref = events_ms(lambda: linear(x))  # ~1 ms of GEMM: device-bound, no launch gaps
+        m = measure(module, inputs=[x], max_time_s=2)
+    assert used, "the TorchScript module was not timed by measure_script"
+    assert m.mode == "latency" and m.p50 == pytest.approx(ref, rel=0.1), (m, ref)
 
 
-def test_nvml_clocks_recorded_when_available(big_matmul):
-    m = measure(big_matmul, mode="throughput", max_time_s=1.0, warmup_s=0.2)
-    if not gpuopt.env()["nvml"]:
-        pytest.skip("nvidia-ml-py not installed")
-    assert m.clocks is not None and m.clocks["max_sm_mhz"] > 0 and m.clocks["sm_mhz_median"] > 0
+def _nvml_monitor_active() -> None:
+    mon = nvml.clock_monitor(torch.cuda.current_device())
+    assert mon.active, f"the GPU machine has NVML, but the clock monitor is inactive: {mon.reason}"
+
+
+def test_the_clock_monitor_summary_reaches_the_measurement(big_matmul):
+    _nvml_monitor_active()
+    m = measure(big_matmul, mode="latency", max_time_s=1.5, min_time_s=1.0, warmup_s=0.2)
+    c = m.clocks
+    assert c is not None, m
+    # One reading per 100 ms over the sampling time, the warm-up skipped.
+    assert 0.5 * m.sampling_s / 0.1 <= c["samples"] <= (m.sampling_s + m.warmup_s) / 0.1 + 3, (c, m.sampling_s)
+    assert 0 < c["sm_mhz_min"] <= c["sm_mhz_median"] <= c["max_sm_mhz"] * 1.01, c
+    assert set(c["throttle_reasons"]) <= {"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal",
+                                          "hw_power_brake"}
+    pynvml = pytest.importorskip("pynvml")  # an independent reading of the same device
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{torch.cuda.get_device_properties(m.device).uuid}")
+    assert c["max_sm_mhz"] == pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM)
+    paired = gpuopt.compare(big_matmul, big_matmul, mode="latency", max_time_s=1.0, min_time_s=0.5)
+    assert paired.baseline_measurement.clocks["samples"] >= 3
+    assert measure(big_matmul, mode="latency", max_time_s=0.3, monitor=False).clocks is None
+
+
+@pytest.mark.parametrize("kind", ["measure", "compare"])
+def test_no_python_thread_runs_beside_a_latency_measurement(kind, big_copy):
+    _nvml_monitor_active()  # the clock monitor runs, as a C++ thread
+    before = {t.ident for t in threading.enumerate()}
+    seen = []
+
+    def fn():
+        seen.append({t.ident for t in threading.enumerate()})
+        big_copy()
+
+    if kind == "measure":
+        clocks = measure(fn, mode="latency", max_time_s=0.5).clocks
+    else:
+        clocks = gpuopt.compare(fn, fn, mode="latency", max_time_s=0.5).baseline_measurement.clocks
+    assert clocks is not None and clocks["samples"] >= 1
+    assert len(seen) > 20 and all(s == before for s in seen)
+
+
+def test_the_gil_is_held_across_the_latency_loop():
+    # As the host-mode test in test_timing.py, through the device loop (events, synchronization):
+    # a builtin that runs no bytecode shuts another Python thread out for the whole loop.
+    stamps: list[float] = []
+    stop = threading.Event()
+
+    def stamp():
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+
+    t = threading.Thread(target=stamp, daemon=True)
+    t.start()
+    while len(stamps) < 1000:
+        time.sleep(0.001)
+    try:
+        m = measure(functools.partial(sum, range(20000)), mode="latency", target_rel_ci=1e-6, max_time_s=0.3,
+                    warmup=1, warmup_s=0)
+    finally:
+        stop.set()
+        t.join(timeout=10)
+    assert m.sampling_s >= 0.3 and m.n > 100
+    assert float(np.diff(stamps).max()) >= m.sampling_s
 
 
 def test_compare_finds_the_faster_of_two_real_workloads():

@@ -1,6 +1,7 @@
 #include "gpuopt/pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <sstream>
 
@@ -58,10 +59,13 @@ std::size_t BlockPool::size_class(std::size_t bytes) {
 BlockPool::BlockPool(std::unique_ptr<RawAllocator> allocator, PoolOptions options)
     : allocator_(std::move(allocator)), options_(std::move(options)) {
   GPUOPT_CHECK(allocator_ != nullptr, "BlockPool needs an allocator");
+  const double t = options_.fence_wait_timeout_s;
+  GPUOPT_CHECK_VALUE(t >= 0 && t <= kMaxFenceWaitTimeoutS, options_.name, ": fence_wait_timeout_s must be in [0, ",
+                     kMaxFenceWaitTimeoutS, "] seconds, got ", t);
 }
 
 BlockPool::~BlockPool() {
-  std::vector<std::pair<void*, std::size_t>> idle;
+  BlockList idle;
   {
     std::lock_guard<std::mutex> lock(mu_);
     idle = take_idle_locked(/*wait=*/true);
@@ -69,56 +73,108 @@ BlockPool::~BlockPool() {
   free_blocks(idle);
 }
 
-Block BlockPool::acquire(std::size_t bytes) {
-  GPUOPT_CHECK_VALUE(bytes > 0, options_.name, ": size must be > 0 bytes, got ", bytes);
-  const std::size_t cls = size_class(bytes);
-  std::vector<std::pair<void*, std::size_t>> trimmed;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    GPUOPT_CHECK_VALUE(!closed_, options_.name, " is closed; create a new pool");
-    ++stats_.acquisitions;
-    auto it = free_.find(cls);
-    if (it != free_.end()) {
-      std::vector<FreeBlock>& list = it->second;
-      for (std::size_t k = list.size(); k-- > 0;) {  // newest first: its memory is warmest
-        if (list[k].fence == nullptr || list[k].fence->ready()) {
-          Block b{list[k].ptr, cls, bytes};
-          list.erase(list.begin() + static_cast<std::ptrdiff_t>(k));
-          ++stats_.hits;
-          stats_.bytes_in_use += cls;
-          stats_.bytes_requested_in_use += bytes;
-          ++stats_.blocks_in_use;
-          stats_.peak_bytes_in_use = std::max(stats_.peak_bytes_in_use, stats_.bytes_in_use);
-          update_free_stats_locked();
-          return b;
-        }
-        ++stats_.busy_skips;
-      }
+void* BlockPool::take_ready_locked(std::size_t cls, bool count_skips) {
+  auto it = free_.find(cls);
+  if (it == free_.end()) return nullptr;
+  std::vector<FreeBlock>& list = it->second;
+  for (std::size_t k = list.size(); k-- > 0;) {  // newest first: its memory is warmest
+    if (list[k].fence == nullptr || list[k].fence->ready()) {
+      void* ptr = list[k].ptr;
+      list.erase(list.begin() + static_cast<std::ptrdiff_t>(k));
+      update_free_stats_locked();
+      return ptr;
     }
-    ++stats_.misses;
-    const std::size_t cap = options_.capacity_bytes;
-    if (cap > 0 && stats_.bytes_reserved + cls > cap) {
-      trimmed = take_idle_locked(/*wait=*/false);
-      GPUOPT_CHECK_VALUE(stats_.bytes_reserved + cls <= cap, options_.name, ": a ", human_bytes(bytes),
-                         " request (", human_bytes(cls), " size class) would exceed capacity_bytes=", cap, " (",
-                         human_bytes(cap), "); ", human_bytes(stats_.bytes_in_use), " are in use. Release tensors or raise "
-                         "capacity_bytes");
-    }
-    stats_.bytes_reserved += cls;  // reserved before allocating: concurrent misses respect capacity
+    if (count_skips) ++stats_.busy_skips;
   }
-  free_blocks(trimmed);
-  void* ptr = allocator_->allocate(cls);  // outside the lock: pinned allocations take milliseconds
-  std::lock_guard<std::mutex> lock(mu_);
-  if (ptr == nullptr) {
-    stats_.bytes_reserved -= cls;
-    GPUOPT_CHECK(false, options_.name, ": the ", allocator_->kind(), " allocator could not provide ", human_bytes(cls));
-  }
-  ++stats_.allocations;
-  stats_.peak_bytes_reserved = std::max(stats_.peak_bytes_reserved, stats_.bytes_reserved);
+  return nullptr;
+}
+
+void BlockPool::count_acquired_locked(std::size_t cls, std::size_t bytes) {
+  ++stats_.acquisitions;
   stats_.bytes_in_use += cls;
   stats_.bytes_requested_in_use += bytes;
   ++stats_.blocks_in_use;
   stats_.peak_bytes_in_use = std::max(stats_.peak_bytes_in_use, stats_.bytes_in_use);
+}
+
+std::optional<Block> BlockPool::reuse(std::size_t bytes) {
+  GPUOPT_CHECK_VALUE(bytes > 0, options_.name, ": size must be > 0 bytes, got ", bytes);
+  const std::size_t cls = size_class(bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  GPUOPT_CHECK_VALUE(!closed_, options_.name, " is closed; create a new pool");
+  void* ptr = take_ready_locked(cls, /*count_skips=*/false);  // acquire() counts them if it follows
+  if (ptr == nullptr) return std::nullopt;
+  ++stats_.hits;
+  count_acquired_locked(cls, bytes);
+  return Block{ptr, cls, bytes};
+}
+
+Block BlockPool::acquire(std::size_t bytes) {
+  GPUOPT_CHECK_VALUE(bytes > 0, options_.name, ": size must be > 0 bytes, got ", bytes);
+  const std::size_t cls = size_class(bytes);
+  const std::size_t cap = options_.capacity_bytes;
+  // Declared before the lock, so trimmed blocks are freed after it is released, also on errors.
+  struct Trimmed {
+    BlockPool* pool;
+    BlockList blocks;
+    ~Trimmed() { pool->free_blocks(blocks); }
+  } trimmed{this, {}};
+  std::unique_lock<std::mutex> lock(mu_);
+  std::chrono::steady_clock::time_point deadline;  // set when a wait begins: hits never read the clock
+  auto poll = std::chrono::microseconds(50);
+  bool waited = false;
+  for (;;) {
+    GPUOPT_CHECK_VALUE(!closed_, options_.name, " is closed; create a new pool");
+    if (void* ptr = take_ready_locked(cls, /*count_skips=*/!waited)) {
+      ++stats_.hits;
+      count_acquired_locked(cls, bytes);
+      return Block{ptr, cls, bytes};
+    }
+    if (cap == 0 || stats_.bytes_reserved + cls <= cap) break;
+    BlockList idle = take_idle_locked(/*wait=*/false);
+    trimmed.blocks.insert(trimmed.blocks.end(), idle.begin(), idle.end());
+    if (stats_.bytes_reserved + cls <= cap) break;
+    // What is still in the free lists now is fenced: reusable once the work on its streams is done.
+    std::uint64_t fenced = 0;
+    for (const auto& [c, list] : free_) fenced += c * list.size();
+    const auto request = [&] {
+      return detail::cat(options_.name, ": a ", human_bytes(bytes), " request (", human_bytes(cls),
+                         " size class) would exceed capacity_bytes=", cap, " (", human_bytes(cap), "); ");
+    };
+    GPUOPT_CHECK_VALUE(fenced > 0 && stats_.bytes_reserved - fenced + cls <= cap, request(),
+                       human_bytes(stats_.bytes_in_use), " are in use. Release tensors or raise capacity_bytes");
+    const auto now = std::chrono::steady_clock::now();
+    if (!waited) {
+      deadline = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           std::chrono::duration<double>(options_.fence_wait_timeout_s));
+    }
+    GPUOPT_CHECK_VALUE(now < deadline, request(), human_bytes(fenced),
+                       " of free blocks are held by pending GPU work (their fences did not complete within "
+                       "fence_wait_timeout_s=", options_.fence_wait_timeout_s, ") and ", human_bytes(stats_.bytes_in_use),
+                       " are in use. Synchronize the streams that use this pool's tensors before allocating, or "
+                       "raise fence_wait_timeout_s or capacity_bytes");
+    if (!waited) {
+      waited = true;
+      ++stats_.fence_waits;
+    }
+    // Fences complete on the GPU without telling anyone: poll, woken early by releases.
+    released_.wait_for(lock, std::min<std::chrono::steady_clock::duration>(poll, deadline - now));
+    poll = std::min(poll * 2, std::chrono::microseconds(2000));
+  }
+  stats_.bytes_reserved += cls;  // reserved before allocating: concurrent misses respect capacity
+  lock.unlock();
+  free_blocks(trimmed.blocks);  // before allocating: the memory is needed back first
+  trimmed.blocks.clear();
+  void* ptr = allocator_->allocate(cls);  // outside the lock: pinned allocations take milliseconds
+  lock.lock();
+  if (ptr == nullptr) {
+    stats_.bytes_reserved -= cls;
+    GPUOPT_CHECK(false, options_.name, ": the ", allocator_->kind(), " allocator could not provide ", human_bytes(cls));
+  }
+  ++stats_.misses;
+  ++stats_.allocations;
+  stats_.peak_bytes_reserved = std::max(stats_.peak_bytes_reserved, stats_.bytes_reserved);
+  count_acquired_locked(cls, bytes);
   return Block{ptr, cls, bytes};
 }
 
@@ -141,14 +197,15 @@ void BlockPool::release(const Block& block, std::unique_ptr<Fence> fence) {
       update_free_stats_locked();
     }
   }
+  released_.notify_all();
   if (free_now) {
     if (fence != nullptr) fence->wait();
     allocator_->deallocate(block.ptr, block.size);
   }
 }
 
-std::vector<std::pair<void*, std::size_t>> BlockPool::take_idle_locked(bool wait) {
-  std::vector<std::pair<void*, std::size_t>> out;
+BlockPool::BlockList BlockPool::take_idle_locked(bool wait) {
+  BlockList out;
   for (auto& [cls, list] : free_) {
     std::vector<FreeBlock> keep;
     for (FreeBlock& fb : list) {
@@ -169,7 +226,7 @@ std::vector<std::pair<void*, std::size_t>> BlockPool::take_idle_locked(bool wait
   return out;
 }
 
-void BlockPool::free_blocks(const std::vector<std::pair<void*, std::size_t>>& blocks) {
+void BlockPool::free_blocks(const BlockList& blocks) {
   for (const auto& [ptr, size] : blocks) allocator_->deallocate(ptr, size);
 }
 
@@ -184,7 +241,7 @@ void BlockPool::update_free_stats_locked() {
 }
 
 std::size_t BlockPool::trim() {
-  std::vector<std::pair<void*, std::size_t>> idle;
+  BlockList idle;
   {
     std::lock_guard<std::mutex> lock(mu_);
     idle = take_idle_locked(/*wait=*/false);
@@ -196,12 +253,13 @@ std::size_t BlockPool::trim() {
 }
 
 void BlockPool::close() {
-  std::vector<std::pair<void*, std::size_t>> idle;
+  BlockList idle;
   {
     std::lock_guard<std::mutex> lock(mu_);
     closed_ = true;
     idle = take_idle_locked(/*wait=*/true);
   }
+  released_.notify_all();  // waiting requests fail at once
   free_blocks(idle);
 }
 

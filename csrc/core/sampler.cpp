@@ -17,9 +17,7 @@ double seconds_since(Clock::time_point t0) {
 }
 
 bool ci_within_target(const std::vector<double>& samples, const SamplerOptions& o) {
-  const stats::MedianCi ci = stats::median_ci(samples, o.confidence);
-  if (!ci.attained || !(ci.median > 0.0)) return false;
-  return std::max(ci.median - ci.lo, ci.hi - ci.median) <= o.target_rel_ci * ci.median;
+  return stats::meets_target(stats::median_ci(samples, o.confidence), o.target_rel_ci);
 }
 
 // Calls source.finish() on every way out of run_sampler.

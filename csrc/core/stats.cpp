@@ -15,6 +15,15 @@ void check_confidence(double confidence) {
                      "confidence must be in (0, 1), got ", confidence);
 }
 
+void check_target(double target_rel_ci) {
+  GPUOPT_CHECK_VALUE(target_rel_ci > 0.0 && target_rel_ci < 1.0, "target_rel_ci must be in (0, 1), got ",
+                     target_rel_ci);
+}
+
+void check_min_effect(double min_effect) {
+  GPUOPT_CHECK_VALUE(min_effect >= 0.0 && min_effect < 1.0, "min_effect must be in [0, 1), got ", min_effect);
+}
+
 void check_samples(const std::vector<double>& samples, const char* name) {
   GPUOPT_CHECK_VALUE(!samples.empty(), name, " must hold at least one sample, got none");
   for (double x : samples) {
@@ -264,14 +273,19 @@ std::size_t count_outliers(const std::vector<double>& sorted, double threshold) 
   return count;
 }
 
-double Summary::ci_rel_halfwidth() const {
-  if (!(p50 > 0.0)) return std::numeric_limits<double>::infinity();
-  return std::max(p50 - ci_lo, ci_hi - p50) / p50;
+double rel_halfwidth(double center, double lo, double hi) {
+  if (!(center > 0.0)) return std::numeric_limits<double>::infinity();
+  return std::max(center - lo, hi - center) / center;
 }
 
-Summary summarize(const std::vector<double>& samples, double confidence) {
+bool meets_target(const MedianCi& ci, double target_rel_ci) {
+  return ci.attained && rel_halfwidth(ci.median, ci.lo, ci.hi) <= target_rel_ci;
+}
+
+Summary summarize(const std::vector<double>& samples, double confidence, double target_rel_ci) {
   check_samples(samples, "samples");
   check_confidence(confidence);
+  check_target(target_rel_ci);
   std::vector<double> s(samples);
   std::sort(s.begin(), s.end());
   Summary out;
@@ -304,6 +318,9 @@ Summary summarize(const std::vector<double>& samples, double confidence) {
   out.ci_method = ci.batched ? "batch-medians" : "order-statistics";
   out.ci_batches = batch_count(out.n);
   out.outliers = count_outliers(s);
+  out.ci_rel = rel_halfwidth(out.p50, out.ci_lo, out.ci_hi);
+  out.target_rel_ci = target_rel_ci;
+  out.target_met = meets_target(ci, target_rel_ci);
   return out;
 }
 
@@ -355,6 +372,31 @@ Ratio bootstrap_speedup(const std::vector<double>& baseline, const std::vector<d
   out.hi = quantile_sorted(ratios, 1.0 - tail);
   out.confidence = confidence;
   out.resamples = resamples;
+  return out;
+}
+
+const char* verdict_name(Verdict verdict) {
+  switch (verdict) {
+    case Verdict::kFaster: return "faster";
+    case Verdict::kSlower: return "slower";
+    case Verdict::kNoDifference: break;
+  }
+  return "no significant difference";
+}
+
+Verdict judge(const Ratio& r, double min_effect) {
+  check_min_effect(min_effect);
+  if (r.lo > 1.0 && r.ratio >= 1.0 + min_effect) return Verdict::kFaster;
+  if (r.hi < 1.0 && r.ratio <= 1.0 / (1.0 + min_effect)) return Verdict::kSlower;
+  return Verdict::kNoDifference;
+}
+
+Comparison compare_samples(const std::vector<double>& baseline, const std::vector<double>& candidate,
+                           const CompareOptions& o) {
+  check_min_effect(o.min_effect);  // before the bootstrap's work
+  Comparison out;
+  out.ratio = bootstrap_speedup(baseline, candidate, o.confidence, o.resamples, o.seed, o.paired, o.q);
+  out.verdict = judge(out.ratio, o.min_effect);
   return out;
 }
 

@@ -2,21 +2,9 @@
 
 #include <cstdint>
 
+#include "gpuopt/pattern.h"
+
 namespace gpuopt::cuda::kernels {
-
-// lowbias32 (Chris Wellons): a full-avalanche 32-bit integer hash.
-__host__ __device__ inline std::uint32_t hash32(std::uint32_t x) {
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
-}
-
-__host__ __device__ inline std::uint32_t pattern(std::uint64_t i, std::uint32_t seed) {
-  return hash32(static_cast<std::uint32_t>(i) ^ hash32(seed ^ static_cast<std::uint32_t>(i >> 32)));
-}
 
 // Grid-stride loop writing four values per thread per step as one 16-byte store.
 __global__ void fill_pattern_vec4(uint4* __restrict__ out, std::int64_t n_vec, std::uint64_t base,

@@ -8,17 +8,22 @@
 namespace gpuopt::cuda {
 namespace {
 
-// Restores the caller's current device.
+// Makes `device` current for the scope and restores the caller's device (switching only if needed).
+// Never throws: it is also used by noexcept deallocators, where a failure shows in the next call.
 class DeviceScope {
  public:
-  explicit DeviceScope(int device) {
-    cudaGetDevice(&prev_);
-    if (prev_ != device) cudaSetDevice(device);
+  explicit DeviceScope(int device) noexcept {
+    if (cudaGetDevice(&prev_) == cudaSuccess && prev_ != device) switched_ = cudaSetDevice(device) == cudaSuccess;
   }
-  ~DeviceScope() { cudaSetDevice(prev_); }
+  ~DeviceScope() {
+    if (switched_) cudaSetDevice(prev_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
 
  private:
   int prev_ = 0;
+  bool switched_ = false;
 };
 
 std::mutex& event_mutex() {
@@ -55,33 +60,47 @@ void release_event(int device, cudaEvent_t event) noexcept {
   event_cache()[device].push_back(event);
 }
 
-EventFence::EventFence(int device, const cudaStream_t* streams, std::size_t count) : device_(device) {
-  GPUOPT_CHECK(count <= 4, "an event fence covers at most 4 streams, got ", count);
-  for (std::size_t i = 0; i < count; ++i) {
-    events_[i] = acquire_event(device);
-    ++count_;
-    GPUOPT_CHECK_CUDA(cudaEventRecord(events_[i], streams[i]));
+EventFence::EventFence(const StreamRef* streams, std::size_t count) {
+  pending_.reserve(count);
+  try {
+    for (std::size_t i = 0; i < count; ++i) {
+      const StreamRef& s = streams[i];
+      pending_.push_back(Recorded{s.device, acquire_event(s.device)});
+      const DeviceScope scope(s.device);  // the legacy default stream is the current device's
+      GPUOPT_CHECK_CUDA(cudaEventRecord(pending_.back().event, s.stream));
+    }
+  } catch (...) {
+    for (const Recorded& r : pending_) release_event(r.device, r.event);
+    throw;
   }
 }
 
 EventFence::~EventFence() {
-  for (std::size_t i = 0; i < count_; ++i) release_event(device_, events_[i]);
+  for (const Recorded& r : pending_) release_event(r.device, r.event);
 }
 
 bool EventFence::ready() {
-  for (std::size_t i = 0; i < count_; ++i) {
-    const cudaError_t status = cudaEventQuery(events_[i]);
+  while (!pending_.empty()) {
+    const Recorded r = pending_.back();
+    const cudaError_t status = cudaEventQuery(r.event);
     if (status == cudaErrorNotReady) {
       (void)cudaGetLastError();
       return false;
     }
     GPUOPT_CHECK_CUDA(status);
+    pending_.pop_back();
+    release_event(r.device, r.event);
   }
   return true;
 }
 
 void EventFence::wait() {
-  for (std::size_t i = 0; i < count_; ++i) GPUOPT_CHECK_CUDA(cudaEventSynchronize(events_[i]));
+  while (!pending_.empty()) {
+    const Recorded r = pending_.back();
+    GPUOPT_CHECK_CUDA(cudaEventSynchronize(r.event));
+    pending_.pop_back();
+    release_event(r.device, r.event);
+  }
 }
 
 void* PinnedAllocator::allocate(std::size_t bytes) {

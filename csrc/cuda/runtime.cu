@@ -5,6 +5,31 @@
 
 namespace gpuopt::cuda {
 
+void record_event(cudaEvent_t event, cudaStream_t stream) {
+  GPUOPT_CHECK_CUDA(cudaEventRecord(event, stream));
+}
+
+void stream_wait_event(cudaStream_t stream, cudaEvent_t event) {
+  GPUOPT_CHECK_CUDA(cudaStreamWaitEvent(stream, event, 0));
+}
+
+void synchronize_stream(cudaStream_t stream) { GPUOPT_CHECK_CUDA(cudaStreamSynchronize(stream)); }
+
+bool stream_is_capturing(cudaStream_t stream) noexcept {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+void clear_last_error() noexcept { (void)cudaGetLastError(); }
+
+void copy_async(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
+  GPUOPT_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+}
+
 Event::Event() { GPUOPT_CHECK_CUDA(cudaEventCreate(&event_)); }
 
 Event::~Event() {
@@ -73,6 +98,10 @@ int device_attribute(cudaDeviceAttr attribute, int device) {
   int value = 0;
   GPUOPT_CHECK_CUDA(cudaDeviceGetAttribute(&value, attribute, device));
   return value;
+}
+
+std::size_t l2_cache_bytes(int device) {
+  return static_cast<std::size_t>(device_attribute(cudaDevAttrL2CacheSize, device));
 }
 
 int runtime_version() {

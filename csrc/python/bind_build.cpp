@@ -32,8 +32,6 @@ void bind_build(py::module_& m) {
   m.def("cuda_driver_version", &torch_ext::cuda_driver_version,
         "CUDA version supported by the installed driver (e.g. 13000); 0 without a driver.");
   m.def("l2_cache_bytes", &torch_ext::l2_cache_bytes, py::arg("device") = 0);
-  m.def("fill_pattern", &torch_ext::fill_pattern, py::arg("out"), py::arg("seed") = 0,
-        "Writes gpuopt's hash pattern into a contiguous int32 CUDA tensor on the current stream.");
   m.def(
       "time_device_copy",
       [](std::int64_t nbytes, std::int64_t reps, std::int64_t device) {

@@ -45,17 +45,17 @@ py::object convert_nested(const py::handle& obj, const torch_ext::ConvertSpec& s
   if (py::isinstance<py::dict>(obj)) {
     py::dict out;
     for (auto item : py::reinterpret_borrow<py::dict>(obj)) out[item.first] = convert_nested(item.second, spec, changed);
-    return std::move(out);
+    return out;
   }
   if (py::isinstance<py::list>(obj)) {
     py::list out;
     for (auto item : py::reinterpret_borrow<py::list>(obj)) out.append(convert_nested(item, spec, changed));
-    return std::move(out);
+    return out;
   }
   if (py::isinstance<py::tuple>(obj)) {
     py::list items;
     for (auto item : py::reinterpret_borrow<py::tuple>(obj)) items.append(convert_nested(item, spec, changed));
-    if (py::hasattr(obj, "_fields")) return obj.get_type()(*items);  // namedtuple keeps its type
+    if (py::hasattr(obj, "_fields")) return py::type::of(obj)(*items);  // namedtuple keeps its type
     return py::tuple(items);
   }
   return py::reinterpret_borrow<py::object>(obj);

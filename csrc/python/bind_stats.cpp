@@ -34,6 +34,9 @@ py::dict summary_to_dict(const stats::Summary& s) {
   d["ci_method"] = s.ci_method;
   d["ci_batches"] = s.ci_batches;
   d["outliers"] = s.outliers;
+  d["ci_rel"] = s.ci_rel;
+  d["target_rel_ci"] = s.target_rel_ci;
+  d["target_met"] = s.target_met;
   return d;
 }
 
@@ -42,16 +45,18 @@ py::dict summary_to_dict(const stats::Summary& s) {
 void bind_stats(py::module_& m) {
   m.def(
       "summarize",
-      [](const std::vector<double>& samples, double confidence) {
+      [](const std::vector<double>& samples, double confidence, double target_rel_ci) {
         stats::Summary s;
         {
           py::gil_scoped_release nogil;
-          s = stats::summarize(samples, confidence);
+          s = stats::summarize(samples, confidence, target_rel_ci);
         }
         return summary_to_dict(s);
       },
-      py::arg("samples"), py::arg("confidence") = 0.95,
-      "Order statistics, moments, MAD outliers and the distribution-free CI of the median.");
+      py::arg("samples"), py::arg("confidence") = stats::kDefaultConfidence,
+      py::arg("target_rel_ci") = stats::kDefaultTargetRelCi,
+      "Order statistics, moments, MAD outliers, the CI of the median, its half-width relative to the "
+      "median (ci_rel) and whether it meets target_rel_ci (target_met: measure()'s stopping rule).");
 
   m.def(
       "median_ci_ranks",
@@ -78,12 +83,60 @@ void bind_stats(py::module_& m) {
         const stats::Ratio r = stats::bootstrap_speedup(baseline, candidate, confidence, resamples, seed, paired, q);
         return std::make_tuple(r.ratio, r.lo, r.hi);  // converted after the GIL is back
       },
-      py::arg("baseline"), py::arg("candidate"), py::arg("confidence") = 0.95,
-      py::arg("resamples") = 2000, py::arg("seed") = 0x6770756f707431ULL, py::arg("paired") = false,
-      py::arg("q") = 0.5,
+      py::arg("baseline"), py::arg("candidate"), py::arg("confidence") = stats::kDefaultConfidence,
+      py::arg("resamples") = stats::kDefaultResamples, py::arg("seed") = stats::kDefaultSeed,
+      py::arg("paired") = false, py::arg("q") = 0.5,
       py::call_guard<py::gil_scoped_release>(),
       "quantile_q(baseline) / quantile_q(candidate) (q=0.5: medians) with a percentile block-bootstrap "
       "confidence interval (paired: interleaved samples resampled with the same blocks).");
+
+  m.def(
+      "compare_samples",
+      [](const std::vector<double>& baseline, const std::vector<double>& candidate, double confidence,
+         int resamples, std::uint64_t seed, bool paired, double q, double min_effect) {
+        stats::CompareOptions o;
+        o.confidence = confidence;
+        o.resamples = resamples;
+        o.seed = seed;
+        o.paired = paired;
+        o.q = q;
+        o.min_effect = min_effect;
+        stats::Comparison c;
+        {
+          py::gil_scoped_release nogil;
+          c = stats::compare_samples(baseline, candidate, o);
+        }
+        py::dict d;
+        d["ratio"] = c.ratio.ratio;
+        d["lo"] = c.ratio.lo;
+        d["hi"] = c.ratio.hi;
+        d["verdict"] = stats::verdict_name(c.verdict);
+        return d;
+      },
+      py::arg("baseline"), py::arg("candidate"), py::kw_only(),
+      py::arg("confidence") = stats::kDefaultConfidence,
+      py::arg("resamples") = stats::kDefaultResamples, py::arg("seed") = stats::kDefaultSeed,
+      py::arg("paired") = false, py::arg("q") = 0.5, py::arg("min_effect") = stats::kDefaultMinEffect,
+      "gpuopt's one verdict: the speedup quantile_q(baseline) / quantile_q(candidate) with its "
+      "block-bootstrap CI (as bootstrap_speedup), judged 'faster' (CI above 1 and speedup >= "
+      "1 + min_effect), 'slower' (CI below 1 and speedup <= 1 / (1 + min_effect)) or 'no significant "
+      "difference'. Returns {ratio, lo, hi, verdict}.");
+  m.def("rel_halfwidth", &stats::rel_halfwidth, py::arg("center"), py::arg("lo"), py::arg("hi"),
+        "Largest distance of a bound of [lo, hi] from center, relative to it (inf unless center > 0): "
+        "summarize()'s ci_rel.");
+
+  m.def(
+      "compare_defaults",
+      [] {
+        const stats::CompareOptions o;
+        py::dict d;
+        d["confidence"] = o.confidence;
+        d["resamples"] = o.resamples;
+        d["seed"] = o.seed;
+        d["min_effect"] = o.min_effect;
+        return d;
+      },
+      "compare_samples()'s defaults, defined once in C++ (compare() states the same).");
   m.def("batch_count", &stats::batch_count, py::arg("n"));
   m.def(
       "batch_median_ci",

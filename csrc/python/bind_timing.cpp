@@ -38,7 +38,7 @@ torch_ext::MeasureOptions to_options(const PyOptions& p) {
   o.mode = p.mode;
   o.sampler.warmup_iters = p.warmup;
   o.sampler.warmup_s = p.warmup_s;
-  o.sampler.warmup_max_iters = std::max<std::int64_t>(1000, p.warmup);
+  o.sampler.warmup_max_iters = std::max(SamplerOptions{}.warmup_max_iters, p.warmup);
   o.sampler.iters = p.iters.value_or(0);
   o.sampler.min_iters = p.min_iters;
   o.sampler.max_iters = p.max_iters;
@@ -71,27 +71,19 @@ py::dict to_dict(const torch_ext::MeasureResult& r) {
   return d;
 }
 
-// Python calls fn(*args, **kwargs) for argument sets rotated by call index, holding the GIL only
-// for the call itself.
+// Python calls fn(*args, **kwargs) for argument sets rotated by call index. The caller holds the GIL
+// across the whole timed loop. Released between calls, the GIL would go to any other Python thread
+// that wants it, and each call would first wait for it to come back -- up to the interpreter's switch
+// interval (5 ms) -- while the GPU idles mid-sample: a bubble that reads as "launch-bound". Held, it
+// leaves other threads only the interpreter's forced switches inside fn's own bytecode; gpuopt
+// starts no Python thread of its own (its clock monitor is a C++ thread).
 torch_ext::Callable python_callable(const py::function& fn, const std::vector<std::pair<py::tuple, py::dict>>& calls) {
   TORCH_CHECK_VALUE(!calls.empty(), "inputs must hold at least one argument set");
   const auto n = static_cast<std::int64_t>(calls.size());
   return [&fn, &calls, n](std::int64_t i) {
-    py::gil_scoped_acquire gil;
     const auto& [args, kwargs] = calls[static_cast<std::size_t>(i % n)];
     fn(*args, **kwargs);
   };
-}
-
-// Runs the loop without the GIL; `fn` takes it back only for the Python call itself. The callable
-// (and the Python objects it holds) is destroyed by the caller, with the GIL held.
-py::dict run(const torch_ext::Callable& fn, const torch_ext::MeasureOptions& options) {
-  torch_ext::MeasureResult result;
-  {
-    py::gil_scoped_release nogil;
-    result = torch_ext::measure(fn, options);
-  }
-  return to_dict(result);
 }
 
 }  // namespace
@@ -113,11 +105,37 @@ void bind_timing(py::module_& m) {
            py::arg("block_target_ms"));
 
   m.def(
+      "measure_defaults",
+      [] {
+        const torch_ext::MeasureOptions o;
+        const SamplerOptions& s = o.sampler;
+        py::dict d;
+        d["warmup"] = s.warmup_iters;
+        d["warmup_s"] = s.warmup_s;
+        d["iters"] = s.iters > 0 ? py::cast(s.iters) : py::none();
+        d["min_iters"] = s.min_iters;
+        d["max_iters"] = s.max_iters;
+        d["min_time_s"] = s.min_time_s;
+        d["max_time_s"] = s.max_time_s;
+        d["target_rel_ci"] = s.target_rel_ci;
+        d["confidence"] = s.confidence;
+        d["flush_l2"] = o.flush_l2;
+        d["calls_per_sample"] = o.calls_per_sample > 0 ? py::cast(o.calls_per_sample) : py::none();
+        d["block_target_ms"] = o.block_target_ms;
+        return d;
+      },
+      "measure()'s option defaults, defined once in C++ (SamplerOptions, MeasureOptions); None where "
+      "the option is chosen at run time (iters: adaptive, calls_per_sample: from warm-up).");
+
+  m.def(
       "measure_callable",
       [](const py::function& fn, const std::vector<std::pair<py::tuple, py::dict>>& calls,
-         const PyOptions& options) { return run(python_callable(fn, calls), to_options(options)); },
+         const PyOptions& options) {
+        // The GIL stays held across the loop (see python_callable).
+        return to_dict(torch_ext::measure(python_callable(fn, calls), to_options(options)));
+      },
       py::arg("fn"), py::arg("calls"), py::arg("options"),
-      "Times fn(*args, **kwargs), rotating through `calls`; the GIL is held only inside fn.");
+      "Times fn(*args, **kwargs), rotating through `calls`, holding the GIL across the timed loop.");
 
   m.def(
       "measure_script",
@@ -133,7 +151,13 @@ void bind_timing(py::module_& m) {
         const torch_ext::Callable call = [&module, &stacks, n](std::int64_t i) {
           module.forward(stacks[static_cast<std::size_t>(i % n)]);
         };
-        return run(call, o);
+        // No Python runs in the loop, so other Python threads may.
+        torch_ext::MeasureResult result;
+        {
+          py::gil_scoped_release nogil;
+          result = torch_ext::measure(call, o);
+        }
+        return to_dict(result);
       },
       py::arg("script_module"), py::arg("inputs"), py::arg("options"),
       "Times a TorchScript module's forward entirely in C++, without the GIL.");
@@ -144,12 +168,8 @@ void bind_timing(py::module_& m) {
          const std::vector<std::pair<py::tuple, py::dict>>& calls, const PyOptions& options) {
         const torch_ext::Callable a = python_callable(fn_a, calls);
         const torch_ext::Callable b = python_callable(fn_b, calls);
-        const torch_ext::MeasureOptions o = to_options(options);
-        torch_ext::PairResult r;
-        {
-          py::gil_scoped_release nogil;
-          r = torch_ext::measure_pair(a, b, o);
-        }
+        // The GIL stays held across the loop (see python_callable).
+        const torch_ext::PairResult r = torch_ext::measure_pair(a, b, to_options(options));
         py::dict d;
         d["a"] = to_dict(r.a);
         d["b"] = to_dict(r.b);
@@ -157,7 +177,8 @@ void bind_timing(py::module_& m) {
         return d;
       },
       py::arg("fn_a"), py::arg("fn_b"), py::arg("calls"), py::arg("options"),
-      "Times two callables interleaved sample by sample (A B, B A, ...) so device drift hits both.");
+      "Times two callables interleaved sample by sample (A B, B A, ...) so device drift hits both; "
+      "the GIL is held across the timed loop.");
 }
 
 }  // namespace gpuopt::python

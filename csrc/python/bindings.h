@@ -12,6 +12,7 @@ void register_errors(py::module_& m);
 void bind_build(py::module_& m);
 void bind_stats(py::module_& m);
 void bind_timing(py::module_& m);
+void bind_monitor(py::module_& m);
 void bind_config(py::module_& m);
 void bind_memory(py::module_& m);
 

@@ -53,6 +53,7 @@ PYBIND11_MODULE(_C, m) {
   gpuopt::python::bind_build(m);
   gpuopt::python::bind_stats(m);
   gpuopt::python::bind_timing(m);
+  gpuopt::python::bind_monitor(m);
   gpuopt::python::bind_config(m);
   gpuopt::python::bind_memory(m);
 }

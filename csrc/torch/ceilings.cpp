@@ -16,17 +16,14 @@
 namespace gpuopt::torch_ext {
 
 KernelCeilings measure_kernel_ceilings(std::int64_t device, bool quick) {
-  require_cuda("ceilings");
-  TORCH_CHECK_INDEX(device >= 0 && device < cuda_device_count(), "device must be in [0, ", cuda_device_count(),
-                    "), got ", device);
+  const c10::DeviceIndex index = checked_cuda_device(device, "ceilings");
   KernelCeilings c;
 #ifdef GPUOPT_WITH_CUDA
-  const auto index = static_cast<c10::DeviceIndex>(device);
   const c10::cuda::CUDAGuard guard(index);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(index).stream();
   const int reps = quick ? 5 : 20;
   // HBM: buffers many times the L2, filled with non-zero data first.
-  const std::size_t l2 = static_cast<std::size_t>(cuda::device_attribute(cudaDevAttrL2CacheSize, static_cast<int>(device)));
+  const std::size_t l2 = cuda::l2_cache_bytes(index);
   const std::size_t hbm = std::max<std::size_t>(quick ? (256u << 20) : (1u << 30), 16 * l2) / 16 * 16;
   cuda::DeviceBuffer a(hbm), b(hbm);
   cuda::fill_pattern(static_cast<std::uint32_t*>(a.get()), static_cast<std::int64_t>(hbm / 4), 1, stream);
@@ -45,6 +42,7 @@ KernelCeilings measure_kernel_ceilings(std::int64_t device, bool quick) {
   c.launch_device_us = launch.device_us_per_kernel;
   c.graph_node_us = cuda::graph_node_us(1000, reps, stream).median;
 #else
+  (void)index;
   (void)quick;
 #endif
   return c;

@@ -38,32 +38,18 @@ void require_cuda(const char* what, const char* hint) {
                     " needs a CUDA device, and none is visible (torch.cuda.device_count() == 0)", hint);
 }
 
-namespace {
-// Validated device index; raises unless CUDA is usable.
-c10::DeviceIndex checked_device(std::int64_t device, const char* what) {
-  require_cuda(what);
-  TORCH_CHECK_INDEX(device >= 0 && device < cuda_device_count(), "device must be in [0, ",
-                    cuda_device_count(), "), got ", device);
+c10::DeviceIndex checked_cuda_device(std::int64_t device, const char* what, const char* hint) {
+  require_cuda(what, hint);
+  const int count = cuda_device_count();
+  TORCH_CHECK_INDEX(device >= 0 && device < count, what, ": device must be in [0, ", count,
+                    "), got ", device);
   return static_cast<c10::DeviceIndex>(device);
-}
-}  // namespace
-
-void fill_pattern(const at::Tensor& out, std::int64_t seed) {
-  TORCH_CHECK_VALUE(seed >= 0 && seed <= 0xffffffffLL, "seed must be in [0, 2^32), got ", seed);
-  TORCH_CHECK_TYPE(out.scalar_type() == at::kInt, "out must be int32, got ", out.scalar_type());
-  TORCH_CHECK_VALUE(out.is_contiguous(), "out must be contiguous");
-  TORCH_CHECK_VALUE(out.is_cuda(), "out must be a CUDA tensor, got device ", out.device());
-#ifdef GPUOPT_WITH_CUDA
-  const c10::cuda::CUDAGuard guard(out.device());
-  cuda::fill_pattern(reinterpret_cast<std::uint32_t*>(out.data_ptr<int>()), out.numel(),
-                     static_cast<std::uint32_t>(seed), c10::cuda::getCurrentCUDAStream());
-#endif
 }
 
 CopyTiming time_device_copy(std::int64_t nbytes, std::int64_t reps, std::int64_t device) {
   TORCH_CHECK_VALUE(nbytes > 0, "nbytes must be > 0, got ", nbytes);
   TORCH_CHECK_VALUE(reps > 0 && reps <= 1000000, "reps must be in [1, 1e6], got ", reps);
-  const c10::DeviceIndex index = checked_device(device, "time_device_copy");
+  const c10::DeviceIndex index = checked_cuda_device(device, "time_device_copy");
   CopyTiming t;
 #ifdef GPUOPT_WITH_CUDA
   const c10::cuda::CUDAGuard guard(index);
@@ -82,9 +68,9 @@ CopyTiming time_device_copy(std::int64_t nbytes, std::int64_t reps, std::int64_t
 }
 
 std::int64_t l2_cache_bytes(std::int64_t device) {
-  const c10::DeviceIndex index = checked_device(device, "l2_cache_bytes");
+  const c10::DeviceIndex index = checked_cuda_device(device, "l2_cache_bytes");
 #ifdef GPUOPT_WITH_CUDA
-  return cuda::device_attribute(cudaDevAttrL2CacheSize, index);
+  return static_cast<std::int64_t>(cuda::l2_cache_bytes(index));
 #else
   (void)index;
   return 0;

@@ -2,7 +2,7 @@
 // TORCH_CHECK_* and hands raw pointers and torch's current stream to the CUDA layer.
 #pragma once
 
-#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <string>
@@ -16,10 +16,9 @@ std::string no_cuda_reason();
 int cuda_device_count();
 // Throws a ValueError naming `what` when no CUDA device can be used; `hint` says what to do instead.
 void require_cuda(const char* what, const char* hint = "");
-
-// Writes the layer's checkable hash pattern into a contiguous int32 CUDA tensor on torch's current
-// stream of that tensor's device.
-void fill_pattern(const at::Tensor& out, std::int64_t seed);
+// The index of CUDA device `device`, an argument of `what`: require_cuda(what, hint), then an
+// IndexError naming `what`, the value and the allowed range unless 0 <= device < device count.
+c10::DeviceIndex checked_cuda_device(std::int64_t device, const char* what, const char* hint = "");
 
 struct CopyTiming {
   double ms_per_copy = 0;

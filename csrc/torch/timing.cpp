@@ -51,19 +51,6 @@ void validate(const MeasureOptions& o) {
   gpuopt::validate(o.sampler);
 }
 
-// Median of the warm-up values after the first (which carries lazy initialisation), or of all.
-double typical(const std::vector<double>& v) {
-  if (v.empty()) return 0.0;
-  if (v.size() == 1) return v.front();
-  return stats::median(std::vector<double>(v.begin() + 1, v.end()));
-}
-
-// Calls per sample so that one sample lasts about target_ms.
-std::int64_t calls_for(double per_call_ms, double target_ms, std::int64_t limit) {
-  if (!(per_call_ms > 0.0)) return limit;
-  return std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(target_ms / per_call_ms)), 1, limit);
-}
-
 class HostSource final : public SampleSource {
  public:
   HostSource(const Callable& fn, bool sync) : fn_(fn), sync_(sync) {}
@@ -87,12 +74,26 @@ class HostSource final : public SampleSource {
 
 #ifdef GPUOPT_WITH_CUDA
 
-// The L2 flush: a kernel of ours overwriting at least twice the L2, queued before a sample.
+// Median of the warm-up values after the first (which carries lazy initialisation), or of all.
+double typical(const std::vector<double>& v) {
+  if (v.empty()) return 0.0;
+  if (v.size() == 1) return v.front();
+  return stats::median(std::vector<double>(v.begin() + 1, v.end()));
+}
+
+// Calls per sample so that one sample lasts about target_ms.
+std::int64_t calls_for(double per_call_ms, double target_ms, std::int64_t limit) {
+  if (!(per_call_ms > 0.0)) return limit;
+  return std::clamp<std::int64_t>(static_cast<std::int64_t>(std::ceil(target_ms / per_call_ms)), 1, limit);
+}
+
+// The L2 flush: a kernel of ours overwriting at least twice the L2, queued before a sample. It
+// calls the CUDA launcher on gpuopt's own scratch buffer (no tensor crosses), not the
+// gpuopt::fill_pattern_ operator, so nothing of it reaches torch's dispatcher or allocator.
 class L2Flush {
  public:
   explicit L2Flush(c10::DeviceIndex device)
-      : buffer_(2 * static_cast<std::size_t>(cuda::device_attribute(cudaDevAttrL2CacheSize, device)) +
-                (1 << 20)) {}
+      : buffer_(2 * cuda::l2_cache_bytes(device) + (1 << 20)) {}
   void run(cudaStream_t stream) {
     cuda::fill_pattern(static_cast<std::uint32_t*>(buffer_.get()),
                        static_cast<std::int64_t>(buffer_.bytes() / 4), seed_++, stream);
@@ -133,7 +134,14 @@ class DeviceSource : public SampleSource {
     return warm_enqueue_ms_.back();
   }
 
-  void finish() noexcept override { (void)cudaStreamSynchronize(stream_); }
+  // Drains the stream on every way out of the sampler, unwinding included: a failure here must not
+  // replace the error being reported, so it is dropped.
+  void finish() noexcept override {
+    try {
+      cuda::synchronize_stream(stream_);
+    } catch (...) {
+    }
+  }
 
   std::int64_t calls_per_sample = 1;
   std::uint64_t spin_ns = 0;
@@ -230,7 +238,7 @@ class GraphSource final : public DeviceSource {
     const Clock::time_point t0 = Clock::now();
     graph_.replay();
     const double launch_ms = ms_between(t0, Clock::now());
-    GPUOPT_CHECK_CUDA(cudaStreamSynchronize(stream_));
+    cuda::synchronize_stream(stream_);
     spin_ns = spin_ns_for({launch_ms, launch_ms});
   }
 
@@ -274,8 +282,7 @@ class GraphSource final : public DeviceSource {
 
   // Ends an open capture (if any), drops the partial graph and clears the non-sticky error.
   void abandon_capture() noexcept {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream_, &status) == cudaSuccess && status != cudaStreamCaptureStatusNone) {
+    if (cuda::stream_is_capturing(stream_)) {
       try {
         graph_.capture_end();
       } catch (...) {  // the capture was invalid; ending it is all we wanted
@@ -285,7 +292,7 @@ class GraphSource final : public DeviceSource {
       graph_.reset();
     } catch (...) {
     }
-    (void)cudaGetLastError();
+    cuda::clear_last_error();
   }
 
   L2Flush* flush_;
@@ -314,10 +321,8 @@ void describe(MeasureResult& res, const DeviceSource& source) {
 template <typename Body>
 void with_device_sources(const std::vector<const Callable*>& fns, const MeasureOptions& o,
                          std::vector<MeasureResult>& results, Body&& body) {
-  require_cuda((std::string("mode=\"") + o.mode + "\"").c_str(), kHostHint);
-  TORCH_CHECK_INDEX(o.device >= 0 && o.device < cuda_device_count(), "device must be in [0, ",
-                    cuda_device_count(), "), got ", o.device);
-  const auto index = static_cast<c10::DeviceIndex>(o.device);
+  const std::string what = "mode=\"" + o.mode + "\"";
+  const c10::DeviceIndex index = checked_cuda_device(o.device, what.c_str(), kHostHint);
   const c10::cuda::CUDAGuard device_guard(index);
   std::unique_ptr<L2Flush> flush;
   if (o.flush_l2) flush = std::make_unique<L2Flush>(index);
@@ -328,7 +333,7 @@ void with_device_sources(const std::vector<const Callable*>& fns, const MeasureO
     stream = c10::cuda::getStreamFromPool(false, index);
     cuda::Event ready;
     ready.record(caller.stream());
-    GPUOPT_CHECK_CUDA(cudaStreamWaitEvent(stream.stream(), ready.get(), 0));
+    cuda::stream_wait_event(stream.stream(), ready.get());
     stream_guard.emplace(stream);
   }
   std::vector<std::unique_ptr<DeviceSource>> sources;
@@ -402,10 +407,11 @@ struct HostContext {
   explicit HostContext(const MeasureOptions& o) {
     sync = cuda_device_count() > 0;
     if (!sync) return;
-    TORCH_CHECK_INDEX(o.device >= 0 && o.device < cuda_device_count(), "device must be in [0, ",
-                      cuda_device_count(), "), got ", o.device);
+    const c10::DeviceIndex index = checked_cuda_device(o.device, "mode=\"host\"");
 #ifdef GPUOPT_WITH_CUDA
-    guard.emplace(static_cast<c10::DeviceIndex>(o.device));
+    guard.emplace(index);
+#else
+    (void)index;
 #endif
     device = o.device;
   }

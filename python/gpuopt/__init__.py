@@ -21,8 +21,19 @@ import torch  # noqa: F401  (first: the extension links against the libtorch it 
 from ._ext import build_info  # noqa: I001  (after torch)
 from .analysis import ProfileSummary, ceilings, datasheet, profile, roofline
 from .memory import DevicePool, InputPipeline, PinnedPool
-from .prepare import Config, Parity, Prepared, autocast, parity, precision, preset, presets
-from .report import Results
+from .prepare import (
+    Config,
+    Parity,
+    Prepared,
+    SignalFix,
+    autocast,
+    parity,
+    precision,
+    preset,
+    presets,
+    with_signal,
+)
+from .report import Results, Row
 from .report import plots as plot
 from .run import benchmark, sweep, zoo
 from .timing import Comparison, Measurement, compare, env, measure
@@ -31,7 +42,7 @@ __version__ = build_info()["gpuopt_version"]
 
 __all__ = [
     "Comparison", "Config", "DevicePool", "InputPipeline", "Measurement", "Parity", "PinnedPool", "Prepared",
-    "ProfileSummary", "Results", "__version__", "autocast", "benchmark", "build_info", "ceilings", "compare",
+    "ProfileSummary", "Results", "Row", "SignalFix", "__version__", "autocast", "benchmark", "build_info", "ceilings", "compare",
     "datasheet", "env", "measure", "parity", "plot", "precision", "preset", "presets", "profile", "roofline",
-    "sweep", "zoo",
+    "sweep", "with_signal", "zoo",
 ]

@@ -1,7 +1,8 @@
 """The `gpuopt` command line.
 
 Each subcommand is a function that adds its parser (``_add_<name>``) and a function that runs it.
-Exit codes: 0 success, 1 the work ran but something in it failed, 2 usage error.
+Exit codes: 0 success; 1 the work ran but something in it failed (failed cells, or a run that
+stopped: the results so far are written); 2 a usage error, found before anything runs.
 """
 
 from __future__ import annotations
@@ -10,6 +11,11 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .run.bench import BenchmarkPlan
+    from .run.sweeps import SweepPlan
 
 
 class UsageError(Exception):
@@ -128,24 +134,36 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 def _run_bench(args: argparse.Namespace) -> int:
     import torch
 
-    from .run.bench import benchmark
+    from .run.bench import plan_benchmark
 
     gpu = torch.cuda.is_available() and (args.device is None or not args.device.startswith("cpu"))
     if not gpu and args.device is None:
         print("No CUDA GPU found: running the CPU flow (tiny model, CPU configs).", file=sys.stderr)
     model = args.model or ("resnet50" if gpu else "tiny-cnn")
     configs = args.configs or (["bench"] if gpu else ["bench-cpu"])
-    batches = args.batch_sizes or [1, 8, 16, 32]
     out = args.output or _default_output(model)
     try:
-        results = benchmark(model, configs=configs[0] if len(configs) == 1 else configs, batch_sizes=batches,
-                            modes=args.modes or ("latency", "throughput"), parity=not args.no_parity,
-                            train=args.train, output_dir=out, device=args.device, profile=args.profile,
-                            **_measure_options(args))
-    except (ValueError, TypeError) as exc:
+        plan = plan_benchmark(model, configs=configs[0] if len(configs) == 1 else configs,
+                              batch_sizes=args.batch_sizes or [1, 8, 16, 32],
+                              modes=args.modes or ("latency", "throughput"), parity=not args.no_parity,
+                              train=args.train, output_dir=out, device=args.device, profile=args.profile,
+                              **_measure_options(args))
+    except (ValueError, TypeError, ImportError) as exc:
         raise UsageError(str(exc)) from exc
+    return _run_plan(plan, "bench", f"{out}/ (results.json, results.csv, report.md, plots)")
+
+
+def _run_plan(plan: BenchmarkPlan | SweepPlan, command: str, where: str) -> int:
+    """Run a validated plan: 0 when every cell succeeded, 1 when one failed or the run stopped (the
+    results are written either way)."""
+    try:
+        results = plan.run()
+    except Exception as exc:  # noqa: BLE001 - not a usage error: the run had started
+        print(f"gpuopt {command}: the run stopped: {type(exc).__name__}: {exc}\nresults so far: {where}",
+              file=sys.stderr)
+        return 1
     print(results.table())
-    print(f"\nresults: {out}/ (results.json, results.csv, report.md, plots)")
+    print(f"\nresults: {where}")
     return 1 if results.failed else 0
 
 
@@ -158,15 +176,13 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
-    from .run.sweeps import sweep
+    from .run.sweeps import plan_sweep
 
     try:
-        results = sweep(args.spec, args.output, resume=not args.no_resume)
-    except (ValueError, TypeError) as exc:
+        plan = plan_sweep(args.spec, args.output, resume=not args.no_resume)
+    except (ValueError, TypeError, ImportError) as exc:
         raise UsageError(str(exc)) from exc
-    print(results.table())
-    print(f"\nresults: {args.output}/")
-    return 1 if results.failed else 0
+    return _run_plan(plan, "sweep", f"{args.output}/")
 
 
 def _load_results(paths: list[str]):
@@ -195,7 +211,10 @@ def _run_report(args: argparse.Namespace) -> int:
     else:
         from .report.crosshw import cross_hardware_markdown
 
-        text = cross_hardware_markdown([r.to_dict() for r in loaded])
+        try:
+            text = cross_hardware_markdown(loaded)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
     if args.output:
         write_atomic(args.output, text)
         print(f"wrote {args.output}")
@@ -220,13 +239,13 @@ def _run_compare(args: argparse.Namespace) -> int:
     print(f"{'model':12s} {'config':32s} {'batch':>5s} {'mode':11s} {'B vs A':>8s} {'95% CI':>17s}  verdict")
     matched = 0
     for ra in a.ok:
-        rb = b.find(ra["model"], ra.get("config_label", ra["config"]), ra["batch_size"], ra["mode"])
-        if rb is None or rb["status"] != "ok":
+        rb = b.find(*ra.key)
+        if rb is None or rb.measurement is None or ra.measurement is None:
             continue
-        c = compare(a.measurement(ra), b.measurement(rb), min_effect=args.min_effect)
+        c = compare(ra.measurement, rb.measurement, min_effect=args.min_effect)
         matched += 1
-        print(f"{ra['model'][:12]:12s} {ra.get('config_label', ra['config'])[:32]:32s} {ra['batch_size']:>5d} "
-              f"{ra['mode']:11s} {c.speedup:7.3f}x [{c.ci[0]:.3f}, {c.ci[1]:.3f}]  {c.verdict}")
+        print(f"{ra.model[:12]:12s} {ra.config[:32]:32s} {ra.batch_size:>5d} {ra.mode:11s} "
+              f"{c.speedup:7.3f}x [{c.ci[0]:.3f}, {c.ci[1]:.3f}]  {c.verdict}")
     if matched == 0:
         raise UsageError("the two results files have no successful cell in common (model, config, batch, mode)")
     return 0

@@ -6,6 +6,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <cstring>
 #include <memory>
@@ -157,6 +158,31 @@ TEST(Pool, CapacityIsEnforcedAfterTrimmingIdleBlocks) {
   EXPECT_EQ(pool->stats().frees, 1u);
   pool->release(b);
   pool->release(c);
+}
+
+TEST(Pool, ReuseIsAHitOrNothingAndNeverAllocates) {
+  auto live = std::make_shared<std::atomic<long>>(0);
+  auto pool = make_pool(live);
+  auto gate = std::make_shared<Gate>();
+  EXPECT_FALSE(pool->reuse(3000).has_value());  // empty pool: no allocation either
+  EXPECT_EQ(*live, 0);
+  Block a = pool->acquire(3000);
+  pool->release(a, std::make_unique<GateFence>(gate));
+  EXPECT_FALSE(pool->reuse(2900).has_value());  // fenced
+  gate->open = true;
+  const std::optional<Block> b = pool->reuse(2900);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->ptr, a.ptr);
+  EXPECT_EQ(b->requested, 2900u);
+  const auto s = pool->stats();
+  EXPECT_EQ(s.acquisitions, 2u);
+  EXPECT_EQ(s.hits, 1u);
+  EXPECT_EQ(s.misses, 1u);
+  EXPECT_EQ(s.busy_skips, 0u);  // counted by acquire(), which follows a failed reuse()
+  EXPECT_EQ(*live, 1);
+  pool->release(*b);
+  pool->close();
+  EXPECT_EQ(value_error_of([&] { pool->reuse(10); }), "TestPool is closed; create a new pool");
 }
 
 TEST(Pool, UnderCapacityARequestWaitsForTheFenceOfItsOnlyReusableBlock) {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gpuopt/cuda_fwd.h"
 #include "gpuopt/errors.h"
 #include "gpuopt/pool.h"
 
@@ -23,6 +24,19 @@
 #define GPUOPT_CHECK_LAUNCH() GPUOPT_CHECK_CUDA(cudaGetLastError())
 
 namespace gpuopt::cuda {
+
+// ---- Streams and events: the only place the LibTorch adapter's CUDA work reaches the runtime.
+// Every call takes its stream explicitly and checks its status.
+void record_event(cudaEvent_t event, cudaStream_t stream);
+// Orders `stream` after the work before `event`'s record (no host wait).
+void stream_wait_event(cudaStream_t stream, cudaEvent_t event);
+void synchronize_stream(cudaStream_t stream);
+// Whether `stream` is capturing a CUDA graph; false when the query fails.
+bool stream_is_capturing(cudaStream_t stream) noexcept;
+// Clears the runtime's non-sticky last-error slot (after an abandoned capture, say).
+void clear_last_error() noexcept;
+// cudaMemcpyAsync with cudaMemcpyDefault (unified addressing tells the direction).
+void copy_async(void* dst, const void* src, std::size_t bytes, cudaStream_t stream);
 
 // A CUDA event with timing enabled, destroyed with its owner.
 class Event {
@@ -75,18 +89,30 @@ class NvtxRange {
 cudaEvent_t acquire_event(int device);
 void release_event(int device, cudaEvent_t event) noexcept;
 
-// A pool fence: events recorded on the streams that used a block; ready when all have completed.
+// A stream and the device it belongs to. The device matters: the legacy default stream (nullptr)
+// means "the current device's", and an event must be recorded on a stream of its own device.
+struct StreamRef {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+};
+
+// A pool fence: one recycled event recorded on each stream that used a block, on that stream's
+// device; ready once all have completed. The caller passes each stream once.
 class EventFence final : public gpuopt::Fence {
  public:
-  EventFence(int device, const cudaStream_t* streams, std::size_t count);
+  EventFence(const StreamRef* streams, std::size_t count);
   ~EventFence() override;
-  bool ready() override;
+  EventFence(const EventFence&) = delete;
+  EventFence& operator=(const EventFence&) = delete;
+  bool ready() override;  // completed events go back to the recycler as they are seen
   void wait() override;
 
  private:
-  int device_;
-  cudaEvent_t events_[4] = {};
-  std::size_t count_ = 0;
+  struct Recorded {
+    int device;
+    cudaEvent_t event;
+  };
+  std::vector<Recorded> pending_;
 };
 
 // Raw allocators for gpuopt::BlockPool.
@@ -108,8 +134,8 @@ class DeviceAllocator final : public gpuopt::RawAllocator {
   int device_;
 };
 
-// out[i] = pattern(i, seed) for i < n: a cheap integer hash, so results are checkable
-// exactly on the host. Also what flush_l2 writes (every byte of the buffer is stored).
+// out[i] = gpuopt::pattern(i, seed) (gpuopt/pattern.h) for i < n: a cheap integer hash, so
+// results are checkable exactly on the host. Also what flush_l2 writes (every byte is stored).
 void fill_pattern(std::uint32_t* out, std::int64_t n, std::uint32_t seed, cudaStream_t stream);
 
 // A single-thread kernel that spins for `ns` nanoseconds of %globaltimer. Queued before a timed
@@ -122,6 +148,7 @@ double time_copy_ms(void* dst, const void* src, std::size_t bytes, int reps, cud
 
 // cudaDeviceGetAttribute, checked.
 int device_attribute(cudaDeviceAttr attribute, int device);
+std::size_t l2_cache_bytes(int device);
 
 // ---- Device ceilings (micro-benchmarks of ours). Each runs `reps` timed launches on `stream` after
 // one warm-up launch and returns the median rate. Buffers are the caller's.

@@ -1,14 +1,16 @@
 // A thread-safe pool of memory blocks in size classes. A released block carries a fence (for CUDA:
-// an event recorded on the stream that used it) and is handed out again only once the fence says
+// events recorded on every stream that used it) and is handed out again only once the fence says
 // that work has finished. What memory is (pinned host, device, plain host) is the RawAllocator's
 // business; what "finished" means is the Fence's. No CUDA and no torch here.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,12 +43,18 @@ class HostAllocator final : public RawAllocator {
 struct PoolOptions {
   std::string name = "pool";
   std::size_t capacity_bytes = 0;  // 0: unlimited; else reserved bytes may not exceed it
+  // Under capacity_bytes, how long a request may wait for fenced free blocks (work still running on
+  // a stream) to become reusable before it fails; 0 fails at once. At most kMaxFenceWaitTimeoutS.
+  double fence_wait_timeout_s = 10.0;
 };
+
+constexpr double kMaxFenceWaitTimeoutS = 3600.0;
 
 struct PoolStats {
   std::uint64_t acquisitions = 0, releases = 0;
   std::uint64_t hits = 0, misses = 0;    // served from the free lists / by a new allocation
   std::uint64_t busy_skips = 0;          // free blocks passed over because their fence was not ready
+  std::uint64_t fence_waits = 0;         // requests that waited for fences to make room under capacity
   std::uint64_t allocations = 0, frees = 0;  // raw allocator calls
   std::uint64_t bytes_reserved = 0, peak_bytes_reserved = 0;
   std::uint64_t bytes_in_use = 0, peak_bytes_in_use = 0;
@@ -69,10 +77,14 @@ class BlockPool {
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
-  // A block of at least `bytes`. ValueError-kind errors for 0 bytes, a closed pool, or a request
-  // that would exceed capacity_bytes even after freeing idle blocks; RuntimeError-kind when the
-  // allocator fails.
+  // A block of at least `bytes`. Under capacity_bytes, when only free blocks whose fences are not
+  // yet ready stand in the way, waits (up to fence_wait_timeout_s) for them. ValueError-kind errors
+  // for 0 bytes, a closed pool, or a request that would exceed capacity_bytes even after freeing
+  // idle blocks and waiting; RuntimeError-kind when the allocator fails.
   Block acquire(std::size_t bytes);
+  // A pool hit or nothing: a free block of the size class whose fence is ready, without allocating
+  // or waiting (so a caller can keep a lock, such as Python's GIL, across it). Errors as acquire().
+  std::optional<Block> reuse(std::size_t bytes);
   // Returns a block; it is reused only once `fence` (if any) is ready.
   void release(const Block& block, std::unique_ptr<Fence> fence = nullptr);
   // Frees idle blocks whose fences are ready; returns the bytes freed.
@@ -93,14 +105,19 @@ class BlockPool {
     void* ptr;
     std::unique_ptr<Fence> fence;
   };
+  using BlockList = std::vector<std::pair<void*, std::size_t>>;
+  // A free block of class `cls` whose fence is ready, taken out of the free list; nullptr if none.
+  void* take_ready_locked(std::size_t cls, bool count_skips);
   // Removes idle blocks with ready fences (all, waiting, if `wait`); the caller frees them unlocked.
-  std::vector<std::pair<void*, std::size_t>> take_idle_locked(bool wait);
-  void free_blocks(const std::vector<std::pair<void*, std::size_t>>& blocks);
+  BlockList take_idle_locked(bool wait);
+  void free_blocks(const BlockList& blocks);
   void update_free_stats_locked();
+  void count_acquired_locked(std::size_t cls, std::size_t bytes);
 
   std::unique_ptr<RawAllocator> allocator_;
   PoolOptions options_;
   mutable std::mutex mu_;
+  std::condition_variable released_;  // wakes requests waiting for room under capacity
   std::map<std::size_t, std::vector<FreeBlock>> free_;
   PoolStats stats_;
   bool closed_ = false;

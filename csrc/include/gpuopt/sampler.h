@@ -8,8 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "gpuopt/stats.h"
+
 namespace gpuopt {
 
+// The defaults below are gpuopt's measure() defaults, defined nowhere else (_C.measure_defaults()).
 struct SamplerOptions {
   std::int64_t warmup_iters = 3;  // at least this many warm-up calls ...
   double warmup_s = 0.05;         // ... and at least this long (capped by warmup_max_iters)
@@ -19,9 +22,9 @@ struct SamplerOptions {
   std::int64_t max_iters = 100000;
   double min_time_s = 0.1;        // adaptive stops only after sampling this long (spans drift)
   double max_time_s = 10.0;       // budget for sampling (warm-up not included)
-  double target_rel_ci = 0.01;    // stop when the CI of the median is within +-this of the median
-                                  // (stats::median_ci: order statistics and batch medians)
-  double confidence = 0.95;
+  // Stop when the CI of the median is within +-this of the median (stats::meets_target).
+  double target_rel_ci = stats::kDefaultTargetRelCi;
+  double confidence = stats::kDefaultConfidence;
 };
 
 // Throws gpuopt::Error(kValue) naming the offending option and what is allowed.

@@ -8,6 +8,14 @@
 
 namespace gpuopt::stats {
 
+// Defaults of the statistics, the sampler (SamplerOptions) and comparisons: defined here only, and
+// read by Python through _C.measure_defaults() and the bindings' own defaults.
+inline constexpr double kDefaultConfidence = 0.95;
+inline constexpr double kDefaultTargetRelCi = 0.01;  // CI half-width of the median, relative to it
+inline constexpr int kDefaultResamples = 2000;
+inline constexpr std::uint64_t kDefaultSeed = 0x6770756f707431ULL;
+inline constexpr double kDefaultMinEffect = 0.01;  // smallest speedup or slowdown called a change
+
 // Quantile of sorted data by linear interpolation between order statistics (numpy's default).
 // q in [0, 1]; data non-empty and sorted ascending.
 double quantile_sorted(const std::vector<double>& sorted, double q);
@@ -62,13 +70,15 @@ struct Summary {
   const char* ci_method = "order-statistics";
   std::size_t ci_batches = 0;
   std::size_t outliers = 0;
-
-  // Largest distance of a CI bound from the median, relative to the median.
-  double ci_rel_halfwidth() const;
+  double ci_rel = 0;  // rel_halfwidth(p50, ci_lo, ci_hi)
+  double target_rel_ci = 0;
+  bool target_met = false;  // meets_target: the sampler's stopping rule
 };
 
 // Full summary; samples non-empty, finite and in time order. stddev uses n - 1 (0 for one sample).
-Summary summarize(const std::vector<double>& samples, double confidence = 0.95);
+// target_rel_ci in (0, 1).
+Summary summarize(const std::vector<double>& samples, double confidence = kDefaultConfidence,
+                  double target_rel_ci = kDefaultTargetRelCi);
 
 // The interval summarize() reports, alone (for stopping rules): {lo, hi, attained}.
 struct MedianCi {
@@ -77,6 +87,13 @@ struct MedianCi {
   bool batched = false;
 };
 MedianCi median_ci(const std::vector<double>& samples_in_order, double confidence);
+
+// Largest distance of a bound of [lo, hi] from `center`, relative to it; +inf unless center > 0.
+double rel_halfwidth(double center, double lo, double hi);
+
+// The precision target of the sampler and of summaries: the interval reached its confidence and
+// lies within +-target_rel_ci of the median.
+bool meets_target(const MedianCi& ci, double target_rel_ci);
 
 // Ratio median(baseline) / median(candidate) -- the speedup of the candidate -- with a percentile
 // block-bootstrap confidence interval: each set (in time order) is cut into batch_count(n)
@@ -90,8 +107,35 @@ struct Ratio {
 };
 // `q` picks the statistic: 0.5 (default) the median, 0.95 the p95 (a regression of the tail).
 Ratio bootstrap_speedup(const std::vector<double>& baseline, const std::vector<double>& candidate,
-                        double confidence = 0.95, int resamples = 2000,
-                        std::uint64_t seed = 0x6770756f707431ULL, bool paired = false, double q = 0.5);
+                        double confidence = kDefaultConfidence, int resamples = kDefaultResamples,
+                        std::uint64_t seed = kDefaultSeed, bool paired = false, double q = 0.5);
+
+enum class Verdict { kFaster, kSlower, kNoDifference };
+// "faster", "slower", "no significant difference".
+const char* verdict_name(Verdict verdict);
+
+// The one verdict of gpuopt (compare(), Results.speedups, the pytest plugin): "faster" when the whole
+// interval lies above 1 and the speedup is at least 1 + min_effect; "slower" when it lies below 1 and
+// the slowdown is at least as large (ratio <= 1 / (1 + min_effect)); otherwise no significant
+// difference. min_effect in [0, 1) keeps changes smaller than timings reproduce from being called
+// speedups, however tight the interval.
+Verdict judge(const Ratio& ratio, double min_effect = kDefaultMinEffect);
+
+struct CompareOptions {
+  double confidence = kDefaultConfidence;
+  int resamples = kDefaultResamples;
+  std::uint64_t seed = kDefaultSeed;
+  bool paired = false;
+  double q = 0.5;
+  double min_effect = kDefaultMinEffect;
+};
+struct Comparison {
+  Ratio ratio;
+  Verdict verdict = Verdict::kNoDifference;
+};
+// bootstrap_speedup() followed by judge().
+Comparison compare_samples(const std::vector<double>& baseline, const std::vector<double>& candidate,
+                           const CompareOptions& options = {});
 
 // Median of unsorted data (numpy semantics: mean of the two middle values for even n).
 double median(std::vector<double> data);

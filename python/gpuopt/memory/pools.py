@@ -11,6 +11,13 @@ from .._ext import _C
 from ..timing.inputs import device_index
 
 
+def _fence_wait_timeout(value: float, owner: str) -> float:
+    # The range is checked (and named) by the C++ pool; the type here, so a str is not a pybind11 error.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{owner}: fence_wait_timeout_s must be a number of seconds, got {value!r}")
+    return float(value)
+
+
 def _shape(shape: int | Sequence[int], owner: str) -> Sequence[int]:
     # Exact-type checks first: this runs on every allocation.
     if type(shape) is int:
@@ -27,20 +34,26 @@ class _Pool:
         self._native = native
 
     def empty(self, shape: int | Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """A tensor from the pool; its storage returns to the pool when the tensor is freed (its block
-        is reused only after the work queued on the current stream at that moment has finished)."""
+        """A tensor from the pool; its storage returns to the pool when the tensor is freed. Its block
+        is reused only after the work queued, by then, on the stream current at allocation, on the
+        stream current when it is freed and on every stream given to :meth:`record_stream` has
+        finished. Under ``capacity_bytes`` a request whose room is held only by such pending work
+        waits for it (up to ``fence_wait_timeout_s``) instead of failing."""
         if type(dtype) is not torch.dtype:
             raise TypeError(f"{self.name}.empty: dtype must be a torch.dtype, got {dtype!r}")
         return self._native.empty(_shape(shape, self.name), dtype)
 
     def record_stream(self, tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
         """Also wait for the work queued on ``stream`` before reusing ``tensor``'s block (like
-        ``Tensor.record_stream``, for tensors used on streams other than the current one)."""
+        ``Tensor.record_stream``, for a tensor used on a stream that is current neither when it is
+        allocated nor when it is freed). At most 16 distinct streams per tensor."""
         self._native.record_stream(tensor, stream)
 
     def stats(self) -> dict[str, Any]:
-        """Allocations, hits, misses, bytes reserved / in use / peak, largest free block,
-        fragmentation (the share of in-use bytes lost to size-class rounding)."""
+        """Allocations, hits, misses, busy skips (free blocks passed over while their work ran),
+        fence waits (requests that waited for such blocks under ``capacity_bytes``), bytes reserved /
+        in use / peak, largest free block, fragmentation (the share of in-use bytes lost to
+        size-class rounding)."""
         return dict(self._native.stats())
 
     def trim(self) -> int:
@@ -58,6 +71,14 @@ class _Pool:
     @property
     def name(self) -> str:
         return self._native.name
+
+    @property
+    def capacity_bytes(self) -> int | None:
+        return self._native.capacity_bytes
+
+    @property
+    def fence_wait_timeout_s(self) -> float:
+        return self._native.fence_wait_timeout_s
 
     def __enter__(self):
         return self
@@ -84,8 +105,9 @@ class PinnedPool(_Pool):
     (torch.Size([4, 1024]), True)
     """
 
-    def __init__(self, capacity_bytes: int | None = None, *, name: str = "PinnedPool"):
-        super().__init__(_C.pinned_pool(capacity_bytes, name))
+    def __init__(self, capacity_bytes: int | None = None, *, name: str = "PinnedPool",
+                 fence_wait_timeout_s: float = 10.0):
+        super().__init__(_C.pinned_pool(capacity_bytes, name, _fence_wait_timeout(fence_wait_timeout_s, name)))
 
     @property
     def page_locked(self) -> bool:
@@ -97,6 +119,7 @@ class DevicePool(_Pool):
     the streams that used a block have finished with it. Needs CUDA."""
 
     def __init__(self, capacity_bytes: int | None = None, *, device: int | str | torch.device | None = None,
-                 name: str = "DevicePool"):
+                 name: str = "DevicePool", fence_wait_timeout_s: float = 10.0):
         index = device_index(device)
-        super().__init__(_C.device_pool(-1 if index is None else index, capacity_bytes, name))
+        super().__init__(_C.device_pool(-1 if index is None else index, capacity_bytes, name,
+                                        _fence_wait_timeout(fence_wait_timeout_s, name)))

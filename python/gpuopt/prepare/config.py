@@ -325,13 +325,6 @@ class Prepared:
 
     run = __call__
 
-    def eager_call(self, inputs: Any) -> Any:
-        """The converted eager model under this config's guard (for hooks in parity checks)."""
-        self._check_ok()
-        args, kwargs = self.convert_inputs(inputs)
-        with self._guard():
-            return self.eager_module(*args, **kwargs)
-
     def runner(self, inputs: Any) -> Callable[[], Any]:
         """A zero-argument callable running the prepared model on ``inputs`` converted once, for
         timing: nothing but the guard and the call (or the graph replay) happens per call."""

@@ -1,5 +1,6 @@
 """Regression checks of a measurement against its baseline: which statistics, their change with a
-bootstrap interval from gpuopt's C++ statistics, and the threshold syntax of --gpuopt-compare-fail."""
+bootstrap interval and gpuopt's verdict from the C++ statistics, and the threshold syntax of
+--gpuopt-compare-fail."""
 
 from __future__ import annotations
 
@@ -10,8 +11,7 @@ from typing import Any
 from .._ext import _C
 from ..timing.measurement import Measurement, format_ms
 
-CONFIDENCE = 0.95
-RESAMPLES = 2000
+CONFIDENCE = 0.95  # of the intervals shown; resamples, seed and min_effect are gpuopt's defaults
 # --gpuopt-compare-fail statistics -> the quantile bootstrapped (mean: the median's bootstrap).
 STATISTICS = {"median": 0.5, "p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99, "mean": None}
 _PERCENT = re.compile(r"(\d+(?:\.\d*)?|\.\d+)%")
@@ -46,9 +46,14 @@ class Check:
     baseline_ms: float
     current_ms: float
     change: float
-    ci: tuple[float, float] | None  # of the change; None for the mean (its significance is the median's)
-    significant: bool  # slower with the bootstrap's confidence
+    ci: tuple[float, float] | None  # of the change; None for the mean (its verdict is the median's)
+    verdict: str  # gpuopt's verdict on the candidate: "faster", "slower" or "no significant difference"
     limit: float | None = None
+
+    @property
+    def significant(self) -> bool:
+        """Slower by at least gpuopt's min_effect, with the bootstrap's confidence."""
+        return self.verdict == "slower"
 
     @property
     def failed(self) -> bool:
@@ -62,24 +67,26 @@ class Check:
 
     def to_dict(self) -> dict[str, Any]:
         return {"stat": self.stat, "baseline_ms": self.baseline_ms, "current_ms": self.current_ms,
-                "change": self.change, "ci": list(self.ci) if self.ci else None,
+                "change": self.change, "ci": list(self.ci) if self.ci else None, "verdict": self.verdict,
                 "significant": self.significant, "limit": self.limit, "failed": self.failed}
 
 
 def regression_checks(base: Measurement, cur: Measurement, thresholds: dict[str, float]) -> list[Check]:
-    """The median (always) and every thresholded statistic of ``cur`` against ``base``."""
+    """The median (always) and every thresholded statistic of ``cur`` against ``base``, each judged by
+    gpuopt's one verdict (``_C.compare_samples``: the bootstrap interval and ``min_effect``, as
+    :func:`gpuopt.compare` judges)."""
     checks: list[Check] = []
-    _, _, med_hi = _C.bootstrap_speedup(base.samples_ms, cur.samples_ms, CONFIDENCE, RESAMPLES, q=0.5)
+    verdicts: dict[float, dict[str, Any]] = {}
     for stat in dict.fromkeys(["median", *thresholds]):
         q = STATISTICS[stat]
         if q is None:
             b, c = base.mean, cur.mean
-            change, ci, significant = c / b - 1.0, None, med_hi < 1.0
+            change, ci, verdict = c / b - 1.0, None, verdicts[0.5]["verdict"]
         else:
-            ratio, lo, hi = _C.bootstrap_speedup(base.samples_ms, cur.samples_ms, CONFIDENCE, RESAMPLES,
-                                                 q=q)
+            v = verdicts[q] = _C.compare_samples(base.samples_ms, cur.samples_ms, confidence=CONFIDENCE, q=q)
             b = _C.quantile(base.samples_ms, q)
             c = _C.quantile(cur.samples_ms, q)
-            change, ci, significant = 1.0 / ratio - 1.0, (1.0 / hi - 1.0, 1.0 / lo - 1.0), hi < 1.0
-        checks.append(Check(stat, b, c, change, ci, significant, thresholds.get(stat)))
+            # The ratio is a speedup (base / current); its inverse minus one is the change in time.
+            change, ci, verdict = 1.0 / v["ratio"] - 1.0, (1.0 / v["hi"] - 1.0, 1.0 / v["lo"] - 1.0), v["verdict"]
+        checks.append(Check(stat, b, c, change, ci, verdict, thresholds.get(stat)))
     return checks

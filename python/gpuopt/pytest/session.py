@@ -240,7 +240,7 @@ class _Session:
         if r.status != "compared":
             return r.status or ""
         med = r.checks[0]
-        word = "slower" if med.significant else ("faster" if med.ci[1] < 0 else "~")
+        word = med.verdict if med.verdict in ("faster", "slower") else "~"
         failed = [c.stat for c in r.checks if c.failed]
         return (f"{med.change:+.1%} [{med.ci[0]:+.1%} .. {med.ci[1]:+.1%}] {word}"
                 + (f" FAILED {','.join(failed)}" if failed else ""))

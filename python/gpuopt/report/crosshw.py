@@ -4,43 +4,42 @@ each device came to its own roofline."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-SCHEMA_VERSION = 1
-_KEY = ("model", "config", "batch_size", "mode")
+from .results import Results, Row
 
 
-def _device_name(doc: dict, i: int) -> str:
-    gpus = (doc.get("env") or {}).get("gpus") or []
+def _device_name(res: Results, i: int) -> str:
+    gpus = res.env.get("gpus") or []
     if gpus and isinstance(gpus[0], dict) and gpus[0].get("name"):
         return str(gpus[0]["name"])
-    for row in doc["rows"]:
-        if row.get("device"):
-            return str(row["device"])
+    for row in res.rows:
+        if row.device:
+            return str(row.device)
     return f"document {i + 1}"
 
 
-def _validate(docs: Any) -> None:
+def _as_results(docs: Any) -> list[Results]:
     if not isinstance(docs, (list, tuple)):
-        raise TypeError(f"docs must be a list of gpuopt results documents (dicts), got {type(docs).__name__}")
+        raise TypeError(f"docs must be a list of Results or gpuopt results documents (dicts), got "
+                        f"{type(docs).__name__}")
     if not docs:
         raise ValueError("docs must hold at least one results document, got an empty list")
+    out = []
     for i, doc in enumerate(docs, 1):
-        if not isinstance(doc, dict):
-            raise TypeError(f"document {i} must be a dict (a gpuopt results JSON), got {type(doc).__name__}")
-        version = doc.get("schema_version", SCHEMA_VERSION)
-        if not isinstance(version, int) or version > SCHEMA_VERSION:
-            raise ValueError(f"document {i} has schema_version {version!r}, newer than this gpuopt understands "
-                             f"({SCHEMA_VERSION}); upgrade gpuopt")
-        rows = doc.get("rows")
-        if not isinstance(rows, list) or not rows:
-            raise ValueError(f"document {i} has no rows: a gpuopt results document needs a non-empty 'rows' list")
-        for j, row in enumerate(rows, 1):
-            if not isinstance(row, dict):
-                raise TypeError(f"document {i}, row {j} must be a dict, got {type(row).__name__}")
-            lacking = [k for k in _KEY if k not in row]
-            if lacking:
-                raise ValueError(f"document {i}, row {j} lacks {', '.join(lacking)}")
+        if isinstance(doc, dict):
+            try:
+                doc = Results.from_dict(doc)
+            except ValueError as exc:
+                raise ValueError(f"document {i}, {exc}") from exc
+        elif not isinstance(doc, Results):
+            raise TypeError(f"document {i} must be Results or a dict (a gpuopt results JSON), got "
+                            f"{type(doc).__name__}")
+        if not doc.rows:
+            raise ValueError(f"document {i} has no rows: a gpuopt results document needs at least one")
+        out.append(doc)
+    return out
 
 
 def _cell_text(text: str, n: int = 60) -> str:
@@ -52,44 +51,44 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-def _failed(row: dict | None) -> str | None:
-    if row is not None and row.get("status", "ok") != "ok":
-        return f"failed: {_cell_text(row.get('error') or row.get('status'))}"
+def _failed(row: Row | None) -> str | None:
+    if row is not None and not row.ok:
+        return f"failed: {_cell_text(row.error or row.status)}"
     return None
 
 
-def _throughput(row: dict | None, base: dict | None, first: bool) -> str:
+def _throughput(row: Row | None, base: Row | None, first: bool) -> str:
     if row is None:
         return "-"
     failed = _failed(row)
     if failed:
         return failed
-    value = _number(row.get("throughput_items_per_s"))
+    value = _number(row.throughput_items_per_s)
     if value is None:
         return "n/a"
     text = f"{value:.3g}" if value < 100 else f"{value:,.0f}"
-    ref = _number(base.get("throughput_items_per_s")) if base is not None and _failed(base) is None else None
+    ref = _number(base.throughput_items_per_s) if base is not None and _failed(base) is None else None
     if not first and ref:
         text += f" ({value / ref:.2f}x)"
     return text
 
 
-def _latency(row: dict | None) -> str:
+def _latency(row: Row | None) -> str:
     if row is None:
         return "-"
     failed = _failed(row)
     if failed:
         return "failed"
-    p50 = _number((row.get("latency_ms") or {}).get("p50"))
+    p50 = _number((row.latency_ms or {}).get("p50"))
     return "n/a" if p50 is None else f"{p50:.3g}"
 
 
-def _roofline(row: dict | None) -> str:
+def _roofline(row: Row | None) -> str:
     if row is None:
         return "-"
     if _failed(row):
         return "failed"
-    r = row.get("roofline")
+    r = row.roofline
     if not isinstance(r, dict):
         return "n/a"
     shares = [f"{pct:.0f}% {what}" for what, pct in (("compute", _number(r.get("pct_of_compute_ceiling"))),
@@ -100,47 +99,40 @@ def _roofline(row: dict | None) -> str:
     return f"{text} ({bound})" if bound else text
 
 
-def cross_hardware_markdown(docs: list[dict]) -> str:
-    """Markdown comparing gpuopt results documents from different devices.
+def cross_hardware_markdown(docs: Sequence[Results | dict]) -> str:
+    """Markdown comparing gpuopt results from different devices: :class:`Results`, or results
+    documents as :meth:`Results.to_dict` writes them (this schema version or version 1).
 
-    Rows with the same (model, config, batch_size, mode) are put side by side: throughput in items/s
+    Cells with the same (model, config, batch_size, mode) are put side by side: throughput in items/s
     with its ratio against the first document's device, median latency, and each device's share of
-    its own compute and memory ceilings (``row["roofline"]``). A failed row shows its error; a row
+    its own compute and memory ceilings (``Row.roofline``). A failed cell shows its error; a cell
     absent from a document shows "-".
 
-    >>> doc = {"schema_version": 1, "env": {"gpus": [{"name": "GPU A"}]},
+    >>> doc = {"schema_version": 2, "env": {"gpus": [{"name": "GPU A"}]},
     ...        "rows": [{"model": "m", "config": "fp32", "batch_size": 1, "mode": "latency",
     ...                  "status": "ok", "throughput_items_per_s": 100.0}]}
     >>> "| m | fp32 | 1 | latency | 100 |" in cross_hardware_markdown([doc])
     True
     """
-    _validate(docs)
-    names = [_device_name(doc, i) for i, doc in enumerate(docs)]
+    results = _as_results(docs)
+    names = [_device_name(res, i) for i, res in enumerate(results)]
     labels = [name if names.count(name) == 1 else f"{name} ({i + 1})" for i, name in enumerate(names)]
-    tables: list[dict[tuple, dict]] = []
-    order: list[tuple] = []
-    for doc in docs:
-        table: dict[tuple, dict] = {}
-        for row in doc["rows"]:
-            key = tuple(row[k] for k in _KEY)
-            table.setdefault(key, row)  # a repeated key: the first row counts
-            if key not in order:
-                order.append(key)
-        tables.append(table)
+    # Every cell of any document, in the order first seen.
+    order = list(dict.fromkeys(row.key for res in results for row in res.rows))
 
     lines = ["# Cross-hardware comparison", "", "| # | device | gpuopt | torch | driver | rows |",
              "|---:|---|---|---|---|---:|"]
-    for i, (doc, label) in enumerate(zip(docs, labels), 1):
-        env = doc.get("env") or {}
+    for i, (res, label) in enumerate(zip(results, labels), 1):
+        env = res.env
         lines.append(f"| {i} | {_cell_text(label)} | {env.get('gpuopt', '-')} | {env.get('torch', '-')} "
-                     f"| {env.get('driver') or '-'} | {len(doc['rows'])} |")
+                     f"| {env.get('driver') or '-'} | {len(res.rows)} |")
     head = "| model | config | batch | mode | " + " | ".join(_cell_text(lb, 40) for lb in labels) + " |"
     rule = "|---|---|---:|---|" + "---:|" * len(labels)
 
     def section(title: str, cell) -> list[str]:
         out = ["", f"## {title}", "", head, rule]
         for key in order:
-            cells = [cell(t.get(key), tables[0].get(key), i == 0) for i, t in enumerate(tables)]
+            cells = [cell(res.find(*key), results[0].find(*key), i == 0) for i, res in enumerate(results)]
             out.append("| " + " | ".join(_cell_text(k, 40) for k in key) + " | " + " | ".join(cells) + " |")
         return out
 

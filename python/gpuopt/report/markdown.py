@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ..timing.measurement import format_ms
 
 if TYPE_CHECKING:
-    from .results import Results
+    from .results import Results, Row
 
 
 def _table(header: list[str], rows: list[list[str]], align_right_from: int = 1) -> list[str]:
@@ -26,9 +26,13 @@ def _grid(results: Results, model: str, mode: str, cell) -> list[str]:
         cells = []
         for b in batches:
             r = results.find(model, cfg, b, mode)
-            cells.append("-" if r is None else ("failed" if r["status"] != "ok" else cell(r)))
+            cells.append("-" if r is None else ("failed" if not r.ok else cell(r)))
         rows.append([cfg, *cells])
     return _table(["config", *[f"batch {b}" for b in batches]], rows)
+
+
+def _peak_bytes(row: Row) -> int | None:
+    return (row.peak_memory or {}).get("max_allocated_bytes")
 
 
 def _pick(results: Results, model: str, preferred: tuple[str, ...]) -> str | None:
@@ -61,38 +65,37 @@ def markdown(results: Results, baseline: str | None = None) -> str:
              f"{len(results.rows)} cells ({len(results.failed)} failed), {results.created}.", ""]
     speedups = results.speedups(baseline)
     for model in results.models():
-        unit = next((r.get("item_unit") for r in results.rows if r["model"] == model), "items")
+        unit = next((r.item_unit for r in results.rows if r.model == model), "items")
         lines += [f"## {model}", ""]
         tmode = _pick(results, model, ("throughput", "latency", "graph", "host", "end-to-end"))
         if tmode:
             lines += [f"### Throughput ({unit}/s, {tmode} mode)", ""]
-            lines += _grid(results, model, tmode, lambda r: f"{r['throughput_items_per_s']:,.0f}") + [""]
+            lines += _grid(results, model, tmode, lambda r: f"{r.throughput_items_per_s:,.0f}") + [""]
         lmode = _pick(results, model, ("latency", "graph", "host", "throughput"))
         if lmode:
             lines += [f"### Latency (ms per batch, {lmode} mode: p50 / p95 / p99)", ""]
             lines += _grid(results, model, lmode, lambda r: " / ".join(
-                f"{r['latency_ms'][k]:.3g}" for k in ("p50", "p95", "p99"))) + [""]
+                f"{r.latency_ms[k]:.3g}" for k in ("p50", "p95", "p99"))) + [""]
         if "end-to-end" in results.modes(model):
             lines += [f"### End to end ({unit}/s: host batch in, result on the host)", ""]
-            lines += _grid(results, model, "end-to-end", lambda r: f"{r['throughput_items_per_s']:,.0f}") + [""]
-        if tmode and any((r.get("peak_memory") or {}).get("max_allocated_bytes") for r in results.rows
-                         if r["model"] == model):
+            lines += _grid(results, model, "end-to-end", lambda r: f"{r.throughput_items_per_s:,.0f}") + [""]
+        if tmode and any(_peak_bytes(r) for r in results.rows if r.model == model):
             lines += ["### Peak memory (MiB allocated by torch)", ""]
             lines += _grid(results, model, tmode, lambda r: (
-                "-" if not (r.get("peak_memory") or {}).get("max_allocated_bytes") else
-                f"{r['peak_memory']['max_allocated_bytes'] / 2**20:,.0f}")) + [""]
+                f"{_peak_bytes(r) / 2**20:,.0f}" if _peak_bytes(r) else "-")) + [""]
         model_speedups = [s for s in speedups if s["model"] == model and s["mode"] == tmode]
         if model_speedups:
             base = model_speedups[0]["baseline"]
             lines += [f"### Speedup over {base} ({tmode} mode, 95% confidence interval)", ""]
             batches = results.batch_sizes(model)
+            by_cell = {(x["config"], x["batch_size"]): x for x in model_speedups}
             rows = []
             for cfg in results.configs(model):
                 if cfg == base:
                     continue
                 cells = []
                 for b in batches:
-                    s = next((x for x in model_speedups if x["config"] == cfg and x["batch_size"] == b), None)
+                    s = by_cell.get((cfg, b))
                     if s is None or s.get("speedup") is None:
                         cells.append("-")
                     else:
@@ -103,22 +106,22 @@ def markdown(results: Results, baseline: str | None = None) -> str:
         if "train" in results.modes(model):
             lines += [f"### Training step (forward + backward + SGD step; ms per step / {unit}/s)", ""]
             lines += _grid(results, model, "train", lambda r: (
-                f"{format_ms(r['latency_ms']['p50'])} / {r['throughput_items_per_s']:,.0f}")) + [""]
+                f"{format_ms(r.latency_ms['p50'])} / {r.throughput_items_per_s:,.0f}")) + [""]
         lines += _costs(results, model)
     failed = results.failed
     if failed:
         lines += ["## Failed cells", ""]
         lines += _table(["model", "config", "batch", "mode", "reason"],
-                        [[r["model"], r.get("config_label", r["config"]), str(r["batch_size"]), r["mode"],
-                          (r.get("error") or "").replace("|", "\\|").replace("\n", " ")[:300]] for r in failed], 5) + [""]
-    warned = [(r, w) for r in results.ok for w in r.get("warnings") or []]
+                        [[r.model, r.config, str(r.batch_size), r.mode,
+                          (r.error or "").replace("|", "\\|").replace("\n", " ")[:300]] for r in failed], 5) + [""]
+    warned = [(r, w) for r in results.ok for w in r.warnings]
     if warned:
         lines += ["## Warnings", ""]
-        lines += [f"- {r['model']} b{r['batch_size']} {r.get('config_label', r['config'])} {r['mode']}: {w}"
+        lines += [f"- {r.model} b{r.batch_size} {r.config} {r.mode}: {w}"
                   for r, w in warned[:50]]
         lines += [f"- ... and {len(warned) - 50} more"] if len(warned) > 50 else []
         lines += [""]
-    placed = [r for model in results.models() for r in _largest_batch_rows(results, model) if r.get("roofline")]
+    placed = [r.to_dict() for model in results.models() for r in _largest_batch_rows(results, model) if r.roofline]
     if placed:
         from ..analysis.roofline import roofline_markdown
 
@@ -131,20 +134,20 @@ def markdown(results: Results, baseline: str | None = None) -> str:
     return "\n".join(lines)
 
 
-def _largest_batch_rows(results: Results, model: str) -> list[dict]:
+def _largest_batch_rows(results: Results, model: str) -> list[Row]:
     """The rows the roofline section shows: largest batch, the throughput-like mode."""
     mode = _pick(results, model, ("throughput", "latency", "graph", "host"))
     b = max(results.batch_sizes(model))
-    return [r for r in results.ok if r["model"] == model and r["batch_size"] == b and r["mode"] == mode]
+    return [r for r in results.ok if r.model == model and r.batch_size == b and r.mode == mode]
 
 
 def _costs(results: Results, model: str) -> list[str]:
     rows = []
     for cfg in results.configs(model):
-        rs = [r for r in results.rows if r["model"] == model and r.get("config_label", r["config"]) == cfg]
-        prep = [r["prepare_s"] for r in rs if r.get("prepare_s") is not None]
-        first = [r["first_call_ms"] for r in rs if r.get("first_call_ms") is not None]
-        over = [r["runner_overhead_s"] for r in rs if r.get("runner_overhead_s") is not None]
+        rs = [r for r in results.rows if r.model == model and r.config == cfg]
+        prep = [r.prepare_s for r in rs if r.prepare_s is not None]
+        first = [r.first_call_ms for r in rs if r.first_call_ms is not None]
+        over = [r.runner_overhead_s for r in rs if r.runner_overhead_s is not None]
         if prep or over:
             rows.append([cfg, f"{max(prep):.2f}" if prep else "-", f"{max(first):.1f}" if first else "-",
                          f"{sum(over) / len(over):.2f}" if over else "-"])

@@ -73,7 +73,7 @@ def _mode(results: Results, model: str, mode: str | None, preferred: tuple[str, 
 
 
 def _unit(results: Results, model: str) -> str:
-    return next((r.get("item_unit") for r in results.rows if r["model"] == model), "items") or "items"
+    return next((r.item_unit for r in results.rows if r.model == model), "items") or "items"
 
 
 def throughput_vs_batch(results: Results, model: str | None = None, mode: str | None = None, path=None):
@@ -83,8 +83,8 @@ def throughput_vs_batch(results: Results, model: str | None = None, mode: str | 
     mode = _mode(results, model, mode, ("throughput", "latency", "graph", "end-to-end"))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for cfg in results.configs(model):
-        pts = [(r["batch_size"], r["throughput_items_per_s"]) for b in results.batch_sizes(model)
-               if (r := results.find(model, cfg, b, mode)) and r["status"] == "ok"]
+        pts = [(r.batch_size, r.throughput_items_per_s) for b in results.batch_sizes(model)
+               if (r := results.find(model, cfg, b, mode)) and r.ok]
         if pts:
             ax.plot(*zip(*pts), marker="o", label=cfg)
     _batch_axis(ax, results.batch_sizes(model))
@@ -103,14 +103,13 @@ def latency_vs_batch(results: Results, model: str | None = None, mode: str | Non
     mode = _mode(results, model, mode, ("latency", "graph", "throughput"))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, cfg in enumerate(results.configs(model)):
-        rows = [r for b in results.batch_sizes(model)
-                if (r := results.find(model, cfg, b, mode)) and r["status"] == "ok"]
+        rows = [r for b in results.batch_sizes(model) if (r := results.find(model, cfg, b, mode)) and r.ok]
         if not rows:
             continue
         color = f"C{i % 10}"
-        xs = [r["batch_size"] for r in rows]
-        ax.plot(xs, [r["latency_ms"]["p50"] for r in rows], marker="o", color=color, label=f"{cfg} p50")
-        ax.plot(xs, [r["latency_ms"]["p95"] for r in rows], linestyle="--", color=color, label=f"{cfg} p95")
+        xs = [r.batch_size for r in rows]
+        ax.plot(xs, [r.latency_ms["p50"] for r in rows], marker="o", color=color, label=f"{cfg} p50")
+        ax.plot(xs, [r.latency_ms["p95"] for r in rows], linestyle="--", color=color, label=f"{cfg} p95")
     ax.set_yscale("log")
     _batch_axis(ax, results.batch_sizes(model))
     ax.set_ylabel("latency per batch (ms)")
@@ -158,9 +157,9 @@ def memory_bars(results: Results, model: str | None = None, batch_size: int | No
     batch_size = batch_size or max(results.batch_sizes(model))
     vals = []
     for cfg in results.configs(model):
-        peaks = [r["peak_memory"]["max_allocated_bytes"] for r in results.rows
-                 if r["model"] == model and r.get("config_label", r["config"]) == cfg and r["batch_size"] == batch_size
-                 and r["status"] == "ok" and (r.get("peak_memory") or {}).get("max_allocated_bytes")]
+        peaks = [(r.peak_memory or {}).get("max_allocated_bytes") for mode in results.modes(model)
+                 if (r := results.find(model, cfg, batch_size, mode)) and r.ok]
+        peaks = [p for p in peaks if p]
         if peaks:
             vals.append((cfg, max(peaks) / 2**20))
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -185,8 +184,8 @@ def latency_distribution(results: Results, model: str | None = None, batch_size:
     data = []
     for cfg in results.configs(model):
         r = results.find(model, cfg, batch_size, mode)
-        if r and r["status"] == "ok" and r.get("measurement"):
-            data.append((cfg, r["measurement"]["samples_ms"]))
+        if r and r.ok and r.measurement is not None:
+            data.append((cfg, r.measurement.samples_ms))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if data:
         ax.violinplot([d[1] for d in data], showmedians=True)
@@ -208,10 +207,10 @@ def roofline(results: Results, model: str | None = None, mode: str | None = None
     mode = _mode(results, model, mode, ("throughput", "latency", "graph"))
     if not results.ceilings:
         raise ValueError("these results carry no device ceilings (CPU run, or a GPU missing from the datasheet)")
-    rows = [r for r in results.ok if r["model"] == model and r["mode"] == mode]
-    precisions = list(dict.fromkeys(r.get("precision") or "fp32" for r in rows))
+    rows = [r for r in results.ok if r.model == model and r.mode == mode]
+    precisions = list(dict.fromkeys(r.precision or "fp32" for r in rows))
     precision = precision or (precisions[0] if precisions else "fp32")
-    points = roofline_points([r for r in rows if (r.get("precision") or "fp32") == precision])
+    points = roofline_points([r.to_dict() for r in rows if (r.precision or "fp32") == precision])
     if not points:
         raise ValueError(f"no {model} row in {mode} mode with precision {precision} carries a roofline placement")
     return plot_roofline(points, results.ceilings, precision,
@@ -227,7 +226,7 @@ def save_all(results: Results, out: str | Path) -> dict[str, Path]:
         kinds: dict[str, Any] = {"throughput": throughput_vs_batch, "latency": latency_vs_batch,
                                  "speedup": speedup_bars, "memory": memory_bars, "distribution": latency_distribution}
         if results.ceilings:
-            for prec in dict.fromkeys(r.get("precision") or "fp32" for r in results.ok if r["model"] == model):
+            for prec in dict.fromkeys(r.precision or "fp32" for r in results.ok if r.model == model):
                 kinds[f"roofline-{prec}"] = lambda res, m, path, prec=prec: roofline(res, m, precision=prec, path=path)
         for kind, fn in kinds.items():
             path = out / f"{model}-{kind}"

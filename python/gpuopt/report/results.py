@@ -1,6 +1,6 @@
-"""Results of a benchmark or sweep: one row per (model, config, batch size, mode), the environment,
-speedups with confidence intervals, and every file format a report needs -- written atomically, so
-an interrupted run never leaves a corrupt JSON or CSV."""
+"""Results of a benchmark or sweep: one typed :class:`Row` per cell (model, config, batch size, mode),
+the environment, speedups with confidence intervals, and every file format a report needs -- written
+atomically, so an interrupted run never leaves a corrupt JSON or CSV."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import io
 import json
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,158 @@ from .._files import check_writable, write_atomic
 from ..timing.compare import Comparison, compare
 from ..timing.measurement import Measurement, format_ms
 
-SCHEMA_VERSION = 1
+# 2: one label field ("config" is what the user sees; version 1 rows also carried the canonical string
+# in "config" and the label in "config_label").
+SCHEMA_VERSION = 2
+STATUSES = ("ok", "failed")
+Key = tuple[str, str, int, str]  # (model, config, batch_size, mode)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One cell of a benchmark -- ``(model, config, batch_size, mode)`` -- and what happened there.
+
+    Built by :meth:`measured` or :meth:`failed` (the runner, the sweep and the readers of saved files
+    all go through these); ``error`` says why a failed cell failed.
+    """
+
+    model: str
+    config: str  # the config's label: its name if it was given one, else its canonical string
+    batch_size: int
+    mode: str
+    status: str  # "ok" or "failed"
+    error: str | None = None
+    precision: str | None = None
+    device: str | None = None
+    item_unit: str = "items"
+    items_per_call: int | None = None
+    # One forward call's cost per item (None where it could not be counted).
+    flops_per_item: float | None = None
+    bytes_per_item_min: float | None = None
+    bytes_per_item_max: float | None = None
+    # Preparing the config and its parity gate, outside the timed region.
+    prepare_s: float | None = None
+    first_call_ms: float | None = None
+    notes: list[str] = field(default_factory=list)
+    parity: dict[str, Any] | None = None  # Parity.to_dict(), with "error" when the gate failed
+    parity_s: float | None = None
+    # The measurement and the figures the reports read from it.
+    measurement: Measurement | None = None
+    latency_ms: dict[str, float] | None = None  # p50, p95, p99, mean, min
+    throughput_items_per_s: float | None = None
+    ci95_ms: list[float] | None = None
+    ci_rel: float | None = None
+    peak_memory: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
+    diagnosis: str | None = None
+    timing: dict[str, Any] | None = None
+    runner_overhead_s: float | None = None
+    roofline: dict[str, Any] | None = None  # analysis.roofline.place() of the throughput
+
+    @property
+    def key(self) -> Key:
+        return (self.model, self.config, self.batch_size, self.mode)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @classmethod
+    def measured(cls, m: Measurement, *, model: str, config: str, batch_size: int, mode: str,
+                 **facts: Any) -> Row:
+        """The row of a measured cell; ``facts`` are the fields that do not come from the measurement
+        (precision, device, prepare_s, parity, ...)."""
+        _check_facts(facts)
+        return cls(
+            model=model, config=config, batch_size=batch_size, mode=mode, status="ok", measurement=m,
+            latency_ms={"p50": m.p50, "p95": m.p95, "p99": m.p99, "mean": m.mean, "min": m.min},
+            throughput_items_per_s=batch_size * 1e3 / m.p50 if m.p50 > 0 else None,
+            ci95_ms=list(m.ci95), ci_rel=m.ci_rel, peak_memory=m.memory, warnings=list(m.warnings),
+            diagnosis=m.diagnosis,
+            timing={"n": m.n, "warmup_s": m.warmup_s, "sampling_s": m.sampling_s, "stop_reason": m.stop_reason,
+                    "target_met": m.target_met, "mode": m.mode},
+            **facts)
+
+    @classmethod
+    def failed(cls, reason: str, *, model: str, config: str, batch_size: int, mode: str, **facts: Any) -> Row:
+        """The row of a cell that failed (out of memory, compile error, parity, ...) and why."""
+        _check_facts(facts)
+        if not isinstance(reason, str) or not reason:
+            raise ValueError(f"a failed row needs its reason as a non-empty string, got {reason!r}")
+        return cls(model=model, config=config, batch_size=batch_size, mode=mode, status="failed", error=reason,
+                   **facts)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["measurement"] = self.measurement.to_dict() if self.measurement is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], version: int = SCHEMA_VERSION) -> Row:
+        """A row from :meth:`to_dict` (``version`` 2) or from a version 1 document, where ``config`` was
+        the canonical string and ``config_label`` the label."""
+        if not isinstance(d, dict):
+            raise TypeError(f"a result row is a dict, got {type(d).__name__}")
+        d = dict(d)
+        if version == 1 and "config_label" in d:
+            label = d.pop("config_label")
+            d["config"] = label or d.get("config")
+        lacking = [k for k in ("model", "config", "batch_size", "mode", "status") if k not in d]
+        if lacking:
+            raise ValueError(f"lacks {', '.join(lacking)}")
+        unknown = sorted(set(d) - _FIELDS)
+        if unknown:
+            raise ValueError(f"has unknown field(s) {', '.join(unknown)} (schema version {version})")
+        for name in ("model", "config", "mode"):
+            if not isinstance(d[name], str):
+                raise ValueError(f"{name} must be a string, got {d[name]!r}")
+        if isinstance(d["batch_size"], bool) or not isinstance(d["batch_size"], int):
+            raise ValueError(f"batch_size must be an integer, got {d['batch_size']!r}")
+        if d["status"] not in STATUSES:
+            raise ValueError(f"status must be one of {', '.join(STATUSES)}, got {d['status']!r}")
+        if d.get("measurement") is not None:
+            d["measurement"] = Measurement.from_dict(d["measurement"])
+        for name in ("notes", "warnings"):
+            if d.get(name) is None:
+                d.pop(name, None)
+        return cls(**d)
+
+
+_FIELDS = {f.name for f in fields(Row)}
+_MEASURED = {"status", "error", "measurement", "latency_ms", "throughput_items_per_s", "ci95_ms", "ci_rel",
+             "peak_memory", "warnings", "diagnosis", "timing"}
+
+
+def _check_facts(facts: dict[str, Any]) -> None:
+    bad = sorted(set(facts) - (_FIELDS - _MEASURED))
+    if bad:
+        raise TypeError(f"{', '.join(bad)} cannot be given as facts of a row (unknown, or set by the constructor)")
+
+
+def read_cells(path: str | os.PathLike) -> list[Row]:
+    """The rows of a sweep's ``cells.jsonl``, one JSON row per line (version 1 lines, with
+    ``config_label``, are read too). A line that is not JSON was cut short by a crash: it is skipped,
+    so its cell counts as not run; a later line of the same cell replaces an earlier one."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read cells file {str(path)!r}: {exc.strerror or exc}") from exc
+    rows: dict[Key, Row] = {}
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        try:
+            row = Row.from_dict(d, version=1 if isinstance(d, dict) and "config_label" in d else SCHEMA_VERSION)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}:{i}: row {exc}") from exc
+        rows[row.key] = row
+    return list(rows.values())
+
 
 CSV_COLUMNS = [
     "model", "config", "precision", "batch_size", "mode", "status", "error", "p50_ms", "p95_ms", "p99_ms",
@@ -27,44 +179,46 @@ CSV_COLUMNS = [
 ]
 
 
-def _flat(row: dict) -> dict[str, Any]:
-    lat = row.get("latency_ms") or {}
-    mem = row.get("peak_memory") or {}
-    par = row.get("parity") or {}
-    roof = row.get("roofline") or {}
-    alloc = mem.get("max_allocated_bytes")
+def _flat(row: Row) -> dict[str, Any]:
+    lat = row.latency_ms or {}
+    par = row.parity or {}
+    roof = row.roofline or {}
+    alloc = (row.peak_memory or {}).get("max_allocated_bytes")
     return {
-        "model": row["model"], "config": row.get("config_label", row["config"]), "precision": row.get("precision"),
-        "batch_size": row["batch_size"], "mode": row["mode"], "status": row["status"], "error": row.get("error"),
-        "p50_ms": lat.get("p50"), "p95_ms": lat.get("p95"), "p99_ms": lat.get("p99"), "mean_ms": lat.get("mean"),
-        "throughput_items_per_s": row.get("throughput_items_per_s"), "item_unit": row.get("item_unit"),
-        "ci_rel": row.get("ci_rel"), "peak_allocated_mib": None if alloc is None else alloc / 2**20,
-        "parity_passed": par.get("passed"), "parity_worst_rel_l2": par.get("worst_rel_l2"),
-        "prepare_s": row.get("prepare_s"), "first_call_ms": row.get("first_call_ms"),
-        "runner_overhead_s": row.get("runner_overhead_s"), "achieved_tflops": roof.get("achieved_tflops"),
-        "pct_of_compute_ceiling": roof.get("pct_of_compute_ceiling"), "achieved_gbps": roof.get("achieved_gbps"),
-        "bound": roof.get("bound"), "diagnosis": row.get("diagnosis"), "device": row.get("device"),
+        "model": row.model, "config": row.config, "precision": row.precision, "batch_size": row.batch_size,
+        "mode": row.mode, "status": row.status, "error": row.error, "p50_ms": lat.get("p50"),
+        "p95_ms": lat.get("p95"), "p99_ms": lat.get("p99"), "mean_ms": lat.get("mean"),
+        "throughput_items_per_s": row.throughput_items_per_s, "item_unit": row.item_unit, "ci_rel": row.ci_rel,
+        "peak_allocated_mib": None if alloc is None else alloc / 2**20, "parity_passed": par.get("passed"),
+        "parity_worst_rel_l2": par.get("worst_rel_l2"), "prepare_s": row.prepare_s,
+        "first_call_ms": row.first_call_ms, "runner_overhead_s": row.runner_overhead_s,
+        "achieved_tflops": roof.get("achieved_tflops"), "pct_of_compute_ceiling": roof.get("pct_of_compute_ceiling"),
+        "achieved_gbps": roof.get("achieved_gbps"), "bound": roof.get("bound"), "diagnosis": row.diagnosis,
+        "device": row.device,
     }
 
 
 class Results:
-    """Rows of a benchmark with its environment; see :func:`gpuopt.benchmark`.
+    """Rows of a benchmark with its environment, one per cell; see :func:`gpuopt.benchmark`.
 
     >>> r = Results.load("results.json")        # doctest: +SKIP
+    >>> r.find("resnet50", "fp16-amp", 32, "throughput").throughput_items_per_s   # doctest: +SKIP
     >>> r.speedups(baseline="fp32")             # doctest: +SKIP
     """
 
-    def __init__(self, rows: list[dict] | None = None, *, env: dict | None = None, build: dict | None = None,
+    def __init__(self, rows: Iterable[Row] = (), *, env: dict | None = None, build: dict | None = None,
                  spec: dict | None = None, created: str | None = None, profiles: dict | None = None,
                  ceilings: dict | None = None):
-        self.rows: list[dict] = list(rows or [])
+        self._rows: dict[Key, Row] = {}
         self.env = env or {}
         self.build = build or {}
         self.spec = spec or {}
         self.created = created or _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         self.profiles: dict[str, dict] = dict(profiles or {})
         self.ceilings = ceilings  # what the roofline placement used (measured or datasheet), if any
-        self._speedups: dict[tuple, list[dict]] = {}  # bootstraps are not free: report and plots share them
+        self._speedups: dict[str | None, list[dict]] = {}  # bootstraps are not free: report and plots share them
+        for row in rows:
+            self.add(row)
 
     @classmethod
     def new(cls, spec: dict | None = None) -> Results:
@@ -73,46 +227,50 @@ class Results:
 
         return cls(env=env(), build=build_info(), spec=spec)
 
-    def add(self, row: dict) -> None:
-        self.rows.append(row)
+    def add(self, row: Row) -> None:
+        """Add the row of a cell not yet in these results (ValueError naming the cell otherwise)."""
+        if not isinstance(row, Row):
+            raise TypeError(f"Results hold gpuopt Row objects (Row.measured / Row.failed), got {type(row).__name__}")
+        if row.key in self._rows:
+            raise ValueError(f"cell {row.model} {row.config} batch {row.batch_size} {row.mode} is already in "
+                             "these results")
+        self._rows[row.key] = row
+        self._speedups.clear()
 
     # ---- views -------------------------------------------------------------------------------------
+    @property
+    def rows(self) -> list[Row]:
+        """Every row, in the order the cells were added."""
+        return list(self._rows.values())
+
     @property
     def device(self) -> str:
         gpus = self.env.get("gpus") or []
         return gpus[0]["name"] if gpus else "CPU"
 
     @property
-    def ok(self) -> list[dict]:
-        return [r for r in self.rows if r["status"] == "ok"]
+    def ok(self) -> list[Row]:
+        return [r for r in self._rows.values() if r.ok]
 
     @property
-    def failed(self) -> list[dict]:
-        return [r for r in self.rows if r["status"] != "ok"]
+    def failed(self) -> list[Row]:
+        return [r for r in self._rows.values() if not r.ok]
 
     def models(self) -> list[str]:
-        return list(dict.fromkeys(r["model"] for r in self.rows))
+        return list(dict.fromkeys(r.model for r in self._rows.values()))
 
     def configs(self, model: str | None = None) -> list[str]:
-        return list(dict.fromkeys(r.get("config_label", r["config"]) for r in self.rows
-                                  if model is None or r["model"] == model))
+        return list(dict.fromkeys(r.config for r in self._rows.values() if model is None or r.model == model))
 
     def batch_sizes(self, model: str | None = None) -> list[int]:
-        return sorted({r["batch_size"] for r in self.rows if model is None or r["model"] == model})
+        return sorted({r.batch_size for r in self._rows.values() if model is None or r.model == model})
 
     def modes(self, model: str | None = None) -> list[str]:
-        return list(dict.fromkeys(r["mode"] for r in self.rows if model is None or r["model"] == model))
+        return list(dict.fromkeys(r.mode for r in self._rows.values() if model is None or r.model == model))
 
-    def find(self, model: str, config: str, batch_size: int, mode: str) -> dict | None:
-        for r in self.rows:
-            if (r["model"], r.get("config_label", r["config"]), r["batch_size"], r["mode"]) == (
-                    model, config, batch_size, mode):
-                return r
-        return None
-
-    @staticmethod
-    def measurement(row: dict) -> Measurement | None:
-        return Measurement.from_dict(row["measurement"]) if row.get("measurement") else None
+    def find(self, model: str, config: str, batch_size: int, mode: str) -> Row | None:
+        """The row of one cell (``config`` is the label the rows show), or None."""
+        return self._rows.get((model, config, batch_size, mode))
 
     def baseline_config(self, model: str | None = None) -> str | None:
         cfgs = self.configs(model)
@@ -120,11 +278,11 @@ class Results:
 
     def speedups(self, baseline: str | None = None) -> list[dict]:
         """Per model, batch size and mode: each config's speedup over ``baseline`` (default: the first
-        config) -- the ratio of medians with its 95% block-bootstrap interval and verdict."""
-        key = (baseline, len(self.rows))
-        if key not in self._speedups:
-            self._speedups[key] = self._compute_speedups(baseline)
-        return self._speedups[key]
+        config) -- the ratio of medians with its 95% block-bootstrap interval and the verdict of
+        :func:`gpuopt.compare`."""
+        if baseline not in self._speedups:
+            self._speedups[baseline] = self._compute_speedups(baseline)
+        return self._speedups[baseline]
 
     def _compute_speedups(self, baseline: str | None) -> list[dict]:
         out = []
@@ -133,28 +291,25 @@ class Results:
             for b in self.batch_sizes(model):
                 for mode in self.modes(model):
                     ref = self.find(model, base, b, mode)
-                    m_ref = self.measurement(ref) if ref else None
-                    if m_ref is None:
+                    if ref is None or ref.measurement is None:
                         continue
                     for cfg in self.configs(model):
                         row = self.find(model, cfg, b, mode)
                         if cfg == base or row is None:
                             continue
-                        m = self.measurement(row)
-                        if m is None:
-                            out.append({"model": model, "config": cfg, "baseline": base, "batch_size": b, "mode": mode,
-                                        "speedup": None, "error": row.get("error")})
+                        cell = {"model": model, "config": cfg, "baseline": base, "batch_size": b, "mode": mode}
+                        if row.measurement is None:
+                            out.append({**cell, "speedup": None, "error": row.error})
                             continue
-                        c: Comparison = compare(m_ref, m)
-                        out.append({"model": model, "config": cfg, "baseline": base, "batch_size": b, "mode": mode,
-                                    "speedup": c.speedup, "ci": list(c.ci), "verdict": c.verdict})
+                        c: Comparison = compare(ref.measurement, row.measurement)
+                        out.append({**cell, "speedup": c.speedup, "ci": list(c.ci), "verdict": c.verdict})
         return out
 
     # ---- formats -----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"schema_version": SCHEMA_VERSION, "created": self.created, "device": self.device, "env": self.env,
-                "build": self.build, "spec": self.spec, "rows": self.rows, "profiles": self.profiles,
-                "ceilings": self.ceilings}
+                "build": self.build, "spec": self.spec, "rows": [r.to_dict() for r in self._rows.values()],
+                "profiles": self.profiles, "ceilings": self.ceilings}
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         text = json.dumps(self.to_dict(), indent=1, default=str)
@@ -164,45 +319,50 @@ class Results:
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> Results:
-        if not isinstance(doc, dict) or "rows" not in doc:
-            raise ValueError("not a gpuopt results document: no 'rows'")
-        version = doc.get("schema_version")
-        if not isinstance(version, int) or version > SCHEMA_VERSION:
+        """Results from :meth:`to_dict`, or from a version 1 document (gpuopt 0.1)."""
+        if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
+            raise ValueError("not a gpuopt results document: no 'rows' list")
+        version = doc.get("schema_version", 1)
+        if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= SCHEMA_VERSION:
             raise ValueError(f"results schema_version {version!r} is not one this gpuopt reads "
-                             f"(<= {SCHEMA_VERSION}); upgrade gpuopt")
-        return cls(doc["rows"], env=doc.get("env"), build=doc.get("build"), spec=doc.get("spec"),
+                             f"(1 to {SCHEMA_VERSION}); upgrade gpuopt")
+        rows = []
+        for i, d in enumerate(doc["rows"], 1):
+            try:
+                rows.append(Row.from_dict(d, version))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"row {i} {exc}") from exc
+        return cls(rows, env=doc.get("env"), build=doc.get("build"), spec=doc.get("spec"),
                    created=doc.get("created"), profiles=doc.get("profiles"), ceilings=doc.get("ceilings"))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> Results:
-        """Read a results JSON (from :meth:`to_json` / :meth:`save`) or a sweep's cells JSONL."""
+        """Read a results JSON (from :meth:`to_json` / :meth:`save`) or a sweep's ``cells.jsonl`` (with
+        the environment from the ``sweep.json`` beside it), of this schema version or version 1."""
         path = Path(path)
+        if path.suffix == ".jsonl":
+            header_path = path.parent / "sweep.json"
+            header = json.loads(header_path.read_text()) if header_path.exists() else {}
+            return cls(read_cells(path), env=header.get("env"), build=header.get("build"), spec=header.get("spec"),
+                       created=header.get("created"))
         try:
             text = path.read_text()
         except OSError as exc:
             raise ValueError(f"cannot read results file {str(path)!r}: {exc.strerror or exc}") from exc
-        if path.suffix == ".jsonl":
-            rows = []
-            for i, line in enumerate(text.splitlines(), 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise ValueError(f"{path}:{i}: not a JSON line ({exc.msg})") from exc
-            header = json.loads((path.parent / "sweep.json").read_text()) if (path.parent / "sweep.json").exists() else {}
-            return cls(rows, env=header.get("env"), build=header.get("build"), spec=header.get("spec"),
-                       created=header.get("created"))
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from exc
-        return cls.from_dict(doc)
+        try:
+            return cls.from_dict(doc)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
 
     def to_csv(self, path: str | os.PathLike | None = None) -> str:
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS)
         w.writeheader()
-        for r in self.rows:
+        for r in self._rows.values():
             w.writerow(_flat(r))
         if path is not None:
             write_atomic(path, buf.getvalue())
@@ -214,7 +374,7 @@ class Results:
             import pandas as pd
         except ImportError as exc:
             raise ImportError("Results.to_dataframe needs pandas: pip install pandas") from exc
-        return pd.DataFrame([_flat(r) for r in self.rows], columns=CSV_COLUMNS)
+        return pd.DataFrame([_flat(r) for r in self._rows.values()], columns=CSV_COLUMNS)
 
     def to_markdown(self, baseline: str | None = None) -> str:
         from .markdown import markdown
@@ -242,17 +402,17 @@ class Results:
         """A plain-text table of every row (what `gpuopt bench` prints)."""
         head = f"{'model':12s} {'config':32s} {'batch':>5s} {'mode':11s} {'p50':>10s} {'p95':>10s} {'items/s':>10s}  note"
         lines = [head, "-" * len(head)]
-        for r in self.rows:
-            lat = r.get("latency_ms") or {}
-            tput = r.get("throughput_items_per_s")
-            note = (r.get("error") or "")[:70] if r["status"] != "ok" else (r.get("diagnosis") or "")
-            lines.append(f"{r['model'][:12]:12s} {r.get('config_label', r['config'])[:32]:32s} {r['batch_size']:>5d} "
-                         f"{r['mode']:11s} {format_ms(lat['p50']) if lat else '-':>10s} "
-                         f"{format_ms(lat['p95']) if lat else '-':>10s} {f'{tput:,.0f}' if tput else '-':>10s}  {note}")
+        for r in self._rows.values():
+            lat = r.latency_ms or {}
+            tput = r.throughput_items_per_s
+            note = (r.error or "")[:70] if not r.ok else (r.diagnosis or "")
+            lines.append(f"{r.model[:12]:12s} {r.config[:32]:32s} {r.batch_size:>5d} {r.mode:11s} "
+                         f"{format_ms(lat['p50']) if lat else '-':>10s} {format_ms(lat['p95']) if lat else '-':>10s} "
+                         f"{f'{tput:,.0f}' if tput else '-':>10s}  {note}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return (f"Results({len(self.rows)} rows, {len(self.failed)} failed, models {self.models()}, "
+        return (f"Results({len(self._rows)} rows, {len(self.failed)} failed, models {self.models()}, "
                 f"device {self.device})")
 
     def _repr_html_(self) -> str:
@@ -260,22 +420,23 @@ class Results:
 
         rows = "".join(
             "<tr>" + "".join(f"<td>{html.escape(str(v) if v is not None else '-')}</td>" for v in (
-                r["model"], r.get("config_label", r["config"]), r["batch_size"], r["mode"],
-                format_ms((r.get("latency_ms") or {}).get("p50")) if r.get("latency_ms") else "-",
-                f"{r['throughput_items_per_s']:,.0f}" if r.get("throughput_items_per_s") else "-",
-                r["status"] if r["status"] == "ok" else (r.get("error") or "")[:80])) + "</tr>"
-            for r in self.rows)
+                r.model, r.config, r.batch_size, r.mode,
+                format_ms(r.latency_ms["p50"]) if r.latency_ms else "-",
+                f"{r.throughput_items_per_s:,.0f}" if r.throughput_items_per_s else "-",
+                r.status if r.ok else (r.error or "")[:80])) + "</tr>"
+            for r in self._rows.values())
         head = "".join(f"<th>{h}</th>" for h in ("model", "config", "batch", "mode", "p50", "items/s", "status"))
         return f"<div><b>{html.escape(repr(self))}</b><table><tr>{head}</tr>{rows}</table></div>"
 
 
 def merge(results: Iterable[Results]) -> Results:
-    """Rows of several Results in one (environment of the first)."""
+    """Rows of several Results in one (environment of the first); a cell present twice is a ValueError."""
     items = list(results)
     if not items:
         raise ValueError("nothing to merge")
     out = Results(env=items[0].env, build=items[0].build, spec=items[0].spec, created=items[0].created)
     for r in items:
-        out.rows.extend(r.rows)
+        for row in r.rows:
+            out.add(row)
         out.profiles.update(r.profiles)
     return out

@@ -1,9 +1,13 @@
 """``benchmark()``: a model under several configs and batch sizes, every cell prepared, checked for
-parity against FP32 and measured in each mode, into a :class:`~gpuopt.Results` table."""
+parity against FP32 and measured in each mode, into a :class:`~gpuopt.Results` table.
+
+``plan_benchmark()`` validates everything first and runs nothing, so a caller (the CLI) can tell a
+usage error (raised by the plan) from a failure during the run (recorded in the rows)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +18,7 @@ from ..prepare.config import Config
 from ..report.results import Results
 from .runner import ProgressBar, Runner
 from .workload import (
+    Workload,
     batch_of,
     check_measure_options,
     resolve_batch_sizes,
@@ -22,6 +27,78 @@ from .workload import (
     resolve_modes,
     workload,
 )
+
+
+@dataclass
+class BenchmarkPlan:
+    """A validated benchmark that has not run yet; :meth:`run` runs it."""
+
+    work: Workload
+    configs: list[Config]
+    batch_sizes: list[int]
+    modes: list[str]
+    device: torch.device
+    parity: bool
+    measure_options: dict[str, Any]
+    output_dir: str | None
+    profile: bool
+    progress: bool
+
+    def run(self) -> Results:
+        """Every cell, recorded as a row (a failing cell or batch size with its reason); the results
+        are saved to ``output_dir`` also when the run is interrupted."""
+        results = Results.new(spec={"models": [self.work.name], "configs": [str(c) for c in self.configs],
+                                    "config_labels": [c.label for c in self.configs],
+                                    "batch_sizes": self.batch_sizes, "modes": self.modes, "parity": self.parity,
+                                    "measure": self.measure_options})
+        bar = ProgressBar(len(self.batch_sizes) * len(self.configs), self.progress)
+        profile_dir = str(Path(self.output_dir or ".") / "gpuopt-profiles") if self.profile else None
+        runner = Runner(self.work, self.configs, self.modes, parity=self.parity, device=self.device,
+                        measure_options=self.measure_options, on_row=results.add, profile_dir=profile_dir,
+                        progress=bar)
+        try:
+            for b in self.batch_sizes:
+                runner.run_batch(b)
+        finally:
+            bar.close()
+            results.profiles.update(runner.profiles)
+            results.ceilings = runner.ceilings
+            if self.output_dir is not None:
+                results.save(self.output_dir)
+        return results
+
+
+def plan_benchmark(
+    model_or_name: torch.nn.Module | str,
+    *,
+    inputs: Any = None,
+    input_shape: Sequence[int] | None = None,
+    input_fn: Callable[[int], Any] | None = None,
+    configs: str | Config | Sequence[str | Config] = "bench",
+    batch_sizes: Sequence[int] | int = (1, 8, 16, 32),
+    modes: Sequence[str] | str = ("latency", "throughput"),
+    parity: bool = True,
+    train: bool = False,
+    output_dir: str | None = None,
+    device: str | torch.device | None = None,
+    profile: bool = False,
+    progress: bool = True,
+    **measure_options: Any,
+) -> BenchmarkPlan:
+    """Validate the arguments of :func:`benchmark` (ValueError / TypeError naming the bad one, before
+    anything runs) and return the plan; nothing is measured until ``plan.run()``."""
+    for name, flag in (("parity", parity), ("train", train), ("profile", profile), ("progress", progress)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
+    work = workload(model_or_name, inputs=inputs, input_shape=input_shape, input_fn=input_fn)
+    cfgs = resolve_configs(configs)
+    batches = resolve_batch_sizes(batch_sizes) if work.make_inputs is not None else [batch_of(work.fixed_inputs)]
+    dev = resolve_device(device)
+    mode_list = resolve_modes(modes, train, dev)
+    opts = check_measure_options(dict(measure_options))
+    if output_dir is not None:
+        check_writable(output_dir)
+    return BenchmarkPlan(work, cfgs, batches, mode_list, dev, parity, opts, output_dir, profile, progress)
 
 
 def benchmark(
@@ -40,7 +117,7 @@ def benchmark(
     profile: bool = False,
     progress: bool = True,
     **measure_options: Any,
-):
+) -> Results:
     """Benchmark a model under several configs and batch sizes; return a :class:`Results`.
 
     Every cell (config x batch size) is prepared (``Config.apply``), checked for parity against the
@@ -48,38 +125,15 @@ def benchmark(
     measured in each of ``modes`` (``latency``, ``throughput``, ``graph``, ``host``, ``end-to-end``: host
     batch in through :class:`gpuopt.InputPipeline`, result back on the host). ``train=True`` adds
     forward + backward + optimizer-step timing. A cell that fails (out of memory, compile error,
-    parity) is recorded with its reason and the rest goes on. ``measure_options`` go to
+    parity) is recorded with its reason and the rest goes on; so is every cell of a batch size whose
+    inputs or FP32 reference fail (e.g. out of memory), and the other batch sizes still run. Bad
+    arguments raise ValueError or TypeError before anything runs. ``measure_options`` go to
     :func:`gpuopt.measure` (e.g. ``max_time_s=2``). ``output_dir`` saves JSON, CSV, Markdown and plots.
 
     >>> r = gpuopt.benchmark("tiny-cnn", configs=["fp32", "bf16-amp"], batch_sizes=[1, 8],
     ...                      device="cpu", max_time_s=0.2)                       # doctest: +SKIP
     >>> print(r.to_markdown())                                                   # doctest: +SKIP
     """
-    work = workload(model_or_name, inputs=inputs, input_shape=input_shape, input_fn=input_fn)
-    cfgs = resolve_configs(configs)
-    batches = resolve_batch_sizes(batch_sizes) if work.make_inputs is not None else [batch_of(work.fixed_inputs)]
-    dev = resolve_device(device)
-    mode_list = resolve_modes(modes, train, dev)
-    opts = check_measure_options(dict(measure_options))
-    for name, flag in (("parity", parity), ("train", train), ("profile", profile), ("progress", progress)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be True or False, got {flag!r}")
-    if output_dir is not None:
-        check_writable(output_dir)  # before the run, not after it
-    results = Results.new(spec={"models": [work.name], "configs": [str(c) for c in cfgs],
-                                "config_labels": [c.label for c in cfgs], "batch_sizes": batches,
-                                "modes": mode_list, "parity": parity, "measure": opts})
-    bar = ProgressBar(len(batches) * len(cfgs), progress)
-    profile_dir = str(Path(output_dir or ".") / "gpuopt-profiles") if profile else None
-    runner = Runner(work, cfgs, mode_list, parity=parity, device=dev, measure_options=opts,
-                    on_row=results.add, profile_dir=profile_dir, progress=bar)
-    try:
-        for b in batches:
-            runner.run_batch(b)
-    finally:
-        bar.close()
-        results.profiles.update(runner.profiles)
-        results.ceilings = runner.ceilings
-        if output_dir is not None:
-            results.save(output_dir)
-    return results
+    return plan_benchmark(model_or_name, inputs=inputs, input_shape=input_shape, input_fn=input_fn, configs=configs,
+                          batch_sizes=batch_sizes, modes=modes, parity=parity, train=train, output_dir=output_dir,
+                          device=device, profile=profile, progress=progress, **measure_options).run()

@@ -7,6 +7,7 @@ import copy
 import itertools
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,10 @@ from ..analysis.profiler import profile
 from ..memory import InputPipeline, PinnedPool
 from ..prepare.config import Config, Prepared
 from ..prepare.parity import parity as check_parity
+from ..prepare.signal import with_signal
+from ..report.results import Key, Row
 from ..timing.inputs import split_inputs, tensors_in
-from ..timing.measurement import Measurement, measure
+from ..timing.measurement import measure
 from .workload import TRAIN_MODE, Workload, batch_of
 
 
@@ -28,9 +31,12 @@ def _call_inputs(args: tuple, kwargs: dict) -> Any:
     return kwargs if kwargs and not args else args
 
 
+_NO_COUNTS: dict[str, float | None] = {"flops_per_item": None, "bytes_per_item_min": None, "bytes_per_item_max": None}
+
+
 def _count(model: torch.nn.Module, inputs: Any, batch: int) -> dict[str, float | None]:
     """FLOPs and bytes moved per item of one forward call (None where they cannot be counted)."""
-    out: dict[str, float | None] = {"flops_per_item": None, "bytes_per_item_min": None, "bytes_per_item_max": None}
+    out = dict(_NO_COUNTS)
     try:
         out["flops_per_item"] = roofline.count_flops(model, inputs) / batch
         b = roofline.count_bytes(model, inputs)
@@ -41,18 +47,26 @@ def _count(model: torch.nn.Module, inputs: Any, batch: int) -> dict[str, float |
     return out
 
 
-def _place(row: dict, ceilings: dict | None) -> dict | None:
-    if ceilings is None or row.get("throughput_items_per_s") is None:
+def _place(row: Row, ceilings: dict | None) -> dict | None:
+    if ceilings is None or row.throughput_items_per_s is None:
         return None
-    flops = row["flops_per_item"]
-    if flops is not None and row["mode"] == TRAIN_MODE:
+    flops = row.flops_per_item
+    if flops is not None and row.mode == TRAIN_MODE:
         flops = 3 * flops  # forward + backward (about twice the forward)
     try:
-        return roofline.place(flops_per_item=flops, bytes_per_item=row["bytes_per_item_min"],
-                              items_per_s=row["throughput_items_per_s"], precision=row["precision"],
-                              ceilings=ceilings, diagnosis=row.get("diagnosis"))
+        return roofline.place(flops_per_item=flops, bytes_per_item=row.bytes_per_item_min,
+                              items_per_s=row.throughput_items_per_s, precision=row.precision,
+                              ceilings=ceilings, diagnosis=row.diagnosis)
     except Exception as exc:  # noqa: BLE001
         return {"bound": "unknown", "reason": f"placement failed: {exc}"}
+
+
+def _reason(exc: BaseException, where: str = "") -> str:
+    """Why a cell failed (out of memory in one line: torch's message goes on about the allocator)."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        first = str(exc).splitlines()[0] if str(exc) else "torch.OutOfMemoryError"
+        return f"out of memory{where}: {first}"
+    return f"{type(exc).__name__}{where}: {exc}"
 
 
 def device_ceilings_for(device: torch.device) -> dict | None:
@@ -65,29 +79,6 @@ def device_ceilings_for(device: torch.device) -> dict | None:
         return cached
     sheet = roofline.datasheet_ceilings(torch.cuda.get_device_name(device))
     return sheet if sheet["datasheet"] is not None else None
-
-
-def _row(base: dict, **kw: Any) -> dict:
-    r = dict(base)
-    r.update(kw)
-    return r
-
-
-def _measured_row(base: dict, m: Measurement, batch: int) -> dict:
-    return _row(
-        base, status="ok", error=None,
-        latency_ms={"p50": m.p50, "p95": m.p95, "p99": m.p99, "mean": m.mean, "min": m.min},
-        throughput_items_per_s=batch * 1e3 / m.p50 if m.p50 > 0 else None,
-        ci95_ms=list(m.ci95), ci_rel=m.ci_rel, peak_memory=m.memory, warnings=list(m.warnings),
-        diagnosis=m.diagnosis,
-        timing={"n": m.n, "warmup_s": m.warmup_s, "sampling_s": m.sampling_s, "stop_reason": m.stop_reason,
-                "target_met": m.target_met, "mode": m.mode},
-        measurement=m.to_dict(),
-    )
-
-
-def _failed(base: dict, reason: str) -> dict:
-    return _row(base, status="failed", error=reason, latency_ms=None, throughput_items_per_s=None, measurement=None)
 
 
 def _loss(out: Any) -> torch.Tensor:
@@ -161,11 +152,14 @@ def end_to_end(prepared: Prepared, host_batches: list[torch.Tensor]) -> Callable
 
 class Runner:
     """Runs cells of one workload: for a batch size, every config, every mode. Rows go to
-    ``on_row`` as each finishes, so a sweep can persist them one by one."""
+    ``on_row`` as each finishes, so a sweep can persist them one by one. Every failure becomes rows
+    with the reason -- of one cell (its config, parity or measurement failed) or of every cell of
+    a batch size (its inputs or the fp32 reference failed, e.g. out of memory) -- and the run goes on."""
 
     def __init__(self, work: Workload, configs: list[Config], modes: list[str], *, parity: bool, device: torch.device,
-                 measure_options: dict[str, Any], on_row: Callable[[dict], None], skip: Callable[[dict], bool] | None = None,
-                 profile_dir: str | None = None, progress: Callable[[str, str], None] | None = None):
+                 measure_options: dict[str, Any], on_row: Callable[[Row], None],
+                 skip: Callable[[Key], bool] | None = None, profile_dir: str | None = None,
+                 progress: Callable[[str, str], None] | None = None):
         self.work, self.configs, self.modes = work, configs, modes
         self.parity, self.device, self.options = parity, device, measure_options
         self.on_row, self.skip = on_row, skip or (lambda key: False)
@@ -174,48 +168,82 @@ class Runner:
         self.ceilings = device_ceilings_for(device)
         self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         self.profiles: dict[str, dict] = {}
+        # The model every cell prepares: the workload's, or (with parity) a copy whose zero-initialised
+        # layers were re-initialised so the reference carries signal, found once on the first batch.
+        self.model: torch.nn.Module = work.model
+        self.signal_notes: list[str] = []
+        self._signal_checked = not parity
+
+    def _cell(self, config: Config, batch: int, mode: str) -> dict[str, Any]:
+        return {"model": self.work.name, "config": config.label, "batch_size": batch, "mode": mode}
+
+    def _facts(self, config: Config, batch: int) -> dict[str, Any]:
+        return {"precision": config.precision, "items_per_call": batch, "item_unit": self.work.item_unit,
+                "device": self.device_name}
 
     def run_batch(self, batch: int) -> None:
-        keys = {(str(c), m): {"model": self.work.name, "config": str(c), "batch_size": batch, "mode": m}
-                for c in self.configs for m in self.modes}
-        if all(self.skip(k) for k in keys.values()):
+        """Every cell of batch size ``batch`` not skipped."""
+        wanted = {c.label: [m for m in self.modes if not self.skip((self.work.name, c.label, batch, m))]
+                  for c in self.configs}
+        if not any(wanted.values()):
             return
-        inputs = self.work.inputs(batch)
-        actual = batch_of(inputs)
-        if self.work.make_inputs is not None and actual != batch:
-            raise ValueError(f"input_fn({batch}) returned a batch of {actual}")
-        ref = Config("fp32").apply(self.work.model, inputs, device=self.device) if self.parity else None
-        if ref is not None and not ref.ok:
-            if isinstance(ref.exception, torch.OutOfMemoryError):
-                raise torch.OutOfMemoryError(f"the fp32 reference ran out of memory at batch {batch}")
-            shapes = [tuple(t.shape) for t in tensors_in(inputs)]
-            raise ValueError(f"{self.work.name}: inputs of shape {', '.join(map(str, shapes))} (batch {batch}) do not "
-                             f"fit the model: {ref.error}")
-        counts = {"flops_per_item": None, "bytes_per_item_min": None, "bytes_per_item_max": None}
-        if ref is not None:
-            args, kwargs = ref.convert_inputs(inputs)
-            counts = _count(ref.eager_module, _call_inputs(args, kwargs), actual)
+        ref, counts, failure = None, _NO_COUNTS, None
+        try:
+            inputs = self.work.inputs(batch)
+            actual = batch_of(inputs)
+            if self.work.make_inputs is not None and actual != batch:
+                raise ValueError(f"input_fn({batch}) returned a batch of {actual}")
+            if not self._signal_checked:
+                fix = with_signal(self.work.model, inputs, device=self.device)
+                self.model, self.signal_notes, self._signal_checked = fix.model, fix.notes, True
+            if self.parity:
+                ref = Config("fp32").apply(self.model, inputs, device=self.device)
+                if ref.ok:
+                    args, kwargs = ref.convert_inputs(inputs)
+                    counts = _count(ref.eager_module, _call_inputs(args, kwargs), actual)
+                else:
+                    failure = self._reference_failure(ref, inputs, batch)
+        except Exception as exc:  # noqa: BLE001 - the batch's cells are recorded as failed; the run goes on
+            failure = _reason(exc, f" at batch {batch}")
+        if failure is not None:
+            ref = inputs = None  # with the exception and its frames, so that the memory can be released
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self._fail_batch(batch, wanted, failure)
+            return
         for config in self.configs:
-            wanted = [m for m in self.modes if not self.skip(keys[(str(config), m)])]
-            if wanted:
-                self._run_config(config, actual, inputs, ref, counts, wanted, keys)
+            if wanted[config.label]:
+                self._run_config(config, actual, inputs, ref, counts, wanted[config.label])
         del ref
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    def _reference_failure(self, ref: Prepared, inputs: Any, batch: int) -> str:
+        if isinstance(ref.exception, torch.OutOfMemoryError):
+            return _reason(ref.exception, f" in the fp32 reference at batch {batch}")
+        shapes = [tuple(t.shape) for t in tensors_in(inputs)]
+        return (f"{self.work.name}: the fp32 reference failed on inputs of shape {', '.join(map(str, shapes))} "
+                f"(batch {batch}): {ref.error}")
+
+    def _fail_batch(self, batch: int, wanted: dict[str, list[str]], reason: str) -> None:
+        for config in self.configs:
+            if not wanted[config.label]:
+                continue
+            for mode in wanted[config.label]:
+                self.on_row(Row.failed(reason, **self._cell(config, batch, mode), **self._facts(config, batch)))
+            self.progress("done", f"{self.work.name} b{batch} {config.label} (failed)")
+
     def _run_config(self, config: Config, batch: int, inputs: Any, ref: Prepared | None, counts: dict,
-                    modes: list[str], keys: dict) -> None:
+                    modes: list[str]) -> None:
         t_cell = time.perf_counter()
         cell = f"{self.work.name} b{batch} {config.label}"
         self.progress("start", cell)
-        base = {**keys[(str(config), modes[0])], "config_label": config.label, "precision": config.precision,
-                "items_per_call": batch, "item_unit": self.work.item_unit, "device": self.device_name, **counts}
+        facts = {**self._facts(config, batch), **counts}
         inference = [m for m in modes if m != TRAIN_MODE]
-        prepared = config.apply(self.work.model, inputs, device=self.device) if inference else None
-        common = {}
+        prepared = config.apply(self.model, inputs, device=self.device) if inference else None
         if prepared is not None:
-            common = {"prepare_s": prepared.prepare_s, "first_call_ms": prepared.first_call_ms,
-                      "notes": list(prepared.notes)}
+            facts.update(prepare_s=prepared.prepare_s, first_call_ms=prepared.first_call_ms,
+                         notes=[*self.signal_notes, *prepared.notes])
         gate = None
         if prepared is not None and prepared.ok and self.parity and ref is not None:
             t0 = time.perf_counter()
@@ -226,22 +254,22 @@ class Runner:
                     gate["error"] = f"parity failed: {p}"
             except Exception as exc:  # noqa: BLE001
                 gate = {"passed": False, "error": f"parity check raised {type(exc).__name__}: {exc}"}
-            common["parity_s"] = time.perf_counter() - t0
-        common["parity"] = gate
+            facts["parity_s"] = time.perf_counter() - t0
+        facts["parity"] = gate
         for mode in modes:
-            base_mode = {**base, **common, "mode": mode}
+            where = self._cell(config, batch, mode)
             t_mode = time.perf_counter()
             if mode != TRAIN_MODE and prepared is not None and not prepared.ok:
-                row = _failed(base_mode, prepared.error)
+                row = Row.failed(prepared.error, **where, **facts)
             elif mode != TRAIN_MODE and gate is not None and not gate["passed"]:
-                row = _failed(base_mode, gate["error"])
+                row = Row.failed(gate["error"], **where, **facts)
             else:
-                row = self._measure(config, prepared, inputs, batch, mode, base_mode)
-            timed = row.get("timing", {}) or {}
-            row["runner_overhead_s"] = max(0.0, (time.perf_counter() - t_mode) - timed.get("warmup_s", 0.0)
-                                           - timed.get("sampling_s", 0.0))
-            row["roofline"] = _place(row, self.ceilings) if row["status"] == "ok" else None
-            self.on_row(row)
+                row = self._measure(config, prepared, inputs, batch, where, facts)
+            timed = row.timing or {}
+            overhead = max(0.0, (time.perf_counter() - t_mode) - timed.get("warmup_s", 0.0)
+                           - timed.get("sampling_s", 0.0))
+            self.on_row(replace(row, runner_overhead_s=overhead,
+                                roofline=_place(row, self.ceilings) if row.ok else None))
         if self.profile_dir is not None and prepared is not None and prepared.ok:
             self._profile(config, prepared, inputs, batch)
         del prepared
@@ -249,13 +277,14 @@ class Runner:
             torch.cuda.empty_cache()
         self.progress("done", f"{cell} ({time.perf_counter() - t_cell:.1f} s)")
 
-    def _measure(self, config: Config, prepared: Prepared | None, inputs: Any, batch: int, mode: str,
-                 base: dict) -> dict:
+    def _measure(self, config: Config, prepared: Prepared | None, inputs: Any, batch: int, where: dict[str, Any],
+                 facts: dict[str, Any]) -> Row:
+        mode = where["mode"]
         try:
             opts = dict(self.options)
             label = f"{self.work.name} b{batch} {config.label} {mode}"
             if mode == TRAIN_MODE:
-                fn = train_step(config, self.work.model, inputs, self.device)
+                fn = train_step(config, self.model, inputs, self.device)
                 fn()  # compiles / allocates optimizer state outside the timed region
                 m = measure(fn, mode="throughput" if self.device.type == "cuda" else "host", label=label, **opts)
             elif mode == "end-to-end":
@@ -265,13 +294,12 @@ class Runner:
                 m = measure(fn, mode="throughput" if self.device.type == "cuda" else "host", label=label, **opts)
             else:
                 m = measure(prepared.runner(inputs), mode=mode, label=label, **opts)
-            return _measured_row(base, m, batch)
-        except torch.OutOfMemoryError as exc:
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-            return _failed(base, f"out of memory: {str(exc).splitlines()[0]}")
-        except Exception as exc:  # noqa: BLE001 - a failing cell is recorded; the sweep goes on
-            return _failed(base, f"{type(exc).__name__}: {exc}")
+            return Row.measured(m, **where, **facts)
+        except Exception as exc:  # noqa: BLE001 - a failing cell is recorded; the run goes on
+            failed = Row.failed(_reason(exc), **where, **facts)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # now that the exception and the frames it held are gone
+        return failed
 
     def _profile(self, config: Config, prepared: Prepared, inputs: Any, batch: int) -> None:
         out = Path(self.profile_dir) / f"{self.work.name}-b{batch}-{config.label}".replace("+", "_").replace(":", "_")

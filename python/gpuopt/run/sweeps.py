@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .._files import check_writable, write_atomic
-from ..report.results import Results
+from ..prepare.config import Config
+from ..report.results import SCHEMA_VERSION, Key, Results, Row, read_cells
+from . import zoo
 from .runner import ProgressBar, Runner
 from .workload import (
+    check_input_shape,
     check_measure_options,
     resolve_batch_sizes,
     resolve_configs,
@@ -90,8 +94,110 @@ def load_spec(spec: str | os.PathLike | dict) -> dict[str, Any]:
     return doc
 
 
-def _key(row: dict) -> tuple:
-    return (row["model"], row["config"], row["batch_size"], row["mode"])
+@dataclass
+class SweepModel:
+    """One model of a sweep: a zoo name, its item shape if the spec overrides it, its batch sizes."""
+
+    name: str
+    input_shape: tuple[int, ...] | None
+    batch_sizes: list[int]
+
+
+@dataclass
+class SweepPlan:
+    """A validated sweep that has not run yet; :meth:`run` runs it."""
+
+    spec: dict[str, Any]
+    output_dir: Path
+    models: list[SweepModel]
+    configs: list[Config]
+    modes: list[str]
+    device: torch.device
+    parity: bool
+    measure_options: dict[str, Any]
+    done: dict[Key, Row] | None  # the cells already in cells.jsonl to resume from; None: start over
+    progress: bool
+
+    def run(self) -> Results:
+        """Every cell not already in ``cells.jsonl`` (with ``resume``), each appended there as it
+        finishes; a failing cell or batch size is recorded with its reason and the sweep goes on. The
+        results are saved to ``output_dir`` also when the sweep is interrupted."""
+        out = self.output_dir
+        cells_path = out / "cells.jsonl"
+        done = self.done or {}
+        if self.done is None and cells_path.exists():
+            cells_path.unlink()
+        results = Results.new(spec=dict(self.spec))
+        for row in done.values():
+            results.add(row)
+        write_atomic(out / "sweep.json", json.dumps({"schema_version": SCHEMA_VERSION, "created": results.created,
+                                                      "env": results.env, "build": results.build,
+                                                      "spec": self.spec}, indent=1, default=str))
+        bar = ProgressBar(sum(len(m.batch_sizes) for m in self.models) * len(self.configs), self.progress)
+        cut_short = _ends_without_newline(cells_path)
+        with cells_path.open("a") as cells:
+            if cut_short:
+                cells.write("\n")  # end the line a crash cut short, so the next row starts a line of its own
+
+            def record(row: Row) -> None:
+                cells.write(json.dumps(row.to_dict(), default=str) + "\n")
+                cells.flush()
+                os.fsync(cells.fileno())
+                results.add(row)
+
+            try:
+                for m in self.models:
+                    work = workload(m.name, input_shape=m.input_shape)
+                    runner = Runner(work, self.configs, self.modes, parity=self.parity, device=self.device,
+                                    measure_options=self.measure_options, on_row=record, skip=done.__contains__,
+                                    progress=bar)
+                    results.ceilings = runner.ceilings
+                    for b in m.batch_sizes:
+                        runner.run_batch(b)
+                    del runner, work
+            finally:
+                bar.close()
+                results.save(out)  # also after Ctrl-C: what finished is in the report
+        return results
+
+
+def _ends_without_newline(path: Path) -> bool:
+    if not path.exists() or path.stat().st_size == 0:
+        return False
+    with path.open("rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1) != b"\n"
+
+
+def plan_sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *, resume: bool = True,
+               progress: bool = True) -> SweepPlan:
+    """Validate a sweep (the spec, every model name, batch sizes, modes, the output folder) and return
+    its plan; ValueError / TypeError naming the problem before anything runs."""
+    doc = load_spec(spec)
+    for name, flag in (("resume", resume), ("progress", progress)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be True or False, got {flag!r}")
+    parity, train = doc.get("parity", True), doc.get("train", False)
+    for name, flag in (("parity", parity), ("train", train)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name} must be true or false, got {flag!r}")
+    configs = resolve_configs(doc.get("configs", "bench"))
+    default_batches = resolve_batch_sizes(doc.get("batch_sizes", [1, 8, 16, 32]))
+    device = resolve_device(doc.get("device"))
+    modes = resolve_modes(doc.get("modes", ["latency", "throughput"]), train, device)
+    options = check_measure_options(dict(doc.get("measure") or {}))
+    models = []
+    for m in doc["models"]:
+        m = m if isinstance(m, dict) else {"name": m}
+        zoo.spec(m["name"])  # an unknown name fails here, not after the models before it ran
+        shape = check_input_shape(m["input_shape"]) if m.get("input_shape") is not None else None
+        models.append(SweepModel(m["name"], shape, resolve_batch_sizes(m.get("batch_sizes", default_batches))))
+    out = check_writable(output_dir)
+    cells_path = out / "cells.jsonl"
+    done = None
+    if resume:
+        done = {row.key: row for row in read_cells(cells_path)} if cells_path.exists() else {}
+    return SweepPlan(doc, out, models, configs, modes, device, parity, options, done, progress)
 
 
 def sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *, resume: bool = True,
@@ -99,9 +205,11 @@ def sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *, resu
     """Run a sweep into ``output_dir`` and return all its Results (also saved there).
 
     Cells are (model, config, batch size, mode). Each finished cell is appended to
-    ``output_dir/cells.jsonl`` and flushed; with ``resume=True`` cells already there are skipped.
-    A failing cell (out of memory, compile error, parity failure) is recorded with its reason and
-    the sweep continues; after an out-of-memory error the CUDA caching allocator is emptied.
+    ``output_dir/cells.jsonl`` and flushed; with ``resume=True`` cells already there are skipped
+    (files written by gpuopt 0.1 too). A failing cell (out of memory, compile error, parity failure)
+    is recorded with its reason and the sweep continues, as is every cell of a batch size whose FP32
+    reference fails; after an out-of-memory error the CUDA caching allocator is emptied. A bad spec
+    raises ValueError or TypeError before anything runs (see :func:`plan_sweep`).
 
     Spec keys: name, models, configs, batch_sizes, modes, parity, train, device, measure. Example
     (TOML)::
@@ -112,71 +220,4 @@ def sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *, resu
         modes = ["latency", "throughput"]
         measure = { max_time_s = 2 }
     """
-    doc = load_spec(spec)
-    out = check_writable(output_dir)
-    configs = resolve_configs(doc.get("configs", "bench"))
-    default_batches = resolve_batch_sizes(doc.get("batch_sizes", [1, 8, 16, 32]))
-    train = bool(doc.get("train", False))
-    device = resolve_device(doc.get("device"))
-    modes = resolve_modes(doc.get("modes", ["latency", "throughput"]), train, device)
-    options = check_measure_options(dict(doc.get("measure") or {}))
-    parity = doc.get("parity", True)
-    if not isinstance(parity, bool):
-        raise ValueError(f"parity must be true or false, got {parity!r}")
-    models = [m if isinstance(m, dict) else {"name": m} for m in doc["models"]]
-
-    cells_path = out / "cells.jsonl"
-    done: dict[tuple, dict] = {}
-    if resume and cells_path.exists():
-        for line in cells_path.read_text().splitlines():
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut short by a crash: that cell runs again
-                done[_key(row)] = row
-    elif cells_path.exists():
-        cells_path.unlink()
-    results = Results.new(spec={k: v for k, v in doc.items()})
-    results.rows.extend(done.values())
-    write_atomic(out / "sweep.json", json.dumps({"created": results.created, "env": results.env,
-                                                  "build": results.build, "spec": doc}, indent=1, default=str))
-
-    total = sum(len(resolve_batch_sizes(m.get("batch_sizes", default_batches))) for m in models) * len(configs)
-    bar = ProgressBar(total, progress)
-    with cells_path.open("a") as cells:
-        def record(row: dict) -> None:
-            cells.write(json.dumps(row, default=str) + "\n")
-            cells.flush()
-            os.fsync(cells.fileno())
-            results.add(row)
-
-        try:
-            for m in models:
-                work = workload(m["name"], input_shape=m.get("input_shape"))
-                runner = Runner(work, configs, modes, parity=parity, device=device, measure_options=options,
-                                on_row=record, skip=lambda key: _key(key) in done, progress=bar)
-                results.ceilings = runner.ceilings
-                for b in resolve_batch_sizes(m.get("batch_sizes", default_batches)):
-                    try:
-                        runner.run_batch(b)
-                    except torch.OutOfMemoryError as exc:
-                        if device.type == "cuda":
-                            torch.cuda.empty_cache()
-                        _fail_batch(record, work.name, configs, modes, b, f"out of memory: {str(exc).splitlines()[0]}")
-                    except (RuntimeError, ValueError) as exc:
-                        _fail_batch(record, work.name, configs, modes, b, f"{type(exc).__name__}: {exc}")
-                del runner, work
-        finally:
-            bar.close()
-            results.save(out)  # also after Ctrl-C: what finished is in the report
-    return results
-
-
-def _fail_batch(record, model: str, configs, modes, batch: int, reason: str) -> None:
-    """A whole batch size failed before its cells could run (e.g. the fp32 reference ran out of memory)."""
-    for c in configs:
-        for mode in modes:
-            record({"model": model, "config": str(c), "config_label": c.label, "precision": c.precision,
-                    "batch_size": batch, "mode": mode, "status": "failed", "error": reason, "latency_ms": None,
-                    "throughput_items_per_s": None, "measurement": None})
+    return plan_sweep(spec, output_dir, resume=resume, progress=progress).run()

@@ -57,11 +57,7 @@ def workload(model_or_name: torch.nn.Module | str, *, inputs: Any = None, input_
         raise TypeError(f"model must be a zoo name (see gpuopt.zoo.names()) or a torch.nn.Module, "
                         f"got {type(model_or_name).__name__}")
     if input_shape is not None:
-        if not (isinstance(input_shape, (tuple, list)) and input_shape
-                and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in input_shape)):
-            raise ValueError(f"input_shape must be a non-empty sequence of positive ints (one item, without the "
-                             f"batch dimension), got {input_shape!r}")
-        shape = tuple(input_shape)
+        shape = check_input_shape(input_shape)
         make = lambda batch: torch.randn(batch, *shape)  # noqa: E731
     elif input_fn is not None:
         if not callable(input_fn):
@@ -72,6 +68,14 @@ def workload(model_or_name: torch.nn.Module | str, *, inputs: Any = None, input_
     if make is None:
         raise ValueError(f"model {name} needs inputs: give inputs=, input_shape= or input_fn=")
     return Workload(name, model, make, None, unit)
+
+
+def check_input_shape(input_shape: Any) -> tuple[int, ...]:
+    if not (isinstance(input_shape, (tuple, list)) and input_shape
+            and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in input_shape)):
+        raise ValueError(f"input_shape must be a non-empty sequence of positive ints (one item, without the "
+                         f"batch dimension), got {input_shape!r}")
+    return tuple(input_shape)
 
 
 def resolve_configs(configs: str | Config | Sequence[str | Config]) -> list[Config]:

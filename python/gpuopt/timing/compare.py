@@ -11,6 +11,9 @@ from typing import Any
 from .._ext import _C
 from .measurement import Measurement, _setup, format_ms
 
+# compare_samples()'s defaults, defined once in C++.
+_DEFAULTS: dict[str, Any] = _C.compare_defaults()
+
 
 @dataclass
 class Comparison:
@@ -62,9 +65,9 @@ def compare(
     baseline: Measurement | Callable[..., Any],
     candidate: Measurement | Callable[..., Any],
     *,
-    confidence: float = 0.95,
-    resamples: int = 2000,
-    min_effect: float = 0.01,
+    confidence: float = _DEFAULTS["confidence"],
+    resamples: int = _DEFAULTS["resamples"],
+    min_effect: float = _DEFAULTS["min_effect"],
     seed: int | None = None,
     labels: tuple[str, str] | None = None,
     **measure_options: Any,
@@ -80,13 +83,16 @@ def compare(
     The verdict is "faster" when the interval lies above 1 and the speedup is at least
     ``1 + min_effect``; "slower" when it lies below 1 and the slowdown is at least as large;
     otherwise "no significant difference". ``min_effect`` (default 1%) keeps differences smaller
-    than GPU timings reproduce from being reported as speedups.
+    than GPU timings reproduce from being reported as speedups. The bootstrap and the verdict are
+    gpuopt's one implementation in C++ (``compare_samples``), shared with ``Results.speedups`` and
+    the pytest plugin.
 
     >>> import gpuopt, torch
     >>> x = torch.randn(128, 128)
     >>> gpuopt.compare(lambda: x @ x, lambda: x @ x, mode="host", max_time_s=0.3).verdict
     'no significant difference'
     """
+    # Checked again in C++; here so that a bad value fails before anything is measured.
     if not (isinstance(min_effect, (int, float)) and 0 <= min_effect < 1):
         raise ValueError(f"min_effect must be in [0, 1), got {min_effect!r}")
     if labels is not None and not (isinstance(labels, (tuple, list)) and len(labels) == 2):
@@ -109,22 +115,17 @@ def compare(
         for name, m in (("baseline", baseline), ("candidate", candidate)):
             if not isinstance(m, Measurement):
                 raise TypeError(f"{name} must be a gpuopt.Measurement or a callable, got {type(m).__name__}")
-    kw = {} if seed is None else {"seed": seed}
-    ratio, lo, hi = _C.bootstrap_speedup(baseline.samples_ms, candidate.samples_ms, confidence, resamples,
-                                         paired=pair, **kw)
-    if lo > 1.0 and ratio >= 1.0 + min_effect:
-        verdict = "faster"
-    elif hi < 1.0 and ratio <= 1.0 / (1.0 + min_effect):
-        verdict = "slower"
-    else:
-        verdict = "no significant difference"
+    r = _C.compare_samples(baseline.samples_ms, candidate.samples_ms, confidence=confidence,
+                           resamples=resamples, seed=_DEFAULTS["seed"] if seed is None else seed,
+                           paired=pair, min_effect=min_effect)
     notes = []
     if baseline.mode != candidate.mode:
         notes.append(f"modes differ: baseline {baseline.mode}, candidate {candidate.mode}")
     if baseline.device_name != candidate.device_name:
         notes.append(f"devices differ: {baseline.device_name} vs {candidate.device_name}")
     return Comparison(
-        speedup=ratio, ci=(lo, hi), confidence=confidence, verdict=verdict, min_effect=min_effect,
+        speedup=r["ratio"], ci=(r["lo"], r["hi"]), confidence=confidence, verdict=r["verdict"],
+        min_effect=min_effect,
         baseline_ms=baseline.p50, candidate_ms=candidate.p50, baseline_label=baseline.label,
         candidate_label=candidate.label, interleaved=pair, notes=notes,
         baseline_measurement=baseline if pair else None, candidate_measurement=candidate if pair else None,

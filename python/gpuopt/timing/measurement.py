@@ -19,6 +19,9 @@ from .inputs import argument_sets, device_index
 MODES = ("latency", "throughput", "graph", "host")
 SCHEMA_VERSION = 1
 
+# measure()'s defaults of the options the C++ loop takes, defined once in C++ (SamplerOptions).
+_NATIVE_DEFAULTS: dict[str, Any] = _C.measure_defaults()
+
 # Thresholds of the warnings a Measurement carries.
 HIGH_CV = 0.05  # coefficient of variation above which timings are called noisy
 LAUNCH_BOUND = 0.8  # host enqueue time / device time above which a workload is launch-bound
@@ -66,6 +69,7 @@ class Measurement:
     ci_level: float
     ci_coverage: float
     ci_method: str
+    ci_rel: float  # half-width of the median's CI relative to the median
     target_rel_ci: float
     target_met: bool
     stop_reason: str
@@ -89,12 +93,6 @@ class Measurement:
     def median(self) -> float:
         return self.p50
 
-    @property
-    def ci_rel(self) -> float:
-        """Half-width of the median's confidence interval relative to the median."""
-        lo, hi = self.ci95
-        return max(self.p50 - lo, hi - self.p50) / self.p50 if self.p50 > 0 else math.inf
-
     def per_second(self, items_per_call: int = 1) -> float:
         """Items per second at the median time per call."""
         return items_per_call * 1e3 / self.p50 if self.p50 > 0 else math.inf
@@ -116,6 +114,8 @@ class Measurement:
         names = {f.name for f in fields(cls)}
         kwargs = {k: v for k, v in d.items() if k in names}
         kwargs["ci95"] = tuple(kwargs["ci95"])
+        if "ci_rel" not in kwargs:  # saved before ci_rel was stored
+            kwargs["ci_rel"] = _C.rel_halfwidth(kwargs["p50"], *kwargs["ci95"])
         return cls(**kwargs)
 
     @classmethod
@@ -125,8 +125,8 @@ class Measurement:
         *,
         enqueue_ms: Sequence[float] | None = None,
         mode: str = "host",
-        confidence: float = 0.95,
-        target_rel_ci: float = 0.01,
+        confidence: float = _NATIVE_DEFAULTS["confidence"],
+        target_rel_ci: float = _NATIVE_DEFAULTS["target_rel_ci"],
         target_met: bool | None = None,
         stop_reason: str = "given",
         device: int | None = None,
@@ -135,21 +135,21 @@ class Measurement:
         """A Measurement of given samples (ms per call), with gpuopt's statistics and warnings.
 
         ``measure()`` builds its results this way; it is also how timings taken elsewhere are
-        compared with ``compare()``. ``target_met`` defaults to whether the CI meets ``target_rel_ci``.
+        compared with ``compare()``. ``target_met`` defaults to whether the CI meets ``target_rel_ci``
+        (measure()'s stopping rule, decided in C++ like every statistic here).
 
         >>> m = Measurement.from_samples([1.0, 1.1, 0.9, 1.0, 1.05, 0.95])
         >>> round(m.p50, 3)
         1.0
         """
         samples = [float(x) for x in samples_ms]
-        s = _C.summarize(samples, confidence)
+        s = _C.summarize(samples, confidence, target_rel_ci)
         enqueue = [0.0] * len(samples) if enqueue_ms is None else [float(x) for x in enqueue_ms]
         if len(enqueue) != len(samples):
             raise ValueError(f"enqueue_ms must have one value per sample ({len(samples)}), got {len(enqueue)}")
         e = _C.summarize(enqueue, confidence)
-        ci = (s["ci_lo"], s["ci_hi"])
         if target_met is None:
-            target_met = bool(s["ci_attained"]) and max(s["p50"] - ci[0], ci[1] - s["p50"]) <= target_rel_ci * s["p50"]
+            target_met = s["target_met"]
         meta.setdefault("warmup_iters", 0)
         meta.setdefault("warmup_s", 0.0)
         meta.setdefault("sampling_s", 0.0)
@@ -158,8 +158,8 @@ class Measurement:
             mode=mode, samples_ms=samples, enqueue_ms=enqueue,
             n=s["n"], mean=s["mean"], std=s["std"], min=s["min"], max=s["max"], p25=s["p25"], p50=s["p50"],
             p75=s["p75"], p90=s["p90"], p95=s["p95"], p99=s["p99"], iqr=s["iqr"], cv=s["cv"], mad=s["mad"],
-            outliers=s["outliers"], ci95=ci, ci_level=confidence, ci_coverage=s["ci_coverage"],
-            ci_method=s["ci_method"],
+            outliers=s["outliers"], ci95=(s["ci_lo"], s["ci_hi"]), ci_level=confidence,
+            ci_coverage=s["ci_coverage"], ci_method=s["ci_method"], ci_rel=s["ci_rel"],
             target_rel_ci=target_rel_ci, target_met=bool(target_met), stop_reason=stop_reason,
             enqueue={"p50": e["p50"], "mean": e["mean"], "p95": e["p95"], "max": e["max"]},
             device=device,
@@ -240,10 +240,10 @@ def _warnings(m: Measurement, clocks: dict | None) -> tuple[list[str], str | Non
         out.append(f"{m.delay_short} of {m.n} samples took the host longer to enqueue than the "
                    f"{m.delay_us:.0f} us spin queued ahead of them; those samples may include host gaps")
     if clocks:
-        mx = clocks.get("max_sm_mhz")
-        if mx and clocks["sm_mhz_median"] < SLOW_CLOCK * mx:
+        mx, mhz = clocks.get("max_sm_mhz"), clocks.get("sm_mhz_median")
+        if mx and mhz is not None and mhz < SLOW_CLOCK * mx:
             why = ", ".join(clocks["throttle_reasons"]) or "no reason reported"
-            out.append(f"SM clock ran at {clocks['sm_mhz_median']} MHz of {mx} MHz max during the run "
+            out.append(f"SM clock ran at {mhz} MHz of {mx} MHz max during the run "
                        f"({why}); results may not reproduce at full clocks")
         if clocks.get("compute_processes", 0) > 1:
             out.append(f"{clocks['compute_processes']} processes used the GPU during the run; other work "
@@ -251,22 +251,12 @@ def _warnings(m: Measurement, clocks: dict | None) -> tuple[list[str], str | Non
     return out, diagnosis
 
 
+# Every measure() option with its default: the C++ loop's, and those only Python handles.
 _MEASURE_DEFAULTS: dict[str, Any] = {
-    "mode": None,
-    "warmup": 3,
-    "warmup_s": 0.05,
-    "iters": None,
-    "min_iters": 10,
-    "max_iters": 100_000,
-    "min_time_s": 0.1,
-    "max_time_s": 10.0,
-    "target_rel_ci": 0.01,
-    "confidence": 0.95,
-    "flush_l2": False,
+    "mode": None,  # chosen at run time: latency with a usable GPU, else host
+    **_NATIVE_DEFAULTS,
     "inputs": None,
     "device": None,
-    "calls_per_sample": None,
-    "block_target_ms": 2.0,
     "monitor": True,
 }
 
@@ -279,7 +269,7 @@ class _Run:
     calls: list[tuple[tuple, dict]]
     index: int | None
     on_gpu: bool
-    monitor: _nvml.ClockMonitor | None
+    monitor: _C.ClockMonitor | None
     confidence: float
     target_rel_ci: float
 
@@ -336,7 +326,7 @@ def _setup(options: dict[str, Any]) -> _Run:
     on_gpu = cuda_usable and index is not None
     if on_gpu:
         torch.cuda.reset_peak_memory_stats(index)
-    monitor = _nvml.ClockMonitor(index) if (on_gpu and o["monitor"] and mode != "host") else None
+    monitor = _nvml.clock_monitor(index) if (on_gpu and o["monitor"] and mode != "host") else None
     return _Run(native, calls, index, on_gpu, monitor, o["confidence"], o["target_rel_ci"])
 
 
@@ -364,9 +354,12 @@ def measure(fn: Callable[..., Any], *, label: str | None = None, **options: Any)
       a dict keyword arguments, anything else one positional argument.
     - ``flush_l2`` [False]: overwrite twice the L2 before each latency/graph sample, untimed.
     - ``device`` [current], ``calls_per_sample`` [auto: throughput block / calls per graph],
-      ``block_target_ms`` [2.0], ``monitor`` [True: NVML clocks and processes, when installed].
+      ``block_target_ms`` [2.0], ``monitor`` [True: NVML clocks and processes, when the driver's
+      NVML library is present; read by a C++ thread].
 
-    A TorchScript module with tensor inputs is timed entirely in C++, without the GIL.
+    A Python ``fn`` runs with the GIL held across the whole timed loop, so no other Python thread
+    takes turns between calls (gpuopt starts none). A TorchScript module with tensor inputs is timed
+    entirely in C++, without the GIL.
 
     >>> import torch, gpuopt
     >>> x = torch.randn(256, 256)
