@@ -13,7 +13,7 @@ import torch
 from _common import Target, parse_args, require_gpu, write
 
 import gpuopt
-from gpuopt.analysis.ceilings import format_ceilings, table
+from gpuopt.analysis.device_ceilings import format_ceilings, table
 
 
 def events_ms(fn, reps: int) -> float:

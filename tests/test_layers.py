@@ -90,10 +90,16 @@ def test_only_ext_imports_the_compiled_module():
     assert not offenders, f"import _C through gpuopt._ext only: {offenders}"
 
 
-def test_no_public_function_shadows_a_module_of_the_same_name():
-    import gpuopt
+@pytest.mark.parametrize("package", sorted({p.parent for p in _modules()}), ids=lambda p: p.name)
+def test_no_function_shadows_a_module_of_the_same_name(package):
+    # `from .ceilings import ceilings` in a package makes `pkg.ceilings` the function, and
+    # `from pkg import ceilings` (meaning the module) silently gets it: it broke the runner once.
+    import importlib
+    import inspect
 
-    clashes = [name for name in gpuopt.__all__
-               if callable(getattr(gpuopt, name)) and not isinstance(getattr(gpuopt, name), type)
-               and ((PACKAGE / f"{name}.py").exists() or (PACKAGE / name).is_dir())]
-    assert not clashes, f"gpuopt.{clashes} are functions with a module of the same name beside them"
+    name = ".".join(("gpuopt", *package.relative_to(PACKAGE).parts))
+    module = importlib.import_module(name)
+    clashes = [attr for attr, value in vars(module).items()
+               if not attr.startswith("_") and (inspect.isfunction(value) or inspect.isbuiltin(value))
+               and ((package / f"{attr}.py").exists() or (package / attr / "__init__.py").exists())]
+    assert not clashes, f"{name}.{clashes} are functions with a module of the same name beside them"

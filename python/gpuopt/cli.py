@@ -232,7 +232,7 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    from .timing.compare import compare
+    from .timing.comparison import compare
 
     a, b = _load_results([args.a, args.b])
     print(f"A: {args.a} ({a.device})\nB: {args.b} ({b.device})\n")
@@ -282,7 +282,7 @@ def _add_ceilings(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_ceilings(args: argparse.Namespace) -> int:
-    from .analysis.ceilings import ceilings, format_ceilings
+    from .analysis.device_ceilings import ceilings, format_ceilings
 
     try:
         doc = ceilings(args.device, refresh=args.refresh, quick=args.quick)

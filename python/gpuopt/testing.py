@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from .prepare.parity import Parity, parity
-from .timing.compare import Comparison, compare
+from .prepare.gate import Parity, parity
+from .timing.comparison import Comparison, compare
 from .timing.environment import env
 from .timing.inputs import argument_sets
 from .timing.measurement import Measurement, format_ms

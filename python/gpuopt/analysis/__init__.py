@@ -5,7 +5,7 @@ Layer: imports ``gpuopt._ext``, ``gpuopt.timing`` and ``gpuopt.prepare`` only.
 """
 
 from . import datasheet, roofline
-from .ceilings import ceilings
+from .device_ceilings import ceilings
 from .profiler import ProfileSummary, profile
 
 __all__ = ["ProfileSummary", "ceilings", "datasheet", "profile", "roofline"]

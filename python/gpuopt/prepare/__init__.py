@@ -6,7 +6,7 @@ Layer: imports ``gpuopt._ext`` and ``gpuopt.timing`` only.
 """
 
 from .config import Config, Prepared, autocast, precision, preset, presets
-from .parity import Parity, parity
+from .gate import Parity, parity
 from .signal import SignalFix, with_signal
 
 __all__ = ["Config", "Parity", "Prepared", "SignalFix", "autocast", "parity", "precision", "preset", "presets",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .._files import check_writable, write_atomic
-from ..timing.compare import Comparison, compare
+from ..timing.comparison import Comparison, compare
 from ..timing.measurement import Measurement, format_ms
 
 # 2: one label field ("config" is what the user sees; version 1 rows also carried the canonical string

@@ -14,12 +14,11 @@ from typing import Any
 import torch
 
 from .._ext import _C
-from ..analysis import ceilings as device_ceilings
-from ..analysis import roofline
+from ..analysis import device_ceilings, roofline
 from ..analysis.profiler import profile
 from ..memory import InputPipeline, PinnedPool
 from ..prepare.config import Config, Prepared
-from ..prepare.parity import parity as check_parity
+from ..prepare.gate import parity as check_parity
 from ..prepare.signal import with_signal
 from ..report.results import Key, Row
 from ..timing.inputs import split_inputs, tensors_in
@@ -194,15 +193,19 @@ class Runner:
             if self.work.make_inputs is not None and actual != batch:
                 raise ValueError(f"input_fn({batch}) returned a batch of {actual}")
             if not self._signal_checked:
-                fix = with_signal(self.work.model, inputs, device=self.device)
-                self.model, self.signal_notes, self._signal_checked = fix.model, fix.notes, True
-            if self.parity:
+                try:  # runs the fp32 model once: fails the way the reference would
+                    fix = with_signal(self.work.model, inputs, device=self.device)
+                except Exception as exc:  # noqa: BLE001
+                    failure = self._reference_failure(exc, f"fp32: {type(exc).__name__}: {exc}", inputs, batch)
+                else:
+                    self.model, self.signal_notes, self._signal_checked = fix.model, fix.notes, True
+            if self.parity and failure is None:
                 ref = Config("fp32").apply(self.model, inputs, device=self.device)
                 if ref.ok:
                     args, kwargs = ref.convert_inputs(inputs)
                     counts = _count(ref.eager_module, _call_inputs(args, kwargs), actual)
                 else:
-                    failure = self._reference_failure(ref, inputs, batch)
+                    failure = self._reference_failure(ref.exception, ref.error, inputs, batch)
         except Exception as exc:  # noqa: BLE001 - the batch's cells are recorded as failed; the run goes on
             failure = _reason(exc, f" at batch {batch}")
         if failure is not None:
@@ -218,12 +221,12 @@ class Runner:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def _reference_failure(self, ref: Prepared, inputs: Any, batch: int) -> str:
-        if isinstance(ref.exception, torch.OutOfMemoryError):
-            return _reason(ref.exception, f" in the fp32 reference at batch {batch}")
+    def _reference_failure(self, exc: BaseException | None, error: str | None, inputs: Any, batch: int) -> str:
+        if isinstance(exc, torch.OutOfMemoryError):
+            return _reason(exc, f" in the fp32 reference at batch {batch}")
         shapes = [tuple(t.shape) for t in tensors_in(inputs)]
         return (f"{self.work.name}: the fp32 reference failed on inputs of shape {', '.join(map(str, shapes))} "
-                f"(batch {batch}): {ref.error}")
+                f"(batch {batch}): {error}")
 
     def _fail_batch(self, batch: int, wanted: dict[str, list[str]], reason: str) -> None:
         for config in self.configs:

@@ -4,7 +4,7 @@ facts and the environment record.
 Layer: the lowest above ``gpuopt._ext``; imports nothing else of gpuopt.
 """
 
-from .compare import Comparison, compare
+from .comparison import Comparison, compare
 from .environment import env
 from .measurement import MODES, Measurement, format_ms, measure
 
