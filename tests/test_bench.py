@@ -316,6 +316,40 @@ def test_an_interrupted_sweep_loses_no_finished_cell(tmp_path, monkeypatch):
     assert len(done.rows) == 4 and all(r.status == "ok" for r in done.rows)
 
 
+def test_a_model_that_cannot_be_built_fails_its_cells_and_the_sweep_goes_on(tmp_path, monkeypatch):
+    real = gpuopt.run.sweeps.workload
+
+    def broken(name, **kw):
+        if name == "tiny-cnn":
+            raise RuntimeError("CUDA out of memory while building")
+        return real(name, **kw)
+
+    monkeypatch.setattr(gpuopt.run.sweeps, "workload", broken)
+    res = sweep(_spec(models=["tiny-cnn", "tiny-transformer"]), tmp_path, progress=False)
+    failed = [r for r in res.rows if r.model == "tiny-cnn"]
+    assert len(failed) == 4 and all(r.status == "failed" for r in failed)
+    assert all("building the model failed: RuntimeError: CUDA out of memory while building" in r.error for r in failed)
+    measured = [r for r in res.rows if r.model == "tiny-transformer"]
+    assert len(measured) == 4 and all(r.status == "ok" for r in measured)
+    assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 8
+
+
+def test_a_sweep_rejects_a_model_listed_twice_before_running(tmp_path):
+    spec = _spec(models=["tiny-cnn", {"name": "tiny-cnn", "input_shape": [3, 16, 16]}])
+    with pytest.raises(ValueError, match="model 'tiny-cnn' is listed twice in models"):
+        sweep(spec, tmp_path, progress=False)
+    assert not (tmp_path / "cells.jsonl").exists()
+
+
+def test_a_sweep_needing_a_missing_package_fails_before_running(tmp_path, monkeypatch):
+    real = gpuopt.run.sweeps.importlib.util.find_spec
+    monkeypatch.setattr(gpuopt.run.sweeps.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "transformers" else real(name, *a))
+    with pytest.raises(ImportError, match="model 'bert-base' needs transformers: pip install transformers"):
+        sweep(_spec(models=["tiny-cnn", "bert-base"]), tmp_path, progress=False)
+    assert not (tmp_path / "cells.jsonl").exists()
+
+
 def _as_version_1(row: Row, canonical: str) -> dict:
     """A row as gpuopt 0.1 wrote it: the canonical config string in "config", the label beside it."""
     d = row.to_dict()

@@ -36,6 +36,23 @@ std::string human_bytes(std::uint64_t bytes) {
   return out.str();
 }
 
+enum class FenceState { kReady, kBusy, kFailed };
+
+// Never throws: it runs in destructors and in the middle of rebuilding a free list. A fence that fails
+// (a sticky CUDA error such as a device-side assert) cannot say when the GPU is done with the block, so
+// the block is leaked rather than reused or freed early.
+FenceState poll_fence(Fence* fence, bool wait) noexcept {
+  if (fence == nullptr) return FenceState::kReady;
+  try {
+    if (fence->ready()) return FenceState::kReady;
+    if (!wait) return FenceState::kBusy;
+    fence->wait();
+    return FenceState::kReady;
+  } catch (...) {
+    return FenceState::kFailed;
+  }
+}
+
 }  // namespace
 
 void* HostAllocator::allocate(std::size_t bytes) {
@@ -198,9 +215,13 @@ void BlockPool::release(const Block& block, std::unique_ptr<Fence> fence) {
     }
   }
   released_.notify_all();
-  if (free_now) {
-    if (fence != nullptr) fence->wait();
+  if (!free_now) return;
+  if (poll_fence(fence.get(), /*wait=*/true) == FenceState::kReady) {
     allocator_->deallocate(block.ptr, block.size);
+  } else {
+    std::lock_guard<std::mutex> lock(mu_);
+    --stats_.frees;
+    ++stats_.blocks_leaked;
   }
 }
 
@@ -209,16 +230,19 @@ BlockPool::BlockList BlockPool::take_idle_locked(bool wait) {
   for (auto& [cls, list] : free_) {
     std::vector<FreeBlock> keep;
     for (FreeBlock& fb : list) {
-      if (fb.fence != nullptr && !fb.fence->ready()) {
-        if (!wait) {
+      switch (poll_fence(fb.fence.get(), wait)) {
+        case FenceState::kBusy:
           keep.push_back(std::move(fb));
           continue;
-        }
-        fb.fence->wait();
+        case FenceState::kReady:
+          out.emplace_back(fb.ptr, cls);
+          ++stats_.frees;
+          break;
+        case FenceState::kFailed:
+          ++stats_.blocks_leaked;
+          break;
       }
-      out.emplace_back(fb.ptr, cls);
       stats_.bytes_reserved -= cls;
-      ++stats_.frees;
     }
     list = std::move(keep);
   }

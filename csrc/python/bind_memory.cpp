@@ -22,6 +22,7 @@ py::dict stats_dict(const PoolStats& s) {
   d["fence_waits"] = s.fence_waits;
   d["allocations"] = s.allocations;
   d["frees"] = s.frees;
+  d["blocks_leaked"] = s.blocks_leaked;
   d["bytes_reserved"] = s.bytes_reserved;
   d["peak_bytes_reserved"] = s.peak_bytes_reserved;
   d["bytes_in_use"] = s.bytes_in_use;

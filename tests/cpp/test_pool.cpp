@@ -7,6 +7,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <cstring>
 #include <memory>
@@ -415,6 +416,53 @@ TEST(Pool, DestructorWaitsForFencesAndFreesEverything) {
     opener.join();
   }
   EXPECT_EQ(*live, 0);
+}
+
+// A fence that fails, as a CUDA event does after a sticky error (a device-side assert).
+class FailingFence : public gpuopt::Fence {
+ public:
+  bool ready() override { throw std::runtime_error("cudaEventQuery: device-side assert triggered"); }
+  void wait() override { throw std::runtime_error("cudaEventSynchronize: device-side assert triggered"); }
+};
+
+// Nothing can say when the GPU is done with such a block: it is neither reused nor freed, and neither
+// trim() nor the destructor may throw (a destructor that throws aborts the process).
+TEST(Pool, ABlockWhoseFenceFailsIsLeakedNotReusedAndNothingThrows) {
+  auto live = std::make_shared<std::atomic<long>>(0);
+  auto pool = make_pool(live);
+  const Block failed = pool->acquire(100);
+  const Block busy = pool->acquire(100);
+  auto gate = std::make_shared<Gate>();
+  pool->release(failed, std::make_unique<FailingFence>());
+  pool->release(busy, std::make_unique<GateFence>(gate));
+  EXPECT_EQ(pool->trim(), 0u);
+  gpuopt::PoolStats s = pool->stats();
+  EXPECT_EQ(s.blocks_leaked, 1u);
+  EXPECT_EQ(s.free_blocks, 1u);  // the busy block is still there, its fence intact
+  EXPECT_EQ(s.bytes_reserved, busy.size);
+  EXPECT_EQ(*live, 2);
+  const Block fresh = pool->acquire(100);  // neither the leaked nor the busy block
+  EXPECT_NE(fresh.ptr, failed.ptr);
+  EXPECT_NE(fresh.ptr, busy.ptr);
+  pool->release(fresh, nullptr);
+  gate->open = true;
+  pool.reset();  // waits for the busy block, frees it and the fresh one
+  EXPECT_EQ(*live, 1);
+  gpuopt::HostAllocator().deallocate(failed.ptr, failed.size);  // the test frees what the pool leaked
+}
+
+TEST(Pool, ReleaseIntoAClosedPoolWithAFailingFenceLeaksWithoutThrowing) {
+  auto live = std::make_shared<std::atomic<long>>(0);
+  auto pool = make_pool(live);
+  const Block b = pool->acquire(100);
+  pool->close();
+  EXPECT_NO_THROW(pool->release(b, std::make_unique<FailingFence>()));
+  const gpuopt::PoolStats s = pool->stats();
+  EXPECT_EQ(s.blocks_leaked, 1u);
+  EXPECT_EQ(s.frees, 0u);
+  EXPECT_EQ(*live, 1);
+  pool.reset();
+  gpuopt::HostAllocator().deallocate(b.ptr, b.size);
 }
 
 // 8 threads, 10^6 acquire/release pairs in all, sizes across many classes, some with fences that

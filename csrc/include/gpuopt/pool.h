@@ -56,6 +56,7 @@ struct PoolStats {
   std::uint64_t busy_skips = 0;          // free blocks passed over because their fence was not ready
   std::uint64_t fence_waits = 0;         // requests that waited for fences to make room under capacity
   std::uint64_t allocations = 0, frees = 0;  // raw allocator calls
+  std::uint64_t blocks_leaked = 0;  // free blocks whose fence failed (a CUDA error): never reused, never freed
   std::uint64_t bytes_reserved = 0, peak_bytes_reserved = 0;
   std::uint64_t bytes_in_use = 0, peak_bytes_in_use = 0;
   std::uint64_t bytes_requested_in_use = 0;

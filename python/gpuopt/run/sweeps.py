@@ -4,6 +4,7 @@ finished cell appended to ``cells.jsonl`` at once -- a crash or Ctrl-C loses no 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from dataclasses import dataclass
@@ -147,7 +148,12 @@ class SweepPlan:
 
             try:
                 for m in self.models:
-                    work = workload(m.name, input_shape=m.input_shape)
+                    try:
+                        work = workload(m.name, input_shape=m.input_shape)
+                    except Exception as exc:  # noqa: BLE001  (a model that cannot be built fails its cells)
+                        self._fail_model(m, f"building the model failed: {type(exc).__name__}: {exc}", done, record,
+                                         bar)
+                        continue
                     runner = Runner(work, self.configs, self.modes, parity=self.parity, device=self.device,
                                     measure_options=self.measure_options, on_row=record, skip=done.__contains__,
                                     progress=bar)
@@ -159,6 +165,15 @@ class SweepPlan:
                 bar.close()
                 results.save(out)  # also after Ctrl-C: what finished is in the report
         return results
+
+    def _fail_model(self, m: SweepModel, reason: str, done: dict, record, bar) -> None:
+        for b in m.batch_sizes:
+            for config in self.configs:
+                for mode in self.modes:
+                    if (m.name, config.label, b, mode) not in done:
+                        record(Row.failed(reason, model=m.name, config=config.label, batch_size=b, mode=mode,
+                                          precision=config.precision))
+                bar("done", f"{m.name} b{b} {config.label} (failed)")
 
 
 def _ends_without_newline(path: Path) -> bool:
@@ -189,7 +204,13 @@ def plan_sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *,
     models = []
     for m in doc["models"]:
         m = m if isinstance(m, dict) else {"name": m}
-        zoo.spec(m["name"])  # an unknown name fails here, not after the models before it ran
+        needs = zoo.spec(m["name"]).needs  # an unknown name fails here, not after the models before it ran
+        if needs is not None and importlib.util.find_spec(needs) is None:
+            raise ImportError(f"model {m['name']!r} needs {needs}: pip install {needs}")
+        if any(m["name"] == seen.name for seen in models):
+            raise ValueError(f"model {m['name']!r} is listed twice in models; cells are keyed by (model, config, "
+                             "batch size, mode): list each model once, and run a separate sweep for another input "
+                             "shape")
         shape = check_input_shape(m["input_shape"]) if m.get("input_shape") is not None else None
         models.append(SweepModel(m["name"], shape, resolve_batch_sizes(m.get("batch_sizes", default_batches))))
     out = check_writable(output_dir)
