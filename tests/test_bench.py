@@ -28,27 +28,48 @@ FAST = {"max_time_s": 0.2, "min_time_s": 0.01, "warmup": 1, "warmup_s": 0.0, "pr
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     return benchmark("tiny-cnn", configs=["fp32", "bf16-amp", "fp32+torchscript"], batch_sizes=[1, 4],
-                     modes=["latency", "end-to-end"], train=True, device="cpu", output_dir=str(out), **FAST), out
+                     modes=["latency", "end-to-end"], device="cpu", output_dir=str(out), **FAST), out
 
 
 def test_every_cell_is_a_row(results):
     res, _ = results
-    # on the CPU latency is host mode; torchscript is inference-only, so its train rows fail
-    assert len(res.rows) == 3 * 2 * 3
-    assert {r.mode for r in res.rows} == {"host", "end-to-end", "train"}
-    failed = res.failed
-    assert {(r.config, r.mode) for r in failed} == {("fp32+torchscript", "train")}
-    assert all("inference-only" in r.error for r in failed)
+    # on the CPU latency is host mode
+    assert len(res.rows) == 3 * 2 * 2
+    assert {r.mode for r in res.rows} == {"host", "end-to-end"}
+    assert not res.failed
     for r in res.ok:
         m = r.measurement
         assert r.latency_ms["p50"] == m.p50 == pytest.approx(float(np.median(m.samples_ms)))
         assert r.throughput_items_per_s == pytest.approx(r.batch_size * 1e3 / m.p50)
         assert m.n == len(m.samples_ms) > 0 and r.device == "cpu"
-        if r.mode != "train":
-            assert r.parity["passed"] and r.prepare_s is not None and r.first_call_ms > 0
+        assert r.parity["passed"] and r.prepare_s is not None and r.first_call_ms > 0
         assert r.runner_overhead_s >= 0
         assert r.flops_per_item > 0 and r.bytes_per_item_min > 0
         assert res.find(r.model, r.config, r.batch_size, r.mode) is r
+
+
+def test_the_default_configs_follow_the_device_and_train(monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("planning measured something")
+
+    monkeypatch.setattr(gpuopt.run.runner, "measure", never)
+    for train, name in ((False, "bench-cpu"), (True, "bench-cpu-train")):
+        plan = plan_benchmark("tiny-cnn", device="cpu", train=train, **FAST)
+        assert plan.configs == gpuopt.preset(name)
+    with pytest.raises(ValueError, match="configs fp32\\+torchscript use an inference-only backend \\(torchscript "
+                                         "or cudagraph\\) and cannot time training steps; with train=True"):
+        plan_benchmark("tiny-cnn", configs=["fp32", "fp32+torchscript"], train=True, device="cpu")
+    with pytest.raises(ValueError, match="configs fp32\\+torchscript use an inference-only"):
+        plan_benchmark("tiny-cnn", configs="bench-cpu", train=True, device="cpu")
+
+
+def test_training_with_the_default_configs_times_every_cell():
+    res = benchmark("tiny-cnn", batch_sizes=[2], modes=["latency"], train=True, device="cpu", **FAST)
+    assert [c for c in res.configs()] == [c.label for c in gpuopt.preset("bench-cpu-train")]
+    assert not res.failed and {r.mode for r in res.rows} == {"host", "train"}
+    train = [r for r in res.rows if r.mode == "train"]
+    assert len(train) == len(res.configs()) and all(r.throughput_items_per_s > 0 for r in train)
+    assert "### Training step" in res.to_markdown()
 
 
 def test_files_are_written_and_read_back(results):
@@ -73,7 +94,7 @@ def test_markdown_has_the_seeds_tables(results):
     res, _ = results
     md = res.to_markdown()
     for section in ("### Throughput (images/s", "### Latency (ms per batch", "### Speedup over fp32",
-                    "### End to end", "### Training step", "## Failed cells", "## Environment"):
+                    "### End to end", "## Environment"):
         assert section in md, section
     assert "| fp32+torchscript |" in md
 
@@ -129,6 +150,7 @@ def test_a_failing_config_is_recorded_and_the_rest_goes_on():
     by = {r.config: r for r in res.rows}
     assert by["fp32+cudagraph"].status == "failed" and "needs a CUDA device" in by["fp32+cudagraph"].error
     assert by["fp32"].status == by["bf16"].status == "ok"
+    assert "## Failed cells" in res.to_markdown()
 
 
 class Overflow(torch.nn.Module):

@@ -96,7 +96,8 @@ def _hf(kind: str, **config: Any) -> Callable[[], torch.nn.Module]:
             raise ImportError("this model needs transformers: pip install transformers") from exc
         if kind == "bert":
             return transformers.BertModel(transformers.BertConfig(**config))
-        return transformers.OPTForCausalLM(transformers.OPTConfig(**config))
+        # One forward pass is timed: no key/value cache is built (TorchScript cannot return one).
+        return transformers.OPTForCausalLM(transformers.OPTConfig(use_cache=False, **config))
 
     return build
 
