@@ -127,6 +127,35 @@ def _cell(model: str, config: str, samples: np.ndarray, batch: int = 4, mode: st
                         batch_size=batch, mode=mode)
 
 
+def test_the_dataframe_keeps_the_label_column_and_numbers_numeric(np_rng):
+    pd = pytest.importorskip("pandas")
+    samples = np_rng.lognormal(np.log(2.0), 0.05, 200)
+    ok = _cell("m", "fast one", samples)
+    res = Results([ok, Row.failed("boom", model="m", config="broken", batch_size=4, mode="latency")])
+    df = res.to_dataframe()
+    assert list(df["config"]) == [r.config for r in res.rows] == ["fast one", "broken"]
+    for col in ("p50_ms", "p95_ms", "ci95_low_ms", "ci95_high_ms", "ci_rel", "throughput_items_per_s",
+                "prepare_s", "achieved_tflops"):
+        assert df[col].dtype == np.float64, col
+    assert df["batch_size"].dtype == np.int64 and df["parity_passed"].dtype == pd.BooleanDtype()
+    assert df.loc[0, "p50_ms"] == pytest.approx(float(np.median(samples)))
+    assert [df.loc[0, "ci95_low_ms"], df.loc[0, "ci95_high_ms"]] == ok.ci95_ms
+    assert df.loc[1, ["p50_ms", "ci95_low_ms", "throughput_items_per_s"]].isna().all()
+    # a table of failed cells alone keeps the dtypes (all-missing columns are not object)
+    only_failed = Results([Row.failed("boom", model="m", config="broken", batch_size=4, mode="latency")])
+    assert only_failed.to_dataframe()["p50_ms"].dtype == np.float64
+
+
+def test_a_comparison_shows_as_an_html_table_with_its_verdict(np_rng):
+    fast = Measurement.from_samples(np_rng.lognormal(np.log(1.0), 0.02, 300).tolist(), label="new <b>")
+    slow = Measurement.from_samples(np_rng.lognormal(np.log(2.0), 0.02, 300).tolist(), label="old")
+    c = gpuopt.compare(slow, fast)
+    html = c._repr_html_()
+    assert html.startswith("<table>") and "faster" in html and f"{c.speedup:.3f}x" in html
+    assert f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]" in html and "old (baseline)" in html
+    assert "new &lt;b&gt;" in html and "two separate measurements" in html
+
+
 def test_speedup_verdicts_follow_the_data(np_rng):
     # Lognormal timings with 2% noise: half the time is faster, twice the time slower.
     base = np_rng.lognormal(np.log(2.0), 0.02, 400)
