@@ -472,3 +472,62 @@ def test_load_rejects_corrupt_and_foreign_files(tmp_path):
         Results.load(other)
     with pytest.raises(ValueError, match="cannot read results file"):
         Results.load(tmp_path / "missing.json")
+
+
+# ---- pretrained weights, loaded through the libraries' own loaders (nothing is downloaded here) ----
+
+def test_a_hugging_face_model_saved_to_a_folder_is_benchmarked_with_its_weights(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=40)
+    saved = transformers.BertModel(cfg).eval()
+    saved.save_pretrained(tmp_path / "tiny-bert")
+    folder = str(tmp_path / "tiny-bert")
+    for name in (f"hf:{folder}", folder):  # with or without the prefix
+        model, make_inputs = gpuopt.zoo.get(name)
+        for k, v in saved.state_dict().items():
+            assert torch.equal(model.state_dict()[k], v), k
+        x = make_inputs(3)
+        assert set(x) == {"input_ids", "attention_mask"}
+        assert x["input_ids"].shape == (3, 40) and 0 <= int(x["input_ids"].min()) and int(x["input_ids"].max()) < 97
+    res = benchmark(f"hf:{folder}", configs=["fp32", "fp32+torchscript"], batch_sizes=[2], modes=["latency"],
+                    device="cpu", **FAST)
+    assert not res.failed and res.models() == [f"hf:{folder}"]
+    assert {r.config for r in res.rows} == {"fp32", "fp32+torchscript"} and res.rows[0].item_unit == "sequences"
+
+
+def test_a_hugging_face_model_that_cannot_load_names_the_id_and_the_way_out(tmp_path):
+    pytest.importorskip("transformers")
+    with pytest.raises(ValueError, match=f"cannot load Hugging Face model '{tmp_path}/missing'.*offline, only a "
+                                         "model downloaded before .* loads; or benchmark a zoo name for random"):
+        benchmark(f"hf:{tmp_path}/missing", device="cpu", **FAST)
+
+
+def test_torchvision_weights_names_are_checked_and_loaded_through_torchvision(monkeypatch):
+    tv = pytest.importorskip("torchvision")
+    with pytest.raises(ValueError, match="unknown weights 'IMAGENET9K' for torchvision model 'resnet18'; allowed: "
+                                         "IMAGENET1K_V1, DEFAULT"):
+        gpuopt.zoo.spec("resnet18:IMAGENET9K")
+    with pytest.raises(ValueError, match="unknown torchvision model 'resnet81' in 'resnet81:DEFAULT' \\(did you "
+                                         "mean 'resnet18'"):
+        gpuopt.zoo.spec("resnet81:DEFAULT")
+    with pytest.raises(ValueError, match="pretrained weights: hf:<Hugging Face id or folder>, <torchvision model>"):
+        gpuopt.zoo.spec("resnet-fifty")
+    # The weights torchvision would download, replaced by a seeded model's (no network in tests).
+    torch.manual_seed(3)
+    trained = tv.models.resnet18(weights=None).state_dict()
+    monkeypatch.setattr(tv.models.ResNet18_Weights, "get_state_dict", lambda self, *a, **k: trained)
+    model, make_inputs = gpuopt.zoo.get("resnet18:IMAGENET1K_V1")
+    for k, v in trained.items():
+        assert torch.equal(model.state_dict()[k], v), k
+    assert make_inputs(2).shape == (2, 3, 224, 224) and not model.training
+
+    def offline(self, *args, **kwargs):
+        import urllib.error
+
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(tv.models.ResNet18_Weights, "get_state_dict", offline)
+    with pytest.raises(ValueError, match="cannot load torchvision weights resnet18:IMAGENET1K_V1 .*Temporary failure"
+                                         ".*connect to the network once, or benchmark 'resnet18' for random weights"):
+        gpuopt.zoo.get("resnet18:DEFAULT")
