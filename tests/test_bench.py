@@ -90,6 +90,28 @@ def test_files_are_written_and_read_back(results):
     assert res.to_dataframe().shape[0] == len(res.rows)
 
 
+def test_plots_draw_into_given_axes_and_leave_out_an_empty_memory_plot(results):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res, out = results
+    fig, axes = plt.subplots(2, 2)
+    try:
+        calls = [(gpuopt.plot.throughput_vs_batch, "lines"), (gpuopt.plot.latency_vs_batch, "lines"),
+                 (gpuopt.plot.speedup_bars, "patches"), (gpuopt.plot.latency_distribution, "collections")]
+        for ax, (fn, artists) in zip(axes.flat, calls):
+            assert fn(res, ax=ax) is fig
+            assert getattr(ax, artists), fn.__name__
+        assert len(fig.axes) == 4 and len(plt.get_fignums()) == 1
+    finally:
+        plt.close(fig)
+    # a CPU run records no device memory: no memory plot, drawn or saved
+    with pytest.raises(ValueError, match="recorded device memory \\(a CPU run records none\\): no memory plot"):
+        gpuopt.plot.memory_bars(res)
+    assert not list(out.glob("*memory*")) and (out / "tiny-cnn-throughput.png").exists()
+
+
 def test_markdown_has_the_seeds_tables(results):
     res, _ = results
     md = res.to_markdown()
