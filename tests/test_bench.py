@@ -28,27 +28,48 @@ FAST = {"max_time_s": 0.2, "min_time_s": 0.01, "warmup": 1, "warmup_s": 0.0, "pr
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     return benchmark("tiny-cnn", configs=["fp32", "bf16-amp", "fp32+torchscript"], batch_sizes=[1, 4],
-                     modes=["latency", "end-to-end"], train=True, device="cpu", output_dir=str(out), **FAST), out
+                     modes=["latency", "end-to-end"], device="cpu", output_dir=str(out), **FAST), out
 
 
 def test_every_cell_is_a_row(results):
     res, _ = results
-    # on the CPU latency is host mode; torchscript is inference-only, so its train rows fail
-    assert len(res.rows) == 3 * 2 * 3
-    assert {r.mode for r in res.rows} == {"host", "end-to-end", "train"}
-    failed = res.failed
-    assert {(r.config, r.mode) for r in failed} == {("fp32+torchscript", "train")}
-    assert all("inference-only" in r.error for r in failed)
+    # on the CPU latency is host mode
+    assert len(res.rows) == 3 * 2 * 2
+    assert {r.mode for r in res.rows} == {"host", "end-to-end"}
+    assert not res.failed
     for r in res.ok:
         m = r.measurement
         assert r.latency_ms["p50"] == m.p50 == pytest.approx(float(np.median(m.samples_ms)))
         assert r.throughput_items_per_s == pytest.approx(r.batch_size * 1e3 / m.p50)
         assert m.n == len(m.samples_ms) > 0 and r.device == "cpu"
-        if r.mode != "train":
-            assert r.parity["passed"] and r.prepare_s is not None and r.first_call_ms > 0
+        assert r.parity["passed"] and r.prepare_s is not None and r.first_call_ms > 0
         assert r.runner_overhead_s >= 0
         assert r.flops_per_item > 0 and r.bytes_per_item_min > 0
         assert res.find(r.model, r.config, r.batch_size, r.mode) is r
+
+
+def test_the_default_configs_follow_the_device_and_train(monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("planning measured something")
+
+    monkeypatch.setattr(gpuopt.run.runner, "measure", never)
+    for train, name in ((False, "bench-cpu"), (True, "bench-cpu-train")):
+        plan = plan_benchmark("tiny-cnn", device="cpu", train=train, **FAST)
+        assert plan.configs == gpuopt.preset(name)
+    with pytest.raises(ValueError, match="configs fp32\\+torchscript use an inference-only backend \\(torchscript "
+                                         "or cudagraph\\) and cannot time training steps; with train=True"):
+        plan_benchmark("tiny-cnn", configs=["fp32", "fp32+torchscript"], train=True, device="cpu")
+    with pytest.raises(ValueError, match="configs fp32\\+torchscript use an inference-only"):
+        plan_benchmark("tiny-cnn", configs="bench-cpu", train=True, device="cpu")
+
+
+def test_training_with_the_default_configs_times_every_cell():
+    res = benchmark("tiny-cnn", batch_sizes=[2], modes=["latency"], train=True, device="cpu", **FAST)
+    assert [c for c in res.configs()] == [c.label for c in gpuopt.preset("bench-cpu-train")]
+    assert not res.failed and {r.mode for r in res.rows} == {"host", "train"}
+    train = [r for r in res.rows if r.mode == "train"]
+    assert len(train) == len(res.configs()) and all(r.throughput_items_per_s > 0 for r in train)
+    assert "### Training step" in res.to_markdown()
 
 
 def test_files_are_written_and_read_back(results):
@@ -69,11 +90,33 @@ def test_files_are_written_and_read_back(results):
     assert res.to_dataframe().shape[0] == len(res.rows)
 
 
+def test_plots_draw_into_given_axes_and_leave_out_an_empty_memory_plot(results):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res, out = results
+    fig, axes = plt.subplots(2, 2)
+    try:
+        calls = [(gpuopt.plot.throughput_vs_batch, "lines"), (gpuopt.plot.latency_vs_batch, "lines"),
+                 (gpuopt.plot.speedup_bars, "patches"), (gpuopt.plot.latency_distribution, "collections")]
+        for ax, (fn, artists) in zip(axes.flat, calls):
+            assert fn(res, ax=ax) is fig
+            assert getattr(ax, artists), fn.__name__
+        assert len(fig.axes) == 4 and len(plt.get_fignums()) == 1
+    finally:
+        plt.close(fig)
+    # a CPU run records no device memory: no memory plot, drawn or saved
+    with pytest.raises(ValueError, match="recorded device memory \\(a CPU run records none\\): no memory plot"):
+        gpuopt.plot.memory_bars(res)
+    assert not list(out.glob("*memory*")) and (out / "tiny-cnn-throughput.png").exists()
+
+
 def test_markdown_has_the_seeds_tables(results):
     res, _ = results
     md = res.to_markdown()
     for section in ("### Throughput (images/s", "### Latency (ms per batch", "### Speedup over fp32",
-                    "### End to end", "### Training step", "## Failed cells", "## Environment"):
+                    "### End to end", "## Environment"):
         assert section in md, section
     assert "| fp32+torchscript |" in md
 
@@ -106,6 +149,35 @@ def _cell(model: str, config: str, samples: np.ndarray, batch: int = 4, mode: st
                         batch_size=batch, mode=mode)
 
 
+def test_the_dataframe_keeps_the_label_column_and_numbers_numeric(np_rng):
+    pd = pytest.importorskip("pandas")
+    samples = np_rng.lognormal(np.log(2.0), 0.05, 200)
+    ok = _cell("m", "fast one", samples)
+    res = Results([ok, Row.failed("boom", model="m", config="broken", batch_size=4, mode="latency")])
+    df = res.to_dataframe()
+    assert list(df["config"]) == [r.config for r in res.rows] == ["fast one", "broken"]
+    for col in ("p50_ms", "p95_ms", "ci95_low_ms", "ci95_high_ms", "ci_rel", "throughput_items_per_s",
+                "prepare_s", "achieved_tflops"):
+        assert df[col].dtype == np.float64, col
+    assert df["batch_size"].dtype == np.int64 and df["parity_passed"].dtype == pd.BooleanDtype()
+    assert df.loc[0, "p50_ms"] == pytest.approx(float(np.median(samples)))
+    assert [df.loc[0, "ci95_low_ms"], df.loc[0, "ci95_high_ms"]] == ok.ci95_ms
+    assert df.loc[1, ["p50_ms", "ci95_low_ms", "throughput_items_per_s"]].isna().all()
+    # a table of failed cells alone keeps the dtypes (all-missing columns are not object)
+    only_failed = Results([Row.failed("boom", model="m", config="broken", batch_size=4, mode="latency")])
+    assert only_failed.to_dataframe()["p50_ms"].dtype == np.float64
+
+
+def test_a_comparison_shows_as_an_html_table_with_its_verdict(np_rng):
+    fast = Measurement.from_samples(np_rng.lognormal(np.log(1.0), 0.02, 300).tolist(), label="new <b>")
+    slow = Measurement.from_samples(np_rng.lognormal(np.log(2.0), 0.02, 300).tolist(), label="old")
+    c = gpuopt.compare(slow, fast)
+    html = c._repr_html_()
+    assert html.startswith("<table>") and "faster" in html and f"{c.speedup:.3f}x" in html
+    assert f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]" in html and "old (baseline)" in html
+    assert "new &lt;b&gt;" in html and "two separate measurements" in html
+
+
 def test_speedup_verdicts_follow_the_data(np_rng):
     # Lognormal timings with 2% noise: half the time is faster, twice the time slower.
     base = np_rng.lognormal(np.log(2.0), 0.02, 400)
@@ -129,6 +201,7 @@ def test_a_failing_config_is_recorded_and_the_rest_goes_on():
     by = {r.config: r for r in res.rows}
     assert by["fp32+cudagraph"].status == "failed" and "needs a CUDA device" in by["fp32+cudagraph"].error
     assert by["fp32"].status == by["bf16"].status == "ok"
+    assert "## Failed cells" in res.to_markdown()
 
 
 class Overflow(torch.nn.Module):
@@ -455,3 +528,62 @@ def test_load_rejects_corrupt_and_foreign_files(tmp_path):
         Results.load(other)
     with pytest.raises(ValueError, match="cannot read results file"):
         Results.load(tmp_path / "missing.json")
+
+
+# ---- pretrained weights, loaded through the libraries' own loaders (nothing is downloaded here) ----
+
+def test_a_hugging_face_model_saved_to_a_folder_is_benchmarked_with_its_weights(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=40)
+    saved = transformers.BertModel(cfg).eval()
+    saved.save_pretrained(tmp_path / "tiny-bert")
+    folder = str(tmp_path / "tiny-bert")
+    for name in (f"hf:{folder}", folder):  # with or without the prefix
+        model, make_inputs = gpuopt.zoo.get(name)
+        for k, v in saved.state_dict().items():
+            assert torch.equal(model.state_dict()[k], v), k
+        x = make_inputs(3)
+        assert set(x) == {"input_ids", "attention_mask"}
+        assert x["input_ids"].shape == (3, 40) and 0 <= int(x["input_ids"].min()) and int(x["input_ids"].max()) < 97
+    res = benchmark(f"hf:{folder}", configs=["fp32", "fp32+torchscript"], batch_sizes=[2], modes=["latency"],
+                    device="cpu", **FAST)
+    assert not res.failed and res.models() == [f"hf:{folder}"]
+    assert {r.config for r in res.rows} == {"fp32", "fp32+torchscript"} and res.rows[0].item_unit == "sequences"
+
+
+def test_a_hugging_face_model_that_cannot_load_names_the_id_and_the_way_out(tmp_path):
+    pytest.importorskip("transformers")
+    with pytest.raises(ValueError, match=f"cannot load Hugging Face model '{tmp_path}/missing'.*offline, only a "
+                                         "model downloaded before .* loads; or benchmark a zoo name for random"):
+        benchmark(f"hf:{tmp_path}/missing", device="cpu", **FAST)
+
+
+def test_torchvision_weights_names_are_checked_and_loaded_through_torchvision(monkeypatch):
+    tv = pytest.importorskip("torchvision")
+    with pytest.raises(ValueError, match="unknown weights 'IMAGENET9K' for torchvision model 'resnet18'; allowed: "
+                                         "IMAGENET1K_V1, DEFAULT"):
+        gpuopt.zoo.spec("resnet18:IMAGENET9K")
+    with pytest.raises(ValueError, match="unknown torchvision model 'resnet81' in 'resnet81:DEFAULT' \\(did you "
+                                         "mean 'resnet18'"):
+        gpuopt.zoo.spec("resnet81:DEFAULT")
+    with pytest.raises(ValueError, match="pretrained weights: hf:<Hugging Face id or folder>, <torchvision model>"):
+        gpuopt.zoo.spec("resnet-fifty")
+    # The weights torchvision would download, replaced by a seeded model's (no network in tests).
+    torch.manual_seed(3)
+    trained = tv.models.resnet18(weights=None).state_dict()
+    monkeypatch.setattr(tv.models.ResNet18_Weights, "get_state_dict", lambda self, *a, **k: trained)
+    model, make_inputs = gpuopt.zoo.get("resnet18:IMAGENET1K_V1")
+    for k, v in trained.items():
+        assert torch.equal(model.state_dict()[k], v), k
+    assert make_inputs(2).shape == (2, 3, 224, 224) and not model.training
+
+    def offline(self, *args, **kwargs):
+        import urllib.error
+
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(tv.models.ResNet18_Weights, "get_state_dict", offline)
+    with pytest.raises(ValueError, match="cannot load torchvision weights resnet18:IMAGENET1K_V1 .*Temporary failure"
+                                         ".*connect to the network once, or benchmark 'resnet18' for random weights"):
+        gpuopt.zoo.get("resnet18:DEFAULT")

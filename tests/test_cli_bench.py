@@ -51,6 +51,16 @@ def test_report_compare_and_plot(two_runs, tmp_path):
     assert plots.returncode == 0 and (tmp_path / "plots" / "tiny-cnn-throughput.png").exists()
 
 
+def test_bench_train_on_the_cpu_exits_0(tmp_path):
+    # the default configs on the CPU with --train: the training preset, no inference-only backend
+    proc = cli("bench", "tiny-cnn", "--train", "--device", "cpu", "--batch-sizes", "1", *FAST, "--output",
+               str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads((tmp_path / "results.json").read_text())["rows"]
+    assert {r["config"] for r in rows} == {str(c) for c in gpuopt.preset("bench-cpu-train")}
+    assert {r["mode"] for r in rows} == {"host", "train"} and all(r["status"] == "ok" for r in rows)
+
+
 def test_a_failing_cell_gives_exit_code_1(tmp_path):
     proc = cli("bench", "tiny-cnn", "--device", "cpu", "--configs", "fp32,fp32+cudagraph", "--batch-sizes", "1",
                *FAST, "--output", str(tmp_path))

@@ -11,7 +11,7 @@ import torch
 import gpuopt
 from gpuopt import Config, parity
 from gpuopt._ext import _C
-from gpuopt.prepare.config import BACKENDS, COMPILE_MODES, MEMORY_FORMATS, PRECISIONS
+from gpuopt.prepare.config import BACKENDS, COMPILE_MODES, MEMORY_FORMATS, PRECISIONS, default_preset
 
 
 def small_cnn() -> torch.nn.Module:
@@ -77,6 +77,67 @@ def test_presets_include_the_seeds():
     assert gpuopt.preset("bench")[0] == Config("fp32")
     with pytest.raises(ValueError, match="unknown preset 'nope'; presets: fp16-torchscript"):
         gpuopt.preset("nope")
+
+
+def test_training_presets_hold_no_inference_only_backend():
+    assert default_preset("cuda") == "bench" and default_preset("cpu") == "bench-cpu"
+    for device in ("cuda", "cpu"):
+        inference = gpuopt.preset(default_preset(device))
+        training = gpuopt.preset(default_preset(device, train=True))
+        assert training == [c for c in inference if c.backend not in ("torchscript", "cudagraph")]
+        assert len(training) < len(inference)
+
+
+class KeywordOnly(torch.nn.Module):
+    """Inputs only by keyword, an optional one left out, a dict output."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 8)
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, input_ids, attention_mask=None, scale=None):
+        h = self.lin(self.embed(input_ids))
+        if attention_mask is not None:
+            h = h * attention_mask.unsqueeze(-1)
+        return {"hidden": h, "pooled": h.mean(1)}
+
+
+def _bert_tiny():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, max_position_embeddings=64)
+    return transformers.BertModel(cfg).eval()
+
+
+def _tokens(vocab: int, batch: int = 2, seq: int = 16, mask: bool = True) -> dict:
+    ids = torch.randint(0, vocab, (batch, seq))
+    return {"input_ids": ids, "attention_mask": (torch.rand(batch, seq) > 0.2).long()} if mask else {"input_ids": ids}
+
+
+@pytest.mark.parametrize("which", ["keyword-only", "tiny-transformer", "bert"])
+def test_torchscript_traces_models_that_take_keyword_inputs(which):
+    if which == "keyword-only":
+        model, make = KeywordOnly().eval(), lambda: _tokens(50)
+    elif which == "tiny-transformer":
+        model, make_inputs = gpuopt.zoo.get("tiny-transformer")
+        make = lambda: make_inputs(2)  # noqa: E731
+    else:
+        model, make = _bert_tiny(), lambda: _tokens(100)
+    p = Config.parse("fp32+torchscript").apply(model, make(), device="cpu")
+    assert p.ok, p.error
+    assert isinstance(p.module, torch.jit.ScriptModule)
+    x = make()  # fresh inputs: the traced graph is not specialised to the example's values
+    got, want = p(x), model(**x)
+    if which == "bert":
+        want = {"last_hidden_state": want.last_hidden_state, "pooler_output": want.pooler_output}
+    if isinstance(want, torch.Tensor):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:
+        assert set(got) == set(want)
+        for k in want:
+            torch.testing.assert_close(got[k], want[k], rtol=1e-5, atol=1e-5)
+    assert gpuopt.parity(p, model, make()).passed
 
 
 def test_apply_leaves_the_callers_model_and_global_state_alone():

@@ -404,3 +404,49 @@ def test_the_low_utilization_rule_works_at_the_documented_threshold():
         assert r["pct_of_memory_ceiling"] < documented
         assert r["bound"] == bound, r["reason"]
         assert (f"below {documented:.0f}% of both ceilings" in r["reason"]) == (share < 1)
+
+
+def _crowded_points(n: int = 14) -> list[dict]:
+    # configs at nearly the same place, long labels: drawn naively, they pile on top of each other
+    return [{"label": f"resnet50 fp16-amp+channels_last+compile bs{2 ** i}",
+             "arithmetic_intensity": 100.0 * (1 + 0.02 * i), "achieved_tflops": 50.0 * (1 + 0.01 * i)}
+            for i in range(n)]
+
+
+def test_roofline_labels_do_not_overlap_and_the_legend_covers_no_point():
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    ceilings = {"device": H100, "measured": {"gemm_tflops": {"fp16": 750.0}}}
+    fig = plot_roofline(_crowded_points(), ceilings, "fp16-amp")
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    labels = [t for t in ax.texts if t.get_text().startswith("resnet50")]
+    assert len(labels) == 14
+    from matplotlib.text import Text
+
+    boxes = [Text.get_window_extent(t, renderer) for t in labels]  # the label, without its leader line
+    overlapping = [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+    assert not overlapping
+    # the legend lies outside the axes, so it covers none of the points
+    legend = ax.get_legend().get_window_extent(renderer)
+    axes_box = ax.get_window_extent(renderer)
+    assert legend.y1 <= axes_box.y0
+    # log axes labelled with plain numbers, not powers of ten
+    ticks = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert "100" in ticks and not any("10^" in t or "$" in t for t in ticks)
+
+
+def test_roofline_draws_into_the_given_axes():
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2)
+    try:
+        out = plot_roofline(_crowded_points(3), {"device": H100}, "bf16-amp", ax=right)
+        assert out is fig
+        assert len(right.collections) == 3 and not left.collections and not left.texts
+        assert right.get_xscale() == "log" and len(fig.axes) == 2
+    finally:
+        plt.close(fig)

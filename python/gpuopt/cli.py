@@ -140,7 +140,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     if not gpu and args.device is None:
         print("No CUDA GPU found: running the CPU flow (tiny model, CPU configs).", file=sys.stderr)
     model = args.model or ("resnet50" if gpu else "tiny-cnn")
-    configs = args.configs or (["bench"] if gpu else ["bench-cpu"])
+    configs = args.configs or [None]  # None: benchmark() picks the preset for the device and --train
     out = args.output or _default_output(model)
     try:
         plan = plan_benchmark(model, configs=configs[0] if len(configs) == 1 else configs,

@@ -225,12 +225,41 @@ def roofline_points(rows: list[dict]) -> list[dict]:
     return points
 
 
+def plain_log_ticks(axis: Any) -> None:
+    """Label a log axis with plain numbers (0.1, 1, 10, 1,000) instead of powers of ten, minor ticks
+    unlabelled: the plots' one tick style."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def declutter(texts: list, renderer: Any, step_pt: float = 10.0, tries: int = 60) -> None:
+    """Move annotations (text offsets in points) up or down, in turn, until none overlaps one placed
+    before it: a plain greedy de-overlap, judged on the rendered bounding boxes of the texts (without
+    their leader lines)."""
+    from matplotlib.text import Text
+
+    placed = []
+    for t in texts:
+        x0, y0 = t.get_position()
+        for i in range(tries):
+            box = Text.get_window_extent(t, renderer)
+            if not any(box.overlaps(b) for b in placed):
+                break
+            shift = (i // 2 + 1) * step_pt * (1 if i % 2 == 0 else -1)
+            t.set_position((x0, y0 + shift))
+        placed.append(Text.get_window_extent(t, renderer))
+
+
 def plot_roofline(points: list[dict], ceilings: dict | None, precision: str, title: str | None = None,
-                  path: str | Path | None = None) -> Any:
+                  path: str | Path | None = None, ax: Any = None) -> Any:
     """A log-log roofline: the memory slope and the ``precision`` compute roof (labelled with their
     values and whether measured or from the datasheet) and each point ``{"label",
-    "arithmetic_intensity", "achieved_tflops"}``, labelled. Returns the matplotlib Figure; with
-    ``path`` (with or without ``.png``) also writes ``<path>.png`` and ``<path>.svg``.
+    "arithmetic_intensity", "achieved_tflops"}``, labelled (labels moved apart so none overlaps
+    another; the legend sits below the axes so it covers no point). Draws into ``ax`` when given
+    (to compose figures), else into a new Figure. Returns the Figure; with ``path`` (with or without
+    ``.png``) also writes ``<path>.png`` and ``<path>.svg``.
 
     >>> fig = plot_roofline([{"label": "gemm", "arithmetic_intensity": 2730, "achieved_tflops": 700}],
     ...                     {"device": "NVIDIA H100 80GB HBM3"}, "bf16-amp")
@@ -238,6 +267,7 @@ def plot_roofline(points: list[dict], ceilings: dict | None, precision: str, tit
     'arithmetic intensity (FLOP/byte)'
     """
     try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
         raise ImportError("plot_roofline needs matplotlib: pip install matplotlib") from None
@@ -253,8 +283,11 @@ def plot_roofline(points: list[dict], ceilings: dict | None, precision: str, tit
     xs = [p["arithmetic_intensity"] for p in shown] + ([ridge] if ridge else [])
     lo = 10 ** math.floor(math.log10(min(xs)) - 1) if xs else 0.1
     hi = 10 ** math.ceil(math.log10(max(xs)) + 1) if xs else 1e4
-    fig = Figure(figsize=(8, 5), layout="constrained")
-    ax = fig.add_subplot()
+    if ax is None:
+        fig = Figure(figsize=(8, 5.5), layout="constrained")
+        FigureCanvasAgg(fig)  # a renderer for the label placement
+        ax = fig.add_subplot()
+    fig = ax.figure
     ax.set_xscale("log")
     ax.set_yscale("log")
     if bandwidth:
@@ -266,27 +299,36 @@ def plot_roofline(points: list[dict], ceilings: dict | None, precision: str, tit
                 label=f"{precision} compute {peak:,.1f} TFLOP/s ({compute_source})")
     if ridge:
         ax.axvline(ridge, color="grey", ls=":", lw=1, label=f"ridge point {ridge:,.0f} FLOP/B")
-    for p in shown:
+    labels = []
+    for p in sorted(shown, key=lambda p: (-p["achieved_tflops"], p["arithmetic_intensity"])):
         ax.scatter([p["arithmetic_intensity"]], [p["achieved_tflops"]], s=30, zorder=3)
-        ax.annotate(str(p.get("label", "")), (p["arithmetic_intensity"], p["achieved_tflops"]),
-                    textcoords="offset points", xytext=(5, 5), fontsize=8)
+        labels.append(ax.annotate(str(p.get("label", "")), (p["arithmetic_intensity"], p["achieved_tflops"]),
+                                  textcoords="offset points", xytext=(6, 4), fontsize=8,
+                                  arrowprops={"arrowstyle": "-", "color": "grey", "lw": 0.5, "shrinkA": 0,
+                                              "shrinkB": 3}))
     if len(shown) < len(points):
         ax.text(0.01, 0.01, f"{len(points) - len(shown)} point(s) without a positive intensity and TFLOP/s not shown (log axes)",
                 transform=ax.transAxes, fontsize=8, color="grey")
     ax.set_xlim(lo, hi)
+    plain_log_ticks(ax.xaxis)
+    plain_log_ticks(ax.yaxis)
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("performance (TFLOP/s)")
     device = ceilings.get("device") or "unknown device"
     ax.set_title(title or f"Roofline: {device}, {precision}")
     ax.grid(True, which="both", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="lower right", fontsize=8)
+        # below the axes: it covers no point, and labels moved past the right edge do not reach it
+        ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.13), borderaxespad=0.0, fontsize=8, ncol=2)
+    if labels and hasattr(fig.canvas, "get_renderer"):  # Agg-based canvases: ours, pyplot's, Jupyter's
+        fig.draw_without_rendering()  # the layout settles before the labels are measured
+        declutter(labels, fig.canvas.get_renderer())
     if path is not None:
         path = Path(path)
         base = path.with_suffix("") if path.suffix.lower() in (".png", ".svg") else path
         base.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(f"{base}.png", dpi=150)
-        fig.savefig(f"{base}.svg")
+        fig.savefig(f"{base}.png", dpi=150, bbox_inches="tight")
+        fig.savefig(f"{base}.svg", bbox_inches="tight")
     return fig
 
 

@@ -262,7 +262,7 @@ class Prepared:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.jit is deprecated in recent torch; it still works
             with guard, torch.no_grad():
-                traced = torch.jit.trace(m, args if args else (), example_kwarg_inputs=kwargs or None,
+                traced = torch.jit.trace(m, None if kwargs else args, example_kwarg_inputs=kwargs or None,
                                          strict=False, check_trace=False)
                 frozen = torch.jit.freeze(traced.eval())
                 return torch.jit.optimize_for_inference(frozen)
@@ -394,13 +394,18 @@ def precision(mode: str = "fp32", *, cudnn_benchmark: bool | None = None) -> Any
     return _C.StateGuard(tf32=mode == "tf32", cudnn_benchmark=cudnn_benchmark)
 
 
+# Backends that cannot time a training step (a traced, frozen graph; a replayed capture).
+INFERENCE_ONLY_BACKENDS = ("torchscript", "cudagraph")
+
 _PRESETS: dict[str, tuple[str, ...]] = {
     # The seeds' comparisons.
     "fp16-torchscript": ("fp32", "fp16-amp", "fp32+torchscript"),
     "amp-channels-last-compile": ("fp32", "fp16-amp+channels_last+compile"),
-    # gpuopt bench's default on a GPU.
+    # gpuopt bench's and benchmark()'s defaults (see default_preset).
     "bench": ("fp32", "fp16-amp", "fp16-amp+channels_last", "fp32+torchscript", "fp16-amp+channels_last+compile"),
     "bench-cpu": ("fp32", "bf16-amp", "fp32+torchscript"),
+    "bench-train": ("fp32", "fp16-amp", "fp16-amp+channels_last", "fp16-amp+channels_last+compile"),
+    "bench-cpu-train": ("fp32", "bf16-amp"),
     "precisions": PRECISIONS,
     "backends": ("fp16+channels_last", "fp16+channels_last+torchscript", "fp16+channels_last+cudagraph",
                  "fp16+channels_last+compile"),
@@ -410,7 +415,8 @@ _PRESETS: dict[str, tuple[str, ...]] = {
 def presets() -> dict[str, list[Config]]:
     """Named sets of configs: ``fp16-torchscript`` (fp32 / fp16-amp / TorchScript fp32) and
     ``amp-channels-last-compile`` (fp32 / fp16-amp + channels_last + compile) from the seeds;
-    ``bench`` (``gpuopt bench``'s default), ``bench-cpu``, ``precisions``, ``backends``."""
+    ``bench``, ``bench-cpu`` and their training variants ``bench-train``, ``bench-cpu-train`` (no
+    inference-only backend; see :func:`default_preset`), ``precisions``, ``backends``."""
     return {name: [Config.parse(c) for c in cfgs] for name, cfgs in _PRESETS.items()}
 
 
@@ -419,3 +425,15 @@ def preset(name: str) -> list[Config]:
     if name not in _PRESETS:
         raise ValueError(f"unknown preset {name!r}; presets: {', '.join(_PRESETS)}")
     return [Config.parse(c) for c in _PRESETS[name]]
+
+
+def default_preset(device_type: str, train: bool = False) -> str:
+    """The preset a benchmark runs when no configs are given -- the one place that decides it, for
+    ``gpuopt bench`` and :func:`gpuopt.benchmark` alike: ``bench`` on CUDA, ``bench-cpu`` elsewhere;
+    with ``train`` their ``-train`` variants, which leave out the inference-only backends.
+
+    >>> default_preset("cpu"), default_preset("cuda", train=True)
+    ('bench-cpu', 'bench-train')
+    """
+    name = "bench" if device_type == "cuda" else "bench-cpu"
+    return f"{name}-train" if train else name

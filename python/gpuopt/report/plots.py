@@ -1,11 +1,15 @@
-"""Plots of Results (matplotlib, an optional dependency). Every function returns the Figure (so it
-shows in notebooks) and, given ``path``, saves it as PNG and SVG. Titles and axes carry the model,
-the device and the units."""
+"""Plots of Results (matplotlib, an optional dependency). Every function draws into ``ax`` when given
+(to compose figures: ``fig, (a, b) = plt.subplots(1, 2); throughput_vs_batch(r, ax=a)``), else into a
+new figure, returns the Figure (so it shows in notebooks) and, given ``path``, saves it as PNG and
+SVG. Titles and axes carry the model, the device and the units; log axes are labelled with plain
+numbers."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ..analysis.roofline import plain_log_ticks
 
 if TYPE_CHECKING:
     from .results import Results
@@ -37,6 +41,13 @@ def _save(fig, path: str | Path | None) -> None:
     stem = p.with_suffix("") if p.suffix in (".png", ".svg") else p
     fig.savefig(stem.with_suffix(".png"), dpi=130, bbox_inches="tight")
     fig.savefig(stem.with_suffix(".svg"), bbox_inches="tight")
+
+
+def _axes(ax, figsize=(7, 4.5)):
+    """(figure, axes): the caller's axes, or a new figure's."""
+    if ax is None:
+        return _plt().subplots(figsize=figsize)
+    return ax.figure, ax
 
 
 def _batch_axis(ax, batches: list[int]) -> None:
@@ -76,12 +87,12 @@ def _unit(results: Results, model: str) -> str:
     return next((r.item_unit for r in results.rows if r.model == model), "items") or "items"
 
 
-def throughput_vs_batch(results: Results, model: str | None = None, mode: str | None = None, path=None):
+def throughput_vs_batch(results: Results, model: str | None = None, mode: str | None = None, path=None,
+                        ax=None):
     """Items/s against batch size, one line per config."""
-    plt = _plt()
     model = _model(results, model)
     mode = _mode(results, model, mode, ("throughput", "latency", "graph", "end-to-end"))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = _axes(ax)
     for cfg in results.configs(model):
         pts = [(r.batch_size, r.throughput_items_per_s) for b in results.batch_sizes(model)
                if (r := results.find(model, cfg, b, mode)) and r.ok]
@@ -96,12 +107,11 @@ def throughput_vs_batch(results: Results, model: str | None = None, mode: str | 
     return fig
 
 
-def latency_vs_batch(results: Results, model: str | None = None, mode: str | None = None, path=None):
+def latency_vs_batch(results: Results, model: str | None = None, mode: str | None = None, path=None, ax=None):
     """p50 (solid) and p95 (dashed) latency per batch against batch size, per config."""
-    plt = _plt()
     model = _model(results, model)
     mode = _mode(results, model, mode, ("latency", "graph", "throughput"))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = _axes(ax)
     for i, cfg in enumerate(results.configs(model)):
         rows = [r for b in results.batch_sizes(model) if (r := results.find(model, cfg, b, mode)) and r.ok]
         if not rows:
@@ -111,6 +121,7 @@ def latency_vs_batch(results: Results, model: str | None = None, mode: str | Non
         ax.plot(xs, [r.latency_ms["p50"] for r in rows], marker="o", color=color, label=f"{cfg} p50")
         ax.plot(xs, [r.latency_ms["p95"] for r in rows], linestyle="--", color=color, label=f"{cfg} p95")
     ax.set_yscale("log")
+    plain_log_ticks(ax.yaxis)
     _batch_axis(ax, results.batch_sizes(model))
     ax.set_ylabel("latency per batch (ms)")
     ax.set_title(f"{model}: latency ({mode} mode) on {results.device}")
@@ -121,15 +132,14 @@ def latency_vs_batch(results: Results, model: str | None = None, mode: str | Non
 
 
 def speedup_bars(results: Results, model: str | None = None, batch_size: int | None = None, mode: str | None = None,
-                 baseline: str | None = None, path=None):
+                 baseline: str | None = None, path=None, ax=None):
     """Speedup of each config over the baseline with 95% confidence-interval error bars."""
-    plt = _plt()
     model = _model(results, model)
     mode = _mode(results, model, mode, ("throughput", "latency", "graph"))
     batch_size = batch_size or max(results.batch_sizes(model))
     s = [x for x in results.speedups(baseline) if x["model"] == model and x["mode"] == mode
          and x["batch_size"] == batch_size and x.get("speedup") is not None]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = _axes(ax)
     if s:
         names = [x["config"] for x in s]
         vals = [x["speedup"] for x in s]
@@ -150,9 +160,9 @@ def speedup_bars(results: Results, model: str | None = None, batch_size: int | N
     return fig
 
 
-def memory_bars(results: Results, model: str | None = None, batch_size: int | None = None, path=None):
-    """Peak memory allocated by torch per config, at one batch size."""
-    plt = _plt()
+def memory_bars(results: Results, model: str | None = None, batch_size: int | None = None, path=None, ax=None):
+    """Peak device memory allocated by torch per config, at one batch size; ValueError (nothing drawn)
+    when no row recorded any (a CPU run)."""
     model = _model(results, model)
     batch_size = batch_size or max(results.batch_sizes(model))
     vals = []
@@ -162,12 +172,12 @@ def memory_bars(results: Results, model: str | None = None, batch_size: int | No
         peaks = [p for p in peaks if p]
         if peaks:
             vals.append((cfg, max(peaks) / 2**20))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    if vals:
-        ax.bar([v[0] for v in vals], [v[1] for v in vals], color="C0")
-        ax.tick_params(axis="x", labelrotation=30, labelsize=8)
-    else:
-        ax.text(0.5, 0.5, "no peak memory recorded (CPU run?)", ha="center", transform=ax.transAxes)
+    if not vals:
+        raise ValueError(f"no {model} row at batch {batch_size} recorded device memory (a CPU run records none): "
+                         "no memory plot")
+    fig, ax = _axes(ax)
+    ax.bar([v[0] for v in vals], [v[1] for v in vals], color="C0")
+    ax.tick_params(axis="x", labelrotation=30, labelsize=8)
     ax.set_ylabel("peak memory allocated (MiB)")
     ax.set_title(f"{model}, batch {batch_size}: peak memory on {results.device}")
     _save(fig, path)
@@ -175,9 +185,8 @@ def memory_bars(results: Results, model: str | None = None, batch_size: int | No
 
 
 def latency_distribution(results: Results, model: str | None = None, batch_size: int | None = None,
-                         mode: str | None = None, path=None):
+                         mode: str | None = None, path=None, ax=None):
     """Violin plots of the raw latency samples of each config."""
-    plt = _plt()
     model = _model(results, model)
     mode = _mode(results, model, mode, ("latency", "graph", "throughput"))
     batch_size = batch_size or min(results.batch_sizes(model))
@@ -186,11 +195,12 @@ def latency_distribution(results: Results, model: str | None = None, batch_size:
         r = results.find(model, cfg, batch_size, mode)
         if r and r.ok and r.measurement is not None:
             data.append((cfg, r.measurement.samples_ms))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = _axes(ax)
     if data:
         ax.violinplot([d[1] for d in data], showmedians=True)
         ax.set_xticks(range(1, len(data) + 1), [d[0] for d in data], rotation=30, fontsize=8)
         ax.set_yscale("log")
+        plain_log_ticks(ax.yaxis)
     ax.set_ylabel("latency per call (ms)")
     ax.set_title(f"{model}, batch {batch_size}: latency distribution ({mode} mode) on {results.device}")
     _save(fig, path)
@@ -198,7 +208,7 @@ def latency_distribution(results: Results, model: str | None = None, batch_size:
 
 
 def roofline(results: Results, model: str | None = None, mode: str | None = None, precision: str | None = None,
-             path=None):
+             path=None, ax=None):
     """The results of one precision (default: the first) on the device's roofline for that precision
     (measured ceilings when cached, else the datasheet): a point per config and batch size."""
     from ..analysis.roofline import plot_roofline, roofline_points
@@ -214,7 +224,7 @@ def roofline(results: Results, model: str | None = None, mode: str | None = None
     if not points:
         raise ValueError(f"no {model} row in {mode} mode with precision {precision} carries a roofline placement")
     return plot_roofline(points, results.ceilings, precision,
-                         title=f"{model}, {precision}, on {results.device} ({mode} mode)", path=path)
+                         title=f"{model}, {precision}, on {results.device} ({mode} mode)", path=path, ax=ax)
 
 
 def save_all(results: Results, out: str | Path) -> dict[str, Path]:

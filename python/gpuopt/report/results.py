@@ -173,9 +173,16 @@ def read_cells(path: str | os.PathLike) -> list[Row]:
 
 CSV_COLUMNS = [
     "model", "config", "precision", "batch_size", "mode", "status", "error", "p50_ms", "p95_ms", "p99_ms",
-    "mean_ms", "throughput_items_per_s", "item_unit", "ci_rel", "peak_allocated_mib", "parity_passed",
-    "parity_worst_rel_l2", "prepare_s", "first_call_ms", "runner_overhead_s", "achieved_tflops",
-    "pct_of_compute_ceiling", "achieved_gbps", "bound", "diagnosis", "device",
+    "mean_ms", "ci95_low_ms", "ci95_high_ms", "throughput_items_per_s", "item_unit", "ci_rel",
+    "peak_allocated_mib", "parity_passed", "parity_worst_rel_l2", "prepare_s", "first_call_ms",
+    "runner_overhead_s", "achieved_tflops", "pct_of_compute_ceiling", "achieved_gbps", "bound", "diagnosis",
+    "device",
+]
+# The DataFrame's dtypes: numbers stay numbers (NaN where a cell failed or a figure is missing).
+_FLOAT_COLUMNS = [
+    "p50_ms", "p95_ms", "p99_ms", "mean_ms", "ci95_low_ms", "ci95_high_ms", "throughput_items_per_s", "ci_rel",
+    "peak_allocated_mib", "parity_worst_rel_l2", "prepare_s", "first_call_ms", "runner_overhead_s",
+    "achieved_tflops", "pct_of_compute_ceiling", "achieved_gbps",
 ]
 
 
@@ -184,10 +191,12 @@ def _flat(row: Row) -> dict[str, Any]:
     par = row.parity or {}
     roof = row.roofline or {}
     alloc = (row.peak_memory or {}).get("max_allocated_bytes")
+    ci = row.ci95_ms or [None, None]
     return {
         "model": row.model, "config": row.config, "precision": row.precision, "batch_size": row.batch_size,
         "mode": row.mode, "status": row.status, "error": row.error, "p50_ms": lat.get("p50"),
         "p95_ms": lat.get("p95"), "p99_ms": lat.get("p99"), "mean_ms": lat.get("mean"),
+        "ci95_low_ms": ci[0], "ci95_high_ms": ci[1],
         "throughput_items_per_s": row.throughput_items_per_s, "item_unit": row.item_unit, "ci_rel": row.ci_rel,
         "peak_allocated_mib": None if alloc is None else alloc / 2**20, "parity_passed": par.get("passed"),
         "parity_worst_rel_l2": par.get("worst_rel_l2"), "prepare_s": row.prepare_s,
@@ -369,12 +378,20 @@ class Results:
         return buf.getvalue()
 
     def to_dataframe(self):
-        """A pandas DataFrame with the CSV columns (pandas is an optional dependency)."""
+        """A pandas DataFrame with the CSV columns (pandas is an optional dependency): the label in
+        ``config`` as in the rows, timings and throughput as float64 (NaN for a failed cell),
+        ``batch_size`` int64, ``parity_passed`` a nullable boolean.
+
+        >>> df = Results.load("results.json").to_dataframe()   # doctest: +SKIP
+        >>> df.groupby("config")["throughput_items_per_s"].max()   # doctest: +SKIP
+        """
         try:
             import pandas as pd
         except ImportError as exc:
             raise ImportError("Results.to_dataframe needs pandas: pip install pandas") from exc
-        return pd.DataFrame([_flat(r) for r in self._rows.values()], columns=CSV_COLUMNS)
+        df = pd.DataFrame([_flat(r) for r in self._rows.values()], columns=CSV_COLUMNS)
+        df[_FLOAT_COLUMNS] = df[_FLOAT_COLUMNS].astype("float64")
+        return df.astype({"batch_size": "int64", "parity_passed": "boolean"})
 
     def to_markdown(self, baseline: str | None = None) -> str:
         from .markdown import markdown

@@ -74,7 +74,7 @@ def plan_benchmark(
     inputs: Any = None,
     input_shape: Sequence[int] | None = None,
     input_fn: Callable[[int], Any] | None = None,
-    configs: str | Config | Sequence[str | Config] = "bench",
+    configs: str | Config | Sequence[str | Config] | None = None,
     batch_sizes: Sequence[int] | int = (1, 8, 16, 32),
     modes: Sequence[str] | str = ("latency", "throughput"),
     parity: bool = True,
@@ -91,9 +91,9 @@ def plan_benchmark(
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
     work = workload(model_or_name, inputs=inputs, input_shape=input_shape, input_fn=input_fn)
-    cfgs = resolve_configs(configs)
-    batches = resolve_batch_sizes(batch_sizes) if work.make_inputs is not None else [batch_of(work.fixed_inputs)]
     dev = resolve_device(device)
+    cfgs = resolve_configs(configs, device=dev, train=train)
+    batches = resolve_batch_sizes(batch_sizes) if work.make_inputs is not None else [batch_of(work.fixed_inputs)]
     mode_list = resolve_modes(modes, train, dev)
     opts = check_measure_options(dict(measure_options))
     if output_dir is not None:
@@ -107,7 +107,7 @@ def benchmark(
     inputs: Any = None,
     input_shape: Sequence[int] | None = None,
     input_fn: Callable[[int], Any] | None = None,
-    configs: str | Config | Sequence[str | Config] = "bench",
+    configs: str | Config | Sequence[str | Config] | None = None,
     batch_sizes: Sequence[int] | int = (1, 8, 16, 32),
     modes: Sequence[str] | str = ("latency", "throughput"),
     parity: bool = True,
@@ -129,6 +129,8 @@ def benchmark(
     inputs or FP32 reference fail (e.g. out of memory), and the other batch sizes still run. Bad
     arguments raise ValueError or TypeError before anything runs. ``measure_options`` go to
     :func:`gpuopt.measure` (e.g. ``max_time_s=2``). ``output_dir`` saves JSON, CSV, Markdown and plots.
+    ``configs`` default: the ``bench`` preset on CUDA, ``bench-cpu`` on the CPU, and with ``train=True``
+    their ``-train`` variants (no inference-only backend), as ``gpuopt bench`` chooses.
 
     >>> r = gpuopt.benchmark("tiny-cnn", configs=["fp32", "bf16-amp"], batch_sizes=[1, 8],
     ...                      device="cpu", max_time_s=0.2)                       # doctest: +SKIP

@@ -321,11 +321,17 @@ class ProgressBar:
         self.bar = None
         if enabled:
             try:
+                # tqdm.auto's notebook bar needs ipywidgets (the notebook extra) and warns without it:
+                # then the text bar, which a notebook shows too.
+                import ipywidgets  # noqa: F401
                 from tqdm.auto import tqdm
-
-                self.bar = tqdm(total=total, unit="cell", leave=False)
             except ImportError:
-                self.bar = None
+                try:
+                    from tqdm import tqdm
+                except ImportError:
+                    tqdm = None
+            if tqdm is not None:
+                self.bar = tqdm(total=total, unit="cell", leave=False)
 
     def __call__(self, event: str, cell: str) -> None:
         if self.bar is None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ..prepare.config import Config, preset, presets
+from ..prepare.config import INFERENCE_ONLY_BACKENDS, Config, default_preset, preset, presets
 from ..timing.inputs import tensors_in
 from ..timing.measurement import _MEASURE_DEFAULTS, MODES
 from . import zoo
@@ -78,21 +78,31 @@ def check_input_shape(input_shape: Any) -> tuple[int, ...]:
     return tuple(input_shape)
 
 
-def resolve_configs(configs: str | Config | Sequence[str | Config]) -> list[Config]:
-    """A preset name, one config (object or string) or a sequence of them."""
+def resolve_configs(configs: str | Config | Sequence[str | Config] | None, *, device: torch.device | None = None,
+                    train: bool = False) -> list[Config]:
+    """A preset name, one config (object or string) or a sequence of them; None: the default preset
+    for ``device`` and ``train`` (:func:`~gpuopt.prepare.config.default_preset`). With ``train``, an
+    inference-only backend is refused: it could not time a training step."""
+    if configs is None:
+        return preset(default_preset(device.type if device is not None else "cpu", train))
     if isinstance(configs, Config):
-        return [configs]
-    if isinstance(configs, str):
-        if configs in presets():
-            return preset(configs)
-        return [Config.parse(configs)]
-    if not isinstance(configs, (list, tuple)) or not configs:
+        out = [configs]
+    elif isinstance(configs, str):
+        out = preset(configs) if configs in presets() else [Config.parse(configs)]
+    elif not isinstance(configs, (list, tuple)) or not configs:
         raise ValueError(f"configs must be a preset name, a config or a non-empty list of them, got {configs!r}")
-    out = [Config.parse(c) for c in configs]
-    labels = [c.label for c in out]
-    dupes = sorted({x for x in labels if labels.count(x) > 1})
-    if dupes:
-        raise ValueError(f"configs repeat {', '.join(dupes)}; give each a distinct name")
+    else:
+        out = [Config.parse(c) for c in configs]
+        labels = [c.label for c in out]
+        dupes = sorted({x for x in labels if labels.count(x) > 1})
+        if dupes:
+            raise ValueError(f"configs repeat {', '.join(dupes)}; give each a distinct name")
+    inference_only = [c.label for c in out if c.backend in INFERENCE_ONLY_BACKENDS]
+    if train and inference_only:
+        raise ValueError(f"configs {', '.join(inference_only)} use an inference-only backend "
+                         f"({' or '.join(INFERENCE_ONLY_BACKENDS)}) and cannot time training steps; with train=True "
+                         f"give eager or compile configs, or no configs for the training preset "
+                         f"({default_preset('cpu', True)} on the CPU, {default_preset('cuda', True)} on CUDA)")
     return out
 
 

@@ -4,6 +4,12 @@ torchvision models (resnet18, resnet50, vit_b_16, efficientnet_b0, mobilenet_v3_
 models built from their configs (bert-base, opt-125m, opt-1.3b; needs transformers), and tiny models
 for CPU runs. Any ``nn.Module`` can be benchmarked directly instead.
 
+Pretrained weights, when asked for by name, come through the libraries' own loaders and caches:
+``hf:<model id or local folder>`` (``transformers.AutoModel.from_pretrained``; a local folder saved
+with ``save_pretrained`` also works without the prefix) and ``<torchvision model>:<weights>``
+(``torchvision.models.get_model``, e.g. ``resnet50:IMAGENET1K_V2`` or ``resnet50:DEFAULT``). They are
+downloaded once into the Hugging Face or torch hub cache; offline, what is cached loads.
+
 Random weights alone can give outputs that fp16 cannot hold or no signal at all. efficientnet_b0's
 and mobilenet_v3_large's outputs are about 1e-14 and 1e-10 (BatchNorm's default statistics, mean 0
 and variance 1, do not match their activations, which shrink layer by layer), so fp16 gives zeros:
@@ -19,6 +25,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -67,10 +74,12 @@ class TinyTransformer(torch.nn.Module):
 class ModelSpec:
     name: str
     build: Callable[[], torch.nn.Module]
-    make_inputs: Callable[[int], Any]  # batch size -> inputs (CPU tensors), Config.apply convention
+    # batch size -> inputs (CPU tensors), Config.apply convention; None: from the built model's config
+    make_inputs: Callable[[int], Any] | None
     items: str = "images"  # what one batch element is, for throughput units
     needs: str | None = None  # optional package
     calibrate: bool = False  # BatchNorm statistics from random inputs (default ones make outputs vanish)
+    pretrained: bool = False  # trained weights: kept as they are (no calibration, no re-initialisation)
 
 
 def _torchvision(name: str) -> Callable[[], torch.nn.Module]:
@@ -96,7 +105,8 @@ def _hf(kind: str, **config: Any) -> Callable[[], torch.nn.Module]:
             raise ImportError("this model needs transformers: pip install transformers") from exc
         if kind == "bert":
             return transformers.BertModel(transformers.BertConfig(**config))
-        return transformers.OPTForCausalLM(transformers.OPTConfig(**config))
+        # One forward pass is timed: no key/value cache is built (TorchScript cannot return one).
+        return transformers.OPTForCausalLM(transformers.OPTConfig(use_cache=False, **config))
 
     return build
 
@@ -130,19 +140,96 @@ _SPECS = [
 MODELS: dict[str, ModelSpec] = {s.name: s for s in _SPECS}
 
 
+# The longest sequence a Hugging Face model is benchmarked at (shorter when its positions end sooner).
+HF_SEQUENCE = 128
+
+
 def names() -> list[str]:
     return list(MODELS)
 
 
+def _pretrained_hf(source: str) -> ModelSpec:
+    def build() -> torch.nn.Module:
+        try:
+            import transformers
+        except ImportError as exc:
+            raise ImportError(f"model 'hf:{source}' needs transformers: pip install transformers") from exc
+        try:
+            model = transformers.AutoModel.from_pretrained(source)
+        except (OSError, ValueError) as exc:
+            raise ValueError(
+                f"cannot load Hugging Face model {source!r}: {str(exc).splitlines()[0] if str(exc) else exc!r}. "
+                "Check the id (or the folder, saved with save_pretrained); offline, only a model downloaded "
+                "before (in the Hugging Face cache) loads; or benchmark a zoo name for random weights") from exc
+        if hasattr(model.config, "use_cache"):
+            model.config.use_cache = False  # one forward pass is timed; TorchScript cannot return a cache
+        return model
+
+    return ModelSpec(f"hf:{source}", build, None, items="sequences", needs="transformers", pretrained=True)
+
+
+def hf_inputs(config: Any, seq: int = HF_SEQUENCE) -> Callable[[int], dict[str, torch.Tensor]]:
+    """Token inputs for a Hugging Face model from its config: ids below ``vocab_size``, a sequence no
+    longer than its position embeddings, an all-ones attention mask, as keyword inputs."""
+    vocab = getattr(config, "vocab_size", None)
+    if not isinstance(vocab, int) or vocab <= 0:
+        raise ValueError(f"the Hugging Face config of {type(config).__name__} has no vocab_size: gpuopt makes "
+                         "token inputs only; give inputs= or input_fn= for this model")
+    positions = next((p for p in (getattr(config, k, None) for k in ("max_position_embeddings", "n_positions"))
+                      if isinstance(p, int) and p > 0), seq)
+    return _tokens(vocab, min(seq, positions), True)
+
+
+def _pretrained_torchvision(model: str, weights_name: str) -> ModelSpec:
+    try:
+        import torchvision
+    except ImportError as exc:
+        raise ImportError(f"model '{model}:{weights_name}' needs torchvision: pip install torchvision") from exc
+    try:
+        enum = torchvision.models.get_model_weights(model)
+    except ValueError as exc:
+        close = difflib.get_close_matches(model, torchvision.models.list_models(), n=3, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+        raise ValueError(f"unknown torchvision model {model!r} in '{model}:{weights_name}'{hint}; the names are "
+                         "torchvision.models.list_models()") from exc
+    allowed = [*enum.__members__]
+    if weights_name not in allowed:
+        raise ValueError(f"unknown weights {weights_name!r} for torchvision model {model!r}; allowed: "
+                         f"{', '.join(allowed)}")
+    weights = enum[weights_name]
+    side = (getattr(weights.transforms(), "crop_size", None) or [224])[0]
+
+    def build() -> torch.nn.Module:
+        try:
+            return torchvision.models.get_model(model, weights=weights)
+        except OSError as exc:  # urllib's URLError and the hub's download errors
+            raise ValueError(
+                f"cannot load torchvision weights {model}:{weights.name} ({exc}); they download once into "
+                f"{torch.hub.get_dir()}/checkpoints: connect to the network once, or benchmark {model!r} "
+                "for random weights") from exc
+
+    return ModelSpec(f"{model}:{weights_name}", build, _images((3, side, side)), needs="torchvision",
+                     pretrained=True)
+
+
 def spec(name: str) -> ModelSpec:
-    """The zoo entry for ``name``; ValueError with close matches for an unknown name."""
+    """The zoo entry for ``name``, or a pretrained model (``hf:<id or folder>``, a folder saved with
+    ``save_pretrained``, ``<torchvision model>:<weights>``; the weights name is checked here, nothing
+    loads until ``build``); ValueError with close matches for an unknown name."""
     if not isinstance(name, str):
         raise TypeError(f"model name must be a string, got {type(name).__name__}")
-    if name not in MODELS:
-        close = difflib.get_close_matches(name, MODELS, n=3, cutoff=0.5)
-        hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
-        raise ValueError(f"unknown model {name!r}{hint}; known models: {', '.join(MODELS)}")
-    return MODELS[name]
+    if name in MODELS:
+        return MODELS[name]
+    if name.startswith("hf:") and len(name) > 3:
+        return _pretrained_hf(name[3:])
+    if (Path(name) / "config.json").is_file():
+        return _pretrained_hf(name)
+    if ":" in name and not name.startswith("hf:"):
+        return _pretrained_torchvision(*name.split(":", 1))
+    close = difflib.get_close_matches(name, MODELS, n=3, cutoff=0.5)
+    hint = f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    raise ValueError(f"unknown model {name!r}{hint}; known models: {', '.join(MODELS)}; pretrained weights: "
+                     "hf:<Hugging Face id or folder>, <torchvision model>:<weights> (e.g. resnet50:IMAGENET1K_V2)")
 
 
 def calibrate_batchnorm(model: torch.nn.Module, make_inputs: Callable[[int], Any], *,
@@ -182,9 +269,9 @@ def calibrate_batchnorm(model: torch.nn.Module, make_inputs: Callable[[int], Any
 
 
 def get(name: str) -> tuple[torch.nn.Module, Callable[[int], Any]]:
-    """(model with random weights, batch size -> inputs) for a zoo name, in eval mode, its outputs of
+    """(model, batch size -> inputs) for a zoo name, in eval mode. Random weights have outputs of
     ordinary magnitude: BatchNorm statistics calibrated where the default ones make them vanish, and
-    zero-initialised layers re-initialised (seeded).
+    zero-initialised layers re-initialised (seeded). Pretrained weights (see :func:`spec`) are kept.
 
     >>> model, make_inputs = get("tiny-cnn")
     >>> tuple(model(make_inputs(2)).shape)
@@ -192,6 +279,8 @@ def get(name: str) -> tuple[torch.nn.Module, Callable[[int], Any]]:
     """
     s = spec(name)
     model = s.build().eval()
+    if s.pretrained:
+        return model, s.make_inputs or hf_inputs(model.config)
     if s.calibrate:
         calibrate_batchnorm(model, s.make_inputs)
     if zero_weights(model):  # only then can the output lack signal: skip a CPU forward otherwise

@@ -60,6 +60,24 @@ class Comparison:
 
     __repr__ = __str__
 
+    def _repr_html_(self) -> str:
+        """Jupyter's view: the two medians, the speedup with its interval, and the verdict."""
+        import html
+
+        a = html.escape(self.baseline_label or "baseline")
+        b = html.escape(self.candidate_label or "candidate")
+        color = {"faster": "green", "slower": "firebrick"}.get(self.verdict, "grey")
+        how = "measured interleaved" if self.interleaved else "two separate measurements"
+        notes = "".join(f"<br><i>{html.escape(n)}</i>" for n in self.notes)
+        return (
+            "<table><tr><th></th><th>median</th></tr>"
+            f"<tr><td>{a} (baseline)</td><td>{format_ms(self.baseline_ms)}</td></tr>"
+            f"<tr><td>{b}</td><td>{format_ms(self.candidate_ms)}</td></tr>"
+            f"<tr><td>speedup</td><td><b>{self.speedup:.3f}x</b> [{self.ci[0]:.3f}, {self.ci[1]:.3f}] "
+            f"({self.confidence:.0%} CI)</td></tr>"
+            f"<tr><td>verdict</td><td style='color:{color}'><b>{html.escape(self.verdict)}</b> "
+            f"(min effect {self.min_effect:.0%}; {how})</td></tr></table>{notes}")
+
 
 def compare(
     baseline: Measurement | Callable[..., Any],
