@@ -196,9 +196,9 @@ def plan_sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *,
     for name, flag in (("parity", parity), ("train", train)):
         if not isinstance(flag, bool):
             raise ValueError(f"{name} must be true or false, got {flag!r}")
-    configs = resolve_configs(doc.get("configs", "bench"))
     default_batches = resolve_batch_sizes(doc.get("batch_sizes", [1, 8, 16, 32]))
     device = resolve_device(doc.get("device"))
+    configs = resolve_configs(doc.get("configs"), device=device, train=train)  # one default-preset rule
     modes = resolve_modes(doc.get("modes", ["latency", "throughput"]), train, device)
     options = check_measure_options(dict(doc.get("measure") or {}))
     models = []
