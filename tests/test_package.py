@@ -4,6 +4,8 @@ boundary. The crash-prone paths run in a subprocess so a segfault is a clean fai
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -124,3 +126,21 @@ def test_a_broken_gpuopt_does_not_break_unrelated_pytest_sessions(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 passed" in proc.stdout
     assert "gpuopt's pytest plugin is off" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("umask, expected", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_files_written_by_gpuopt_get_the_umask_mode_not_mkstemps_0600(tmp_path, umask, expected):
+    from gpuopt._files import write_atomic
+
+    old = os.umask(umask)
+    try:
+        new = write_atomic(tmp_path / "sub" / "new.json", "{}")
+        kept = tmp_path / "kept.json"
+        kept.write_text("old")
+        kept.chmod(0o640)
+        write_atomic(kept, "new")
+    finally:
+        os.umask(old)
+    assert new.read_text() == "{}" and stat.S_IMODE(new.stat().st_mode) == expected
+    assert kept.read_text() == "new" and stat.S_IMODE(kept.stat().st_mode) == 0o640  # replacing keeps the mode
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["kept.json", "new.json", "sub"]  # no temp file left
