@@ -21,7 +21,7 @@ def test_env_is_a_json_record_of_this_machine():
         assert e["cuda_runtime"] is not None
 
 
-@pytest.mark.gpu
+@pytest.mark.gpuopt_gpu
 def test_env_describes_each_gpu():
     e = gpuopt.env()
     props = torch.cuda.get_device_properties(0)
