@@ -178,7 +178,7 @@ def test_passing_assertions_marker_options_and_the_summary_table(pytester):
     result.stdout.fnmatch_lines([
         "*= gpuopt =*",
         "test * mode * median * p95 * median 95% CI * n",
-        "test_perf.py::test_ok * host * us * us * us .. * us * 12",
+        "test_perf.py::test_ok * host * us * .. * 12",  # p95 and the CI may reach ms on a loaded machine
         "test_perf.py::test_ok#1 * host *7",
         "test_perf.py::test_ok#short * host *",
         "test_perf.py::test_ok#fast * host *",
