@@ -491,6 +491,8 @@ def test_bad_fixture_arguments_name_the_parameter(pytester):
         (["--gpuopt-compare=corrupt"], "--gpuopt-compare: baseline file *corrupt.json is unreadable or corrupt*"),
         (["--gpuopt-save=corrupt"], "--gpuopt-save: baseline file *corrupt.json is unreadable or corrupt*"),
         (["--gpuopt-save=../up"], "--gpuopt-save: NAME must be letters, digits*got '../up'"),
+        (["--gpuopt-compare", "tests/"], "--gpuopt-compare: NAME must be *got 'tests/' (a bare --gpuopt-compare takes "
+                                         "the next argument: write --gpuopt-compare=NAME)"),
         (["--gpuopt-disable", "--gpuopt-json=x.json"], "--gpuopt-disable times nothing, so --gpuopt-json*"),
     ],
 )

@@ -67,8 +67,11 @@ class _Session:
 
         for name, value in (("--gpuopt-save", self.save), ("--gpuopt-compare", self.compare)):
             if value is not None and not NAME.fullmatch(value):
+                # A bare --gpuopt-compare takes the next word as NAME: `--gpuopt-compare tests/` lands here.
+                hint = " (a bare --gpuopt-compare takes the next argument: write --gpuopt-compare=NAME)" if (
+                    name == "--gpuopt-compare") else ""
                 raise pytest.UsageError(f"{name}: NAME must be letters, digits, '.', '-' or '_' (no path), "
-                                        f"got {value!r}")
+                                        f"got {value!r}{hint}")
         if self.save == LATEST:
             raise pytest.UsageError(f"--gpuopt-save: {LATEST!r} is reserved (--gpuopt-compare={LATEST} means the "
                                     "baseline saved last); choose another NAME")
