@@ -6,9 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import os
 import re
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,6 +16,7 @@ import torch
 
 import gpuopt
 from gpuopt._files import write_atomic
+from gpuopt.timing.environment import git_commit as _git_commit
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -34,17 +33,7 @@ def parse_args(name: str, extra=None) -> argparse.Namespace:
 
 
 def git_commit() -> str:
-    env = os.environ.get("GPUOPT_GIT_COMMIT")
-    if env:
-        return env
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).parent)
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=10,
-                               cwd=Path(__file__).parent).stdout.strip()
-        return out.stdout.strip() + ("-dirty" if dirty else "") if out.returncode == 0 else "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+    return _git_commit(Path(__file__).parent) or "unknown"
 
 
 def require_gpu(name: str) -> None:

@@ -1,4 +1,4 @@
-"""Shared fixtures. The `gpu` marker's skip (and GPUOPT_REQUIRE_GPU=1, which makes "no usable GPU" an
+"""Shared fixtures. The `gpuopt_gpu` marker's skip (and GPUOPT_REQUIRE_GPU=1, which makes "no usable GPU" an
 error so that a GPU run can never pass by skipping) comes from gpuopt's own pytest plugin: one hook,
 the one users get."""
 

@@ -10,7 +10,7 @@ import torch
 import gpuopt
 from gpuopt.analysis.roofline import LOW_UTILIZATION_PCT, compute_ceiling, memory_ceiling
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.gpuopt_gpu
 
 FAST = {"max_time_s": 1.0, "progress": False}
 

@@ -10,7 +10,7 @@ from gpuopt import Config, parity
 from gpuopt._ext import _C
 from gpuopt.run import zoo
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.gpuopt_gpu
 
 
 def cnn() -> torch.nn.Module:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ def test_env_is_a_json_record_of_this_machine():
         assert e["cuda_runtime"] is not None
 
 
-@pytest.mark.gpu
+@pytest.mark.gpuopt_gpu
 def test_env_describes_each_gpu():
     e = gpuopt.env()
     props = torch.cuda.get_device_properties(0)
@@ -35,3 +36,23 @@ def test_env_describes_each_gpu():
     if e["nvml"]:
         assert g["max_clock_sm_mhz"] > 0
         assert g["power_limit_w"] > 0
+
+
+def test_git_commit_names_the_checkout_and_says_dirty(tmp_path, monkeypatch):
+    from gpuopt.timing.environment import git_commit
+
+    monkeypatch.delenv("GPUOPT_GIT_COMMIT", raising=False)
+    assert git_commit(tmp_path) is None  # not a repository
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "f.txt").write_text("a")
+    subprocess.run([*git, "add", "f.txt"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], cwd=tmp_path, check=True)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    assert len(sha) == 40 and git_commit(tmp_path) == sha
+    (tmp_path / "untracked.txt").write_text("new")  # untracked files do not make a checkout dirty
+    assert git_commit(tmp_path) == sha
+    (tmp_path / "f.txt").write_text("b")
+    assert git_commit(tmp_path) == f"{sha}-dirty"
+    monkeypatch.setenv("GPUOPT_GIT_COMMIT", "abc123")  # a copied tree without .git
+    assert git_commit(tmp_path) == "abc123"

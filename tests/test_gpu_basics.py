@@ -8,7 +8,7 @@ import torch
 
 from gpuopt import _C
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.gpuopt_gpu
 
 
 @pytest.mark.parametrize("n,offset", [(1, 0), (5, 1), (1 << 20, 0), ((1 << 20) + 3, 3)])

@@ -15,7 +15,7 @@ import torch
 import gpuopt
 from gpuopt import DevicePool, InputPipeline, PinnedPool
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.gpuopt_gpu
 
 LONG = 200_000_000  # torch.cuda._sleep cycles: ~0.1 s
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,3 +38,17 @@ def test_notebook_runs(notebook, tmp_path):
     code = [c for c in executed["cells"] if c["cell_type"] == "code"]
     assert all(c["execution_count"] for c in code)
     assert any(o.get("output_type") == "display_data" for c in code for o in c["outputs"]), "no figure was drawn"
+
+
+def test_the_repository_url_is_one_string_a_fork_changes_with_one_command():
+    # README's clone command and Colab cell and each notebook's install cell: the same URL, so the
+    # README's `sed` over README.md and notebooks/*.ipynb changes all of them.
+    url = re.compile(r"https://github\.com/[^/\s\"']+/gpuopt")
+    readme = (REPO / "README.md").read_text()
+    seen = {"README.md": url.findall(readme)}
+    for p in NOTEBOOKS:
+        seen[p.name] = [u for cell in json.loads(p.read_text())["cells"] for u in url.findall("".join(cell["source"]))]
+    assert len(seen["README.md"]) >= 2 and all(len(seen[p.name]) == 1 for p in NOTEBOOKS), seen
+    assert len({u for urls in seen.values() for u in urls}) == 1, seen
+    (first,) = set(seen["README.md"])
+    assert f"sed -i 's#{first.removeprefix('https://')}#github.com/YOU/gpuopt#' README.md notebooks/*.ipynb" in readme

@@ -168,7 +168,7 @@ def test_the_operators_load_with_import_gpuopt():
     assert str(expected_pattern(3, 1).tolist()) in proc.stdout
 
 
-@pytest.mark.gpu
+@pytest.mark.gpuopt_gpu
 @pytest.mark.parametrize("n,offset", [(1, 0), (7, 1), (1 << 20, 0), ((1 << 20) + 3, 3)])
 def test_cuda_equals_cpu(n, offset, rng):
     seed = _random_seed(rng)
@@ -181,7 +181,7 @@ def test_cuda_equals_cpu(n, offset, rng):
     assert fresh.device.type == "cuda" and torch.equal(fresh.cpu(), want)
 
 
-@pytest.mark.gpu
+@pytest.mark.gpuopt_gpu
 def test_opcheck_on_cuda(rng):
     _assert_opcheck_passes(
         ops.fill_pattern_.default,
@@ -190,7 +190,7 @@ def test_opcheck_on_cuda(rng):
     _assert_opcheck_passes(ops.pattern.default, (4099, _random_seed(rng), torch.device("cuda")))
 
 
-@pytest.mark.gpu
+@pytest.mark.gpuopt_gpu
 def test_bad_inputs_on_cuda_are_typed_errors():
     with pytest.raises(TypeError, match="fill_pattern_: out must be int32, got Float"):
         ops.fill_pattern_(torch.empty(4, device="cuda"), 1)

@@ -4,6 +4,8 @@ boundary. The crash-prone paths run in a subprocess so a segfault is a clean fai
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -109,18 +111,45 @@ def test_configure_without_torch_stops_with_one_clear_sentence(tmp_path):
 
 def test_a_broken_gpuopt_does_not_break_unrelated_pytest_sessions(tmp_path):
     # pytest loads installed plugins in every session; if gpuopt cannot be imported (e.g. a stale build
-    # after a torch upgrade), other projects' tests must still run, with a warning.
+    # after a torch upgrade), other projects' tests (their own `gpu` marker included) run untouched, and
+    # only tests that need gpuopt error in setup, with the reason.
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    gpu: this project's own marker\n")
     (tmp_path / "test_other.py").write_text("import pytest\n\n@pytest.mark.gpu\ndef test_x():\n    pass\n")
-    proc = _run_python(
-        f"""
+    (tmp_path / "test_perf.py").write_text("def test_bench(gpuopt_bench):\n    pass\n")
+    run = f"""
         import sys
         import torch
         torch.__version__ = "0.0.1+stale"  # gpuopt's import now fails: built for another torch
         import pytest
-        sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "--strict-markers", {str(tmp_path)!r}]))
-        """,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "1 passed" in proc.stdout
-    assert "gpuopt's pytest plugin is off" in proc.stdout + proc.stderr
+        sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", "--strict-markers", {str(tmp_path)!r}, *sys.argv[1:]]))
+        """
+    proc = _run_python(run, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "1 passed, 1 error" in proc.stdout  # the perf test errors in setup, as with a missing fixture
+    assert "gpuopt's pytest plugin is off: gpuopt cannot be imported (ImportError: gpuopt was built against" in proc.stdout
+    (tmp_path / "test_perf.py").unlink()
+    unrelated = _run_python(run, cwd=tmp_path)
+    assert unrelated.returncode == 0 and "1 passed" in unrelated.stdout, unrelated.stdout + unrelated.stderr
+    assert "gpuopt" not in unrelated.stdout + unrelated.stderr  # not a word, not a warning
+    option = subprocess.run([sys.executable, "-c", textwrap.dedent(run), "--gpuopt-save=main"], capture_output=True,
+                            text=True, timeout=300, cwd=tmp_path)
+    assert option.returncode == pytest.ExitCode.USAGE_ERROR
+    assert "ERROR: --gpuopt-save needs gpuopt, which cannot be imported (ImportError: " in option.stderr
+
+
+@pytest.mark.parametrize("umask, expected", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_files_written_by_gpuopt_get_the_umask_mode_not_mkstemps_0600(tmp_path, umask, expected):
+    from gpuopt._files import write_atomic
+
+    old = os.umask(umask)
+    try:
+        new = write_atomic(tmp_path / "sub" / "new.json", "{}")
+        kept = tmp_path / "kept.json"
+        kept.write_text("old")
+        kept.chmod(0o640)
+        write_atomic(kept, "new")
+    finally:
+        os.umask(old)
+    assert new.read_text() == "{}" and stat.S_IMODE(new.stat().st_mode) == expected
+    assert kept.read_text() == "new" and stat.S_IMODE(kept.stat().st_mode) == 0o640  # replacing keeps the mode
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["kept.json", "new.json", "sub"]  # no temp file left

@@ -14,7 +14,7 @@ from gpuopt import Config
 from gpuopt.analysis.profiler import profile
 from gpuopt.analysis.roofline import count_flops, datasheet_ceilings, place
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.gpuopt_gpu
 
 CONV_LIKE = re.compile(r"conv|cudnn|implicit|gemm|sm90|xmma|cutlass", re.IGNORECASE)
 

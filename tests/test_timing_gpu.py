@@ -15,7 +15,7 @@ from gpuopt import measure
 from gpuopt._ext import _C
 from gpuopt.timing import nvml
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.gpuopt_gpu
 
 
 def events_ms(fn, reps=50) -> float:

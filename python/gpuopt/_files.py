@@ -15,6 +15,12 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp creates the file 0600; give it the mode open() would: the old file's, or the umask's.
+        try:
+            mode = path.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o666 & ~_umask()
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -24,6 +30,21 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
         os.unlink(tmp)
         raise
     return path
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux allows (os.umask can only set it,
+    and setting it briefly would race with other threads creating files)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
 
 
 def check_writable(output_dir: str | os.PathLike) -> Path:

@@ -20,7 +20,7 @@ from torch import nn
 import gpuopt
 from gpuopt.testing import assert_faster, assert_latency, assert_parity
 
-pytestmark = pytest.mark.gpu
+pytestmark = pytest.mark.gpuopt_gpu
 
 
 def small_cnn() -> nn.Module:

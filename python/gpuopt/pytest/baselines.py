@@ -17,6 +17,7 @@ from ..timing.measurement import Measurement
 BASELINE_SCHEMA = 1
 BASELINE_DIR = Path(".gpuopt") / "baselines"
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+LATEST = "latest"  # --gpuopt-compare's name for the baseline saved last; no file may be called so
 
 
 class GpuoptBaselineWarning(pytest.PytestWarning):
@@ -65,3 +66,23 @@ def load_baseline(path: Path, option: str) -> dict[str, Any]:
         raise pytest.UsageError(f"{option}: baseline file {path} is unreadable or corrupt ({exc}); "
                                 "delete it and save it again with --gpuopt-save") from None
     return data
+
+
+def latest_baseline(directory: Path, here: dict[str, Any]) -> str | None:
+    """The name of the baseline saved last with an entry for environment ``here`` (by the entry's
+    ``saved_at``, else the file's time), else of the file written last; None when there is none."""
+    files = sorted(directory.glob("*.json")) if directory.is_dir() else []
+    if not files:
+        return None
+
+    def saved(path: Path) -> tuple[bool, str, float]:
+        stamp, matches = "", False
+        try:
+            data = json.loads(path.read_text())
+            for entry in data.get("environments", []):
+                if entry.get("fingerprint") == here:
+                    matches, stamp = True, str(entry.get("saved_at", ""))
+        except (OSError, ValueError, AttributeError):
+            pass  # a corrupt file is reported when it is loaded, if it is the one chosen
+        return matches, stamp, path.stat().st_mtime
+    return max(files, key=saved).stem

@@ -1,5 +1,6 @@
-"""The ``gpuopt_bench`` fixture: measure with gpuopt inside a test and record the result for the
-session's report and baselines."""
+"""What the ``gpuopt_bench`` fixture gives a test (the fixture itself is defined in the entry point,
+:mod:`gpuopt_pytest`): measure with gpuopt inside a test and record the result for the session's
+report and baselines."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from .. import testing
 from ..prepare.config import Config
 from ..timing.measurement import Measurement, measure
-from .session import REGRESSIONS, STATE, _Session
+from .session import REGRESSIONS, _Session
 
 
 class Bench:
@@ -108,19 +109,3 @@ class Bench:
                 f"  {testing.environment_line(m.device_name)}",
             ]))
         return m
-
-
-@pytest.fixture
-def gpuopt_bench(request: pytest.FixtureRequest) -> Bench:
-    """Measure with gpuopt and record the result for the session's report and baselines.
-
-    ``gpuopt_bench(fn, **measure_options)`` or ``gpuopt_bench(model, config, inputs,
-    **measure_options)``; ``name=`` keys a measurement when a test takes several. Options from
-    ``@pytest.mark.gpuopt(...)`` apply first, the call's own override them.
-
-    >>> @pytest.mark.gpuopt(max_time_s=2)                       # doctest: +SKIP
-    ... def test_resnet_fp16(gpuopt_bench):
-    ...     m = gpuopt_bench(model, "fp16-amp+channels_last", x)
-    ...     assert_latency(m, p95_ms=5)
-    """
-    return Bench(request.node, request.config.stash[STATE])

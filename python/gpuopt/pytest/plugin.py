@@ -7,17 +7,19 @@ it. This plugin brings gpuopt's timer and statistics into pytest:
 - fixture ``gpuopt_bench``: ``gpuopt_bench(fn, **measure_options)`` or
   ``gpuopt_bench(model, config, inputs, **measure_options)`` returns a :class:`~gpuopt.Measurement`
   and records it for the report; marker ``@pytest.mark.gpuopt(**measure_options)`` sets defaults;
-- marker ``@pytest.mark.gpu``: skipped with a reason when no CUDA device is usable
+- marker ``@pytest.mark.gpuopt_gpu``: skipped with a reason when no CUDA device is usable
   (``GPUOPT_REQUIRE_GPU=1`` makes that an error instead);
-- ``--gpuopt-save=NAME`` / ``--gpuopt-compare=NAME``: baselines in ``<rootdir>/.gpuopt/baselines``,
-  keyed by test and environment; ``--gpuopt-compare-fail=median:10%,p95:15%`` fails a test only
-  for a regression beyond the threshold that is also statistically significant;
+- ``--gpuopt-save=NAME`` / ``--gpuopt-compare[=NAME]``: baselines in ``<rootdir>/.gpuopt/baselines``,
+  keyed by test and environment, with the git commit and the machine; ``--gpuopt-compare`` alone
+  compares with the baseline saved last; ``--gpuopt-compare-fail=median:10%,p95:15%`` fails a test
+  only for a regression beyond the threshold that is also statistically significant;
 - ``--gpuopt-json=PATH`` writes every measurement with the environment; ``--gpuopt-disable`` runs
-  the test bodies once, untimed, for fast functional runs.
+  the test bodies once, untimed, for fast functional runs; ``--gpuopt-sort`` / ``--gpuopt-group-by``
+  arrange the summary table.
 
-Registered through the ``pytest11`` entry point, so it is active wherever gpuopt is installed
-(``-p no:gpuopt`` turns it off). A session that neither uses the fixture nor passes an option sees
-nothing of it but the two markers.
+The entry point (:mod:`gpuopt_pytest`) owns the options, markers, fixture and hooks and calls the
+functions here only once a session uses gpuopt (an option, the fixture or a marker): importing this
+module imports torch, which unrelated test sessions must not pay for.
 """
 
 from __future__ import annotations
@@ -30,37 +32,17 @@ import torch
 
 from .. import testing
 from .._ext import build_info
-from .fixture import gpuopt_bench  # noqa: F401  (the fixture, registered with the plugin)
+from .fixture import Bench
 from .session import REGRESSIONS, STATE, _Session
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("gpuopt", "gpuopt performance tests")
-    group.addoption("--gpuopt-save", metavar="NAME",
-                    help="save this session's measurements as baseline NAME in "
-                         "<rootdir>/.gpuopt/baselines/NAME.json")
-    group.addoption("--gpuopt-compare", metavar="NAME",
-                    help="compare measurements with baseline NAME (reported in the summary)")
-    group.addoption("--gpuopt-compare-fail", metavar="STAT:PCT%,...",
-                    help="with --gpuopt-compare, fail a test whose STAT (median, p50, p90, p95, p99, "
-                         "mean) regressed by more than PCT and significantly, e.g. median:10%%,p95:15%%")
-    group.addoption("--gpuopt-json", metavar="PATH",
-                    help="write all measurements, the environment and its fingerprint to PATH")
-    group.addoption("--gpuopt-disable", action="store_true", default=False,
-                    help="run benchmark bodies once without timing; timing assertions pass unchecked")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "gpu: needs a CUDA device (gpuopt skips it with a reason when none "
-                                       "is usable; GPUOPT_REQUIRE_GPU=1 makes that an error)")
-    config.addinivalue_line("markers", "gpuopt(**measure_options): default gpuopt.measure options for the "
-                                       "gpuopt_bench fixture in this test")
+def configure(config: pytest.Config) -> None:
     state = _Session(config)
     config.stash[STATE] = state
     state.previous_disabled = testing._set_timing_disabled(state.disabled)
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
+def unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
     if state is not None:
         testing._set_timing_disabled(state.previous_disabled)
@@ -75,8 +57,9 @@ def _gpu_unavailable_reason() -> str | None:
     return None
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    gpu_items = [i for i in items if i.get_closest_marker("gpu") is not None]
+def modify_items(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip (or, with GPUOPT_REQUIRE_GPU=1, refuse) ``gpuopt_gpu`` tests without a usable GPU."""
+    gpu_items = [i for i in items if i.get_closest_marker("gpuopt_gpu") is not None]
     if not gpu_items:
         return
     reason = _gpu_unavailable_reason()
@@ -89,10 +72,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(skip)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: Any):
-    outcome = yield
-    report = outcome.get_result()
+def makereport(item: pytest.Item, report: pytest.TestReport) -> None:
     if report.when != "call":
         return
     regressions = item.stash.get(REGRESSIONS, [])
@@ -104,9 +84,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any):
         item.config.stash[STATE].failed_tests.add(item.nodeid)
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    session.config.stash[STATE].write_files()
+def sessionfinish(config: pytest.Config) -> None:
+    config.stash[STATE].write_files()
 
 
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+def terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     config.stash[STATE].summary(terminalreporter)
+
+
+def bench(request: pytest.FixtureRequest) -> Bench:
+    """The ``gpuopt_bench`` fixture's value (the fixture itself is defined in :mod:`gpuopt_pytest`)."""
+    return Bench(request.node, request.config.stash[STATE])

@@ -3,6 +3,7 @@ the files written at the end and the terminal summary."""
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,14 +12,16 @@ import pytest
 
 from .. import testing
 from .._ext import build_info
-from ..timing.environment import env
+from ..timing.environment import env, git_commit
 from ..timing.measurement import Measurement, format_ms
 from .baselines import (
     BASELINE_DIR,
     BASELINE_SCHEMA,
+    LATEST,
     NAME,
     GpuoptBaselineWarning,
     fingerprint,
+    latest_baseline,
     load_baseline,
     write_json,
 )
@@ -52,6 +55,8 @@ class _Session:
         self.compare: str | None = opt("gpuopt_compare")
         self.json_path: str | None = opt("gpuopt_json")
         fail: str | None = opt("gpuopt_compare_fail")
+        self.sort: str = opt("gpuopt_sort") or "run"
+        self.group_by: str = opt("gpuopt_group_by") or "none"
         self.records: list[_Record] = []
         self.failed_tests: set[str] = set()
         self.untimed_calls = 0
@@ -62,8 +67,16 @@ class _Session:
 
         for name, value in (("--gpuopt-save", self.save), ("--gpuopt-compare", self.compare)):
             if value is not None and not NAME.fullmatch(value):
+                # A bare --gpuopt-compare takes the next word as NAME: `--gpuopt-compare tests/` lands here.
+                hint = " (a bare --gpuopt-compare takes the next argument: write --gpuopt-compare=NAME)" if (
+                    name == "--gpuopt-compare") else ""
                 raise pytest.UsageError(f"{name}: NAME must be letters, digits, '.', '-' or '_' (no path), "
-                                        f"got {value!r}")
+                                        f"got {value!r}{hint}")
+        if self.save == LATEST:
+            raise pytest.UsageError(f"--gpuopt-save: {LATEST!r} is reserved (--gpuopt-compare={LATEST} means the "
+                                    "baseline saved last); choose another NAME")
+        if self.sort == "change" and self.compare is None:
+            raise pytest.UsageError("--gpuopt-sort=change needs --gpuopt-compare: the baseline to change from")
         self.thresholds: dict[str, float] = {}
         if fail is not None:
             if self.compare is None:
@@ -97,6 +110,12 @@ class _Session:
         return self._env
 
     def _load_comparison(self) -> None:
+        if self.compare == LATEST:
+            name = latest_baseline(self.path(LATEST).parent, fingerprint(self.env()))
+            if name is None:
+                raise pytest.UsageError(f"--gpuopt-compare: no baseline saved yet in {self.path(LATEST).parent}; "
+                                        "save one first with --gpuopt-save=NAME")
+            self.compare = name
         path = self.path(self.compare)
         if not path.exists():
             saved = sorted(p.stem for p in path.parent.glob("*.json")) if path.parent.is_dir() else []
@@ -107,6 +126,8 @@ class _Session:
         for entry in data["environments"]:
             if entry["fingerprint"] == here:
                 self.baseline = entry["measurements"]
+                saved = ", ".join(f"{k} {entry[k]}" for k in ("commit", "saved_at") if entry.get(k))
+                self.notes.append(f"compared with baseline {self.compare!r}" + (f" ({saved})" if saved else ""))
                 return
         if data["environments"]:
             there = data["environments"][0]["fingerprint"]
@@ -156,6 +177,7 @@ class _Session:
                 "env": e,
                 "build": build_info(),
                 "fingerprint": fingerprint(e),
+                "commit": git_commit(self.config.rootpath),
                 "baseline": self.compare,
                 "notes": list(self.notes),
                 "measurements": [r.to_dict("failed" if r.test in self.failed_tests else "passed")
@@ -180,7 +202,8 @@ class _Session:
         measurements = {k: v for k, v in entry["measurements"].items() if v["test"] not in ran}
         measurements.update({r.key: {"test": r.test, "name": r.name, "measurement": r.measurement}
                              for r in keep})
-        entry.update(env=e, measurements=measurements)
+        entry.update(env=e, measurements=measurements, commit=git_commit(self.config.rootpath),
+                     saved_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
         for x in data["environments"]:
             x["measurements"] = {k: {**v, "measurement": v["measurement"].to_dict()}
                                  for k, v in x["measurements"].items()}
@@ -221,19 +244,33 @@ class _Session:
         head = ["test", "mode", "median", "p95", f"median {CONFIDENCE:.0%} CI", "n"]
         if self.baseline is not None:
             head.append(f"vs {self.compare}")
-        rows = []
-        for r in self.records:
+        groups: dict[str, list[list[str]]] = {}
+        for r in self._sorted():
             m = r.measurement
             row = [r.key, m.mode, format_ms(m.p50), format_ms(m.p95),
                    f"{format_ms(m.ci95[0])} .. {format_ms(m.ci95[1])}", str(m.n)]
             if self.baseline is not None:
                 row.append(self._delta(r))
-            rows.append(row)
-        widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-        for i, row in enumerate([head, *rows]):
-            line = "  ".join(x.rjust(w) if 2 <= j <= 5 else x.ljust(w)  # numbers right-aligned
-                             for j, (x, w) in enumerate(zip(row, widths)))
-            tr.write_line(line.rstrip(), bold=i == 0)
+            groups.setdefault(_group_of(r, self.group_by), []).append(row)
+        widths = [max(len(x) for x in col) for col in zip(head, *(row for rows in groups.values() for row in rows))]
+        for title, rows in groups.items():
+            if self.group_by != "none":
+                tr.write_line(f"{self.group_by} {title}:", bold=True)
+            for i, row in enumerate([head, *rows]):
+                line = "  ".join(x.rjust(w) if 2 <= j <= 5 else x.ljust(w)  # numbers right-aligned
+                                 for j, (x, w) in enumerate(zip(row, widths)))
+                tr.write_line(line.rstrip(), bold=i == 0)
+
+    def _sorted(self) -> list[_Record]:
+        """The records in --gpuopt-sort order (stable: ties keep the order measured)."""
+        if self.sort == "run":
+            return list(self.records)
+        if self.sort == "name":
+            return sorted(self.records, key=lambda r: r.key)
+        if self.sort == "change":  # largest slowdown first; records not compared last
+            return sorted(self.records, key=lambda r: -r.checks[0].change if r.checks else float("inf"))
+        stat = {"median": lambda m: m.p50, "p95": lambda m: m.p95, "n": lambda m: m.n}[self.sort]
+        return sorted(self.records, key=lambda r: stat(r.measurement))
 
     @staticmethod
     def _delta(r: _Record) -> str:
@@ -244,6 +281,20 @@ class _Session:
         failed = [c.stat for c in r.checks if c.failed]
         return (f"{med.change:+.1%} [{med.ci[0]:+.1%} .. {med.ci[1]:+.1%}] {word}"
                 + (f" FAILED {','.join(failed)}" if failed else ""))
+
+
+def _group_of(r: _Record, by: str) -> str:
+    """The --gpuopt-group-by title of a record: ``test_a.py::test_x[fp16-8]#warm`` is module
+    ``test_a.py``, test ``test_a.py::test_x``, param ``[fp16-8]``, name ``warm``."""
+    test, bracket, params = r.test.partition("[")
+    return {
+        "none": "",
+        "module": r.test.split("::", 1)[0],
+        "test": test,
+        "param": f"[{params}" if bracket else "(no parameters)",
+        "name": r.name or "(unnamed)",
+        "mode": r.measurement.mode,
+    }[by]
 
 
 STATE = pytest.StashKey[_Session]()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import subprocess
 import sys
 from typing import Any
 
@@ -87,3 +88,21 @@ def env() -> dict[str, Any]:
         "nvml": _nvml.available(),
         "gpus": [_gpu(i) for i in range(torch.cuda.device_count())] if cuda_ok else [],
     }
+
+
+def git_commit(path: str | os.PathLike) -> str | None:
+    """The git commit checked out at ``path`` (``<sha>-dirty`` with uncommitted changes), for the
+    record beside results; ``GPUOPT_GIT_COMMIT`` overrides it (a copied tree without ``.git``), and
+    None when neither says."""
+    override = os.environ.get("GPUOPT_GIT_COMMIT")
+    if override:
+        return override
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=path)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10, cwd=path).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty else "")
