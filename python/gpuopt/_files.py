@@ -1,10 +1,12 @@
 """File writing shared by every layer: one atomic writer (results, reports, sweep headers, baselines,
-the ceilings cache) and the check that an output folder can be written before any work starts."""
+the ceilings cache), its form for writers that want a path (plots), and the check that an output folder can be written before any work starts."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -24,6 +26,24 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
         os.unlink(tmp)
         raise
     return path
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path beside ``path`` for a writer that wants a file name (matplotlib's savefig):
+    renamed over ``path`` when the block ends, removed when it raises (Ctrl-C too), so ``path`` is
+    never half-written. Give the writer the format explicitly: the temporary name ends in .tmp."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def check_writable(output_dir: str | os.PathLike) -> Path:
