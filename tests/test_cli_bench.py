@@ -247,3 +247,5 @@ def test_bench_without_a_model_on_cpu_runs_the_small_flow_and_says_so(tmp_path):
 def test_ceilings_without_a_gpu_is_a_clear_usage_error():
     proc = cli("ceilings")
     assert proc.returncode == 2 and "need a CUDA device" in proc.stderr
+    why = "no CUDA device is visible" if gpuopt._C.cuda_compiled() else "built without CUDA"
+    assert why in proc.stderr
