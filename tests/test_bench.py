@@ -294,7 +294,7 @@ def test_a_reference_out_of_memory_fails_that_batch_in_a_sweep_too(tmp_path, mon
         ({"modes": ["graph"]}, ValueError, "mode 'graph' needs a CUDA device"),
         ({"configs": []}, ValueError, "configs must be a preset name"),
         ({"configs": ["fp32", "fp99"]}, ValueError, "unknown config token 'fp99'"),
-        ({"itres": 3}, TypeError, "unknown option"),
+        ({"itres": 3}, TypeError, "unknown measure option\\(s\\) itres"),
         ({"model_or_name": 42}, TypeError, "model must be a zoo name"),
         ({"parity": "yes"}, TypeError, "parity must be True or False"),
     ],
@@ -365,8 +365,111 @@ def test_sweep_appends_cells_and_resumes(tmp_path):
     assert (tmp_path / "results.json").exists() and (tmp_path / "report.md").exists()
     again = sweep(_spec(), tmp_path, progress=False)  # nothing left to run
     assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 4 and len(again.rows) == 4
-    more = sweep(_spec(batch_sizes=[1, 2, 3]), tmp_path, progress=False)  # only the new cells run
-    assert len((tmp_path / "cells.jsonl").read_text().splitlines()) == 6 and len(more.rows) == 6
+    assert json.loads((tmp_path / "sweep.json").read_text())["fingerprint"]["measure"]["max_time_s"] == 0.2
+
+
+def test_a_sweep_refuses_to_resume_a_folder_of_another_sweep_and_names_the_differences(tmp_path, monkeypatch):
+    sweep(_spec(), tmp_path, progress=False)
+    before = (tmp_path / "cells.jsonl").read_text()
+
+    def never(*args, **kwargs):
+        raise AssertionError("a cell ran")
+
+    monkeypatch.setattr(gpuopt.run.runner, "measure", never)
+    other = _spec(batch_sizes=[1, 2, 3], measure={**_spec()["measure"], "max_time_s": 0.3})
+    with pytest.raises(ValueError) as info:
+        sweep(other, tmp_path, progress=False)
+    msg = str(info.value)
+    assert "holds 4 cells of a different sweep" in msg
+    assert "measure.max_time_s: 0.2 -> 0.3" in msg
+    assert "'batch_sizes': [1, 2]" in msg and "'batch_sizes': [1, 2, 3]" in msg  # the models entry, old -> new
+    assert "--no-resume" in msg and "a new --output folder" in msg
+    assert "configs" not in msg and "device" not in msg  # only what differs
+    # A default written out is the same sweep: max_time_s 10 is measure()'s default.
+    plan = gpuopt.run.sweeps.plan_sweep(_spec(measure={}), tmp_path / "b", progress=False)
+    assert plan.fingerprint == gpuopt.run.sweeps.plan_sweep(
+        _spec(measure={"max_time_s": 10.0}), tmp_path / "b", progress=False).fingerprint
+    assert (tmp_path / "cells.jsonl").read_text() == before  # refused before anything was written
+
+
+def test_a_folder_without_a_fingerprint_is_not_resumed(tmp_path):
+    first = sweep(_spec(), tmp_path / "a", progress=False)
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "cells.jsonl").write_text("\n".join(json.dumps(r.to_dict()) for r in first.rows) + "\n")
+    with pytest.raises(ValueError, match="holds 4 measured cells without the record of how they were measured"):
+        sweep(_spec(), tmp_path / "old", progress=False)
+
+
+def test_resume_false_moves_the_earlier_sweep_aside_and_starts_over(tmp_path, capsys):
+    first = sweep(_spec(), tmp_path, progress=False)
+    old_cells = (tmp_path / "cells.jsonl").read_text()
+    res = sweep(_spec(configs=["fp32"]), tmp_path, resume=False, progress=True)
+    assert "the earlier sweep's files were moved to" in capsys.readouterr().err
+    (previous,) = tmp_path.glob("previous-*")
+    assert (previous / "cells.jsonl").read_text() == old_cells  # measured data kept, byte for byte
+    assert {p.name for p in previous.iterdir()} >= {"cells.jsonl", "sweep.json", "results.json", "report.md",
+                                                    "tiny-cnn-throughput.png", "tiny-cnn-speedup.svg"}
+    assert [r.key for r in Results.load(previous / "results.json").rows] == [r.key for r in first.rows]
+    assert len(res.rows) == 2 and len((tmp_path / "cells.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_resumed_sweep_says_how_many_cells_it_reused(tmp_path, capsys):
+    sweep(_spec(batch_sizes=[1]), tmp_path / "a", progress=False)
+    lines = (tmp_path / "a" / "cells.jsonl").read_text().splitlines()
+    (tmp_path / "a" / "cells.jsonl").write_text(lines[0] + "\n")  # as if stopped after the first cell
+    res = sweep(_spec(batch_sizes=[1]), tmp_path / "a", progress=True)
+    err = capsys.readouterr().err
+    assert "resumed: 1 of 2 cells already measured" in err and "[1/1] tiny-cnn b1 bf16" in err
+    assert len(res.rows) == 2
+
+
+def test_sweep_spec_strings_are_one_element_lists(tmp_path):
+    yaml = pytest.importorskip("yaml")
+    y = tmp_path / "spec.yaml"
+    y.write_text(yaml.safe_dump({**_spec(), "models": "tiny-cnn", "configs": "fp32", "batch_sizes": 1}))
+    res = sweep(y, tmp_path / "out", progress=False)
+    assert [r.key for r in res.rows] == [("tiny-cnn", "fp32", 1, "host")]
+
+
+@pytest.mark.parametrize(
+    "measure, error, match",
+    [
+        ({"max_time_s": -1}, ValueError, "measure: max_time_s must be a finite number of seconds > 0, got -1"),
+        ({"target_rel_ci": 0}, ValueError, r"measure: target_rel_ci must be in \(0, 1\), got 0"),
+        ({"iters": 0}, ValueError, "measure: iters must be a positive count"),
+        ({"max_time_s": "2"}, TypeError, "measure: max_time_s must be a number, got '2'"),
+        ({"max_tme_s": 2}, TypeError, "measure: unknown measure option\\(s\\) max_tme_s"),
+        ({"flush_l2": True}, ValueError, "flush_l2=True applies to mode=\"latency\" or \"graph\""),
+    ],
+)
+def test_bad_measure_options_in_a_spec_fail_before_anything_runs(tmp_path, measure, error, match):
+    with pytest.raises(error, match=match):
+        sweep(_spec(measure=measure), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"max_time_s": 0}, ValueError, "max_time_s must be a finite number of seconds > 0, got 0"),
+        ({"iters": -3}, ValueError, "iters must be a positive count"),
+        ({"warmup": 1.5}, TypeError, "warmup must be an integer, got 1.5"),
+        ({"device": "gpu"}, ValueError, "device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+        ({"device": 3}, TypeError, "device must be 'cpu', 'cuda', 'cuda:N' or a torch.device, got 3"),
+    ],
+)
+def test_benchmark_checks_its_options_before_anything_runs(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        plan_benchmark("tiny-cnn", configs=["fp32"], batch_sizes=[1], **{"device": "cpu", **kwargs})
+
+
+def test_measure_validates_its_options_in_one_place():
+    with pytest.raises(ValueError, match="max_time_s must be a finite number of seconds > 0, got -1"):
+        gpuopt.measure(lambda: None, mode="host", max_time_s=-1)
+    with pytest.raises(TypeError, match="unknown measure option\\(s\\) max_tme_s"):
+        gpuopt.timing.validate_measure_options({"max_tme_s": 1})
+    opts = {"max_time_s": 0.5, "iters": 5}
+    assert gpuopt.timing.validate_measure_options(opts, ["host", "throughput"]) is opts
 
 
 def test_an_interrupted_sweep_loses_no_finished_cell(tmp_path, monkeypatch):
@@ -435,6 +538,7 @@ def test_a_sweep_resumes_from_version_1_cells_and_a_line_a_crash_cut_short(tmp_p
     first = sweep(_spec(), tmp_path / "new", progress=False)
     old = [json.dumps(_as_version_1(r, r.config)) for r in first.rows[:2]]
     (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "sweep.json").write_text((tmp_path / "new" / "sweep.json").read_text())  # same sweep
     (tmp_path / "old" / "cells.jsonl").write_text("\n".join(old) + "\n" + old[0][:40])  # cut short by a crash
     ran = []
     real = gpuopt.run.runner.measure

@@ -45,3 +45,16 @@ def test_no_subcommand_prints_usage_and_exits_2():
     proc = gpuopt_cli()
     assert proc.returncode == 2
     assert "usage: gpuopt" in proc.stderr
+
+
+def test_env_says_why_nvml_is_unavailable():
+    import importlib.util
+
+    proc = gpuopt_cli("env")
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("NVML")]
+    if line.split()[1] == "yes":
+        return
+    if importlib.util.find_spec("pynvml") is None:
+        assert "nvidia-ml-py is not installed (pip install nvidia-ml-py" in line
+    else:  # installed: the reason is the driver, never "pip install"
+        assert "nvidia-ml-py is installed, but" in line and "pip install" not in line

@@ -253,8 +253,10 @@ def test_compare_round_trips_and_rejects_bad_input():
         compare(a, a, mode="host")
     with pytest.raises(ValueError, match="interleaved comparisons support"):
         compare(lambda: None, lambda: None, mode="throughput")
-    with pytest.raises(ValueError, match="min_effect must be in"):
+    with pytest.raises(ValueError, match=r"min_effect=2 must be a fraction in \[0, 1\) \(0.05 means 5%\)"):
         compare(a, a, min_effect=2)
+    with pytest.raises(TypeError, match="min_effect must be a number"):
+        compare(a, a, min_effect="5%")
 
 
 def test_measure_defaults_are_defined_once_in_cpp():

@@ -128,6 +128,11 @@ void bind_timing(py::module_& m) {
       "the option is chosen at run time (iters: adaptive, calls_per_sample: from warm-up).");
 
   m.def(
+      "validate_measure_options", [](const PyOptions& options) { torch_ext::validate(to_options(options)); },
+      py::arg("options"),
+      "ValueError naming the first option out of range, as measure() would raise it, without measuring.");
+
+  m.def(
       "measure_callable",
       [](const py::function& fn, const std::vector<std::pair<py::tuple, py::dict>>& calls,
          const PyOptions& options) {

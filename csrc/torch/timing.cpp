@@ -33,24 +33,6 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
-void validate(const MeasureOptions& o) {
-  static const std::array<const char*, 4> kModes{"latency", "throughput", "graph", "host"};
-  TORCH_CHECK_VALUE(std::find(kModes.begin(), kModes.end(), o.mode) != kModes.end(),
-                    "mode must be one of \"latency\", \"throughput\", \"graph\", \"host\"; got \"",
-                    o.mode, "\"");
-  TORCH_CHECK_VALUE(!o.flush_l2 || o.mode == "latency" || o.mode == "graph",
-                    "flush_l2=True applies to mode=\"latency\" or \"graph\" (a flush between "
-                    "pipelined calls would be timed with them); got mode=\"", o.mode, "\"");
-  TORCH_CHECK_VALUE(o.calls_per_sample >= 0, "calls_per_sample must be >= 1 (or None for automatic), got ",
-                    o.calls_per_sample);
-  TORCH_CHECK_VALUE(o.calls_per_sample <= 1 || o.mode == "throughput" || o.mode == "graph",
-                    "calls_per_sample applies to mode=\"throughput\" (calls per block) or \"graph\" "
-                    "(calls per graph); got mode=\"", o.mode, "\"");
-  TORCH_CHECK_VALUE(std::isfinite(o.block_target_ms) && o.block_target_ms > 0,
-                    "block_target_ms must be > 0, got ", o.block_target_ms);
-  gpuopt::validate(o.sampler);
-}
-
 class HostSource final : public SampleSource {
  public:
   HostSource(const Callable& fn, bool sync) : fn_(fn), sync_(sync) {}
@@ -418,6 +400,24 @@ struct HostContext {
 };
 
 }  // namespace
+
+void validate(const MeasureOptions& o) {
+  static const std::array<const char*, 4> kModes{"latency", "throughput", "graph", "host"};
+  TORCH_CHECK_VALUE(std::find(kModes.begin(), kModes.end(), o.mode) != kModes.end(),
+                    "mode must be one of \"latency\", \"throughput\", \"graph\", \"host\"; got \"",
+                    o.mode, "\"");
+  TORCH_CHECK_VALUE(!o.flush_l2 || o.mode == "latency" || o.mode == "graph",
+                    "flush_l2=True applies to mode=\"latency\" or \"graph\" (a flush between "
+                    "pipelined calls would be timed with them); got mode=\"", o.mode, "\"");
+  TORCH_CHECK_VALUE(o.calls_per_sample >= 0, "calls_per_sample must be >= 1 (or None for automatic), got ",
+                    o.calls_per_sample);
+  TORCH_CHECK_VALUE(o.calls_per_sample <= 1 || o.mode == "throughput" || o.mode == "graph",
+                    "calls_per_sample applies to mode=\"throughput\" (calls per block) or \"graph\" "
+                    "(calls per graph); got mode=\"", o.mode, "\"");
+  TORCH_CHECK_VALUE(std::isfinite(o.block_target_ms) && o.block_target_ms > 0,
+                    "block_target_ms must be > 0, got ", o.block_target_ms);
+  gpuopt::validate(o.sampler);
+}
 
 MeasureResult measure(const Callable& fn, const MeasureOptions& o) {
   validate(o);

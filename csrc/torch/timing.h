@@ -39,6 +39,10 @@ struct MeasureResult {
   std::int64_t flush_bytes = 0;
 };
 
+// ValueError naming the first option out of range (mode, flush_l2 and calls_per_sample for the mode,
+// block_target_ms, then the sampler's options); measure() and measure_pair() call it first.
+void validate(const MeasureOptions& options);
+
 // Validates everything (ValueError naming the parameter), then measures. Exceptions thrown by the
 // callable propagate unchanged, except a failed graph capture, which becomes a ValueError naming
 // mode="graph" and carrying the original message. Nothing is left behind either way: the capture

@@ -1,10 +1,12 @@
 """File writing shared by every layer: one atomic writer (results, reports, sweep headers, baselines,
-the ceilings cache) and the check that an output folder can be written before any work starts."""
+the ceilings cache), its form for writers that want a path (plots), and the check that an output folder can be written before any work starts."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -15,12 +17,7 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        # mkstemp creates the file 0600; give it the mode open() would: the old file's, or the umask's.
-        try:
-            mode = path.stat().st_mode & 0o7777
-        except FileNotFoundError:
-            mode = 0o666 & ~_umask()
-        os.fchmod(fd, mode)
+        os.fchmod(fd, _open_mode(path))
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -30,6 +27,14 @@ def write_atomic(path: str | os.PathLike, text: str) -> Path:
         os.unlink(tmp)
         raise
     return path
+
+
+def _open_mode(path: Path) -> int:
+    """mkstemp creates files 0600; the mode open() would give: the old file's, or the umask's."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        return 0o666 & ~_umask()
 
 
 def _umask() -> int:
@@ -45,6 +50,27 @@ def _umask() -> int:
     old = os.umask(0o022)
     os.umask(old)
     return old
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path beside ``path`` for a writer that wants a file name (matplotlib's savefig):
+    renamed over ``path`` when the block ends, removed when it raises (Ctrl-C too), so ``path`` is
+    never half-written. Give the writer the format explicitly: the temporary name ends in .tmp."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, _open_mode(path))
+    finally:
+        os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 def check_writable(output_dir: str | os.PathLike) -> Path:

@@ -2,7 +2,8 @@
 
 Each subcommand is a function that adds its parser (``_add_<name>``) and a function that runs it.
 Exit codes: 0 success; 1 the work ran but something in it failed (failed cells, or a run that
-stopped: the results so far are written); 2 a usage error, found before anything runs.
+stopped: the results so far are written); 2 a usage error, found before anything runs; 130
+interrupted (Ctrl-C: the cells finished so far are saved).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def format_env(e: dict, build: dict) -> str:
         ("Platform", e["platform"]),
         ("NVIDIA driver", f"{e['driver'] or 'not found'} (CUDA {e['cuda_driver_api'] or '-'}); "
                           f"runtime CUDA {e['cuda_runtime'] or '-'}"),
-        ("NVML", "yes" if e["nvml"] else "no (pip install nvidia-ml-py for clocks, power, ECC)"),
+        ("NVML", "yes" if e["nvml"] else f"no: {e.get('nvml_missing') or 'not available'}"),
     ]
     if not e["gpus"]:
         rows.append(("GPU", "none visible (torch.cuda.is_available() is False)"))
@@ -94,6 +95,25 @@ def _int_list(value: str) -> list[int]:
     return out
 
 
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+    return n
+
+
+def _fraction(value: str) -> float:
+    from .timing.comparison import check_min_effect
+
+    try:
+        return check_min_effect(float(value))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).replace("min_effect=", "")) from None
+
+
 def _default_output(model: str) -> str:
     import datetime as dt
 
@@ -106,6 +126,7 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
                         "two minutes; raise it for tighter intervals)")
     p.add_argument("--target-rel-ci", type=float, help="stop when the median's CI is within this (default 0.01)")
     p.add_argument("--iters", type=int, help="exactly this many samples per cell (no adaptive stop)")
+    p.add_argument("--quiet", "-q", action="store_true", help="print only the final summary and errors")
 
 
 def _measure_options(args: argparse.Namespace) -> dict:
@@ -137,8 +158,6 @@ def _run_bench(args: argparse.Namespace) -> int:
     from .run.bench import plan_benchmark
 
     gpu = torch.cuda.is_available() and (args.device is None or not args.device.startswith("cpu"))
-    if not gpu and args.device is None:
-        print("No CUDA GPU found: running the CPU flow (tiny model, CPU configs).", file=sys.stderr)
     model = args.model or ("resnet50" if gpu else "tiny-cnn")
     configs = args.configs or [None]  # None: benchmark() picks the preset for the device and --train
     out = args.output or _default_output(model)
@@ -147,23 +166,40 @@ def _run_bench(args: argparse.Namespace) -> int:
                               batch_sizes=args.batch_sizes or [1, 8, 16, 32],
                               modes=args.modes or ("latency", "throughput"), parity=not args.no_parity,
                               train=args.train, output_dir=out, device=args.device, profile=args.profile,
-                              **_measure_options(args))
+                              progress=not args.quiet, **_measure_options(args))
     except (ValueError, TypeError, ImportError) as exc:
         raise UsageError(str(exc)) from exc
-    return _run_plan(plan, "bench", f"{out}/ (results.json, results.csv, report.md, plots)")
+    if not gpu and args.device is None and not args.quiet:  # after the usage checks: their error comes alone
+        print("No CUDA GPU found: running the CPU flow (tiny model, CPU configs).", file=sys.stderr)
+    return _run_plan(plan, "bench", out, args.quiet,
+                     f"{out}/ (results.json, results.csv, report.md, plots)", "")
 
 
-def _run_plan(plan: BenchmarkPlan | SweepPlan, command: str, where: str) -> int:
-    """Run a validated plan: 0 when every cell succeeded, 1 when one failed or the run stopped (the
-    results are written either way)."""
+def _run_plan(plan: BenchmarkPlan | SweepPlan, command: str, out: str, quiet: bool, where: str,
+              resume_hint: str) -> int:
+    """Run a validated plan: 0 when every cell succeeded, 1 when one failed or the run stopped, 130
+    when interrupted (the results so far are written in every case)."""
     try:
         results = plan.run()
+    except KeyboardInterrupt:
+        saved = len(plan.results.rows) if plan.results is not None else 0
+        print(f"\ngpuopt {command}: interrupted; {saved} cells saved in {out}/{resume_hint}", file=sys.stderr)
+        return 130
     except Exception as exc:  # noqa: BLE001 - not a usage error: the run had started
         print(f"gpuopt {command}: the run stopped: {type(exc).__name__}: {exc}\nresults so far: {where}",
               file=sys.stderr)
         return 1
-    print(results.table())
-    print(f"\nresults: {where}")
+    if quiet:
+        from .report.table import wrapped
+
+        n = len(results.rows)
+        print(f"{n} cell{'' if n == 1 else 's'}, {len(results.failed)} failed; results: {where}")
+        for r in results.failed:
+            print(wrapped(f"failed: {r.model} b{r.batch_size} {r.config} {r.mode}: ", r.error or ""),
+                  file=sys.stderr)
+    else:
+        print(results.table())
+        print(f"\nresults: {where}")
     return 1 if results.failed else 0
 
 
@@ -171,7 +207,9 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="run a sweep spec (TOML/YAML/JSON), resumable")
     p.add_argument("spec", help="sweep spec file")
     p.add_argument("--output", required=True, help="results folder (cells.jsonl is appended cell by cell)")
-    p.add_argument("--no-resume", action="store_true", help="start over instead of skipping finished cells")
+    p.add_argument("--no-resume", action="store_true",
+                   help="start over: an earlier sweep's files in --output are moved to previous-<time>/")
+    p.add_argument("--quiet", "-q", action="store_true", help="print only the final summary and errors")
     p.set_defaults(run=_run_sweep)
 
 
@@ -179,10 +217,11 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from .run.sweeps import plan_sweep
 
     try:
-        plan = plan_sweep(args.spec, args.output, resume=not args.no_resume)
+        plan = plan_sweep(args.spec, args.output, resume=not args.no_resume, progress=not args.quiet)
     except (ValueError, TypeError, ImportError) as exc:
         raise UsageError(str(exc)) from exc
-    return _run_plan(plan, "sweep", f"{args.output}/")
+    return _run_plan(plan, "sweep", args.output, args.quiet, f"{args.output}/",
+                     " (cells.jsonl); rerun the same command to resume")
 
 
 def _load_results(paths: list[str]):
@@ -207,8 +246,15 @@ def _run_report(args: argparse.Namespace) -> int:
 
     loaded = _load_results(args.results)
     if len(loaded) == 1:
+        try:
+            loaded[0].speedups(args.baseline)  # checks the baseline names a config (and caches the bootstraps)
+        except ValueError as exc:
+            raise UsageError(f"--baseline: {exc}") from exc
         text = loaded[0].to_markdown(baseline=args.baseline)
     else:
+        if args.baseline is not None:
+            raise UsageError("--baseline applies to the report of one results file; a cross-hardware report "
+                             "compares each config across the files")
         from .report.crosshw import cross_hardware_markdown
 
         try:
@@ -227,27 +273,29 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="per-cell speedups of B over A with significance")
     p.add_argument("a", help="baseline results.json")
     p.add_argument("b", help="candidate results.json")
-    p.add_argument("--min-effect", type=float, default=0.01, help="smallest relative change called a difference")
+    p.add_argument("--min-effect", type=_fraction, default=0.01,
+                   help="smallest relative change called a difference, as a fraction (default 0.01: 1%%)")
     p.set_defaults(run=_run_compare)
 
 
 def _run_compare(args: argparse.Namespace) -> int:
+    from .report.table import text_table
     from .timing.comparison import compare
 
     a, b = _load_results([args.a, args.b])
-    print(f"A: {args.a} ({a.device})\nB: {args.b} ({b.device})\n")
-    print(f"{'model':12s} {'config':32s} {'batch':>5s} {'mode':11s} {'B vs A':>8s} {'95% CI':>17s}  verdict")
-    matched = 0
+    rows = []
     for ra in a.ok:
         rb = b.find(*ra.key)
         if rb is None or rb.measurement is None or ra.measurement is None:
             continue
         c = compare(ra.measurement, rb.measurement, min_effect=args.min_effect)
-        matched += 1
-        print(f"{ra.model[:12]:12s} {ra.config[:32]:32s} {ra.batch_size:>5d} {ra.mode:11s} "
-              f"{c.speedup:7.3f}x [{c.ci[0]:.3f}, {c.ci[1]:.3f}]  {c.verdict}")
-    if matched == 0:
+        rows.append([ra.model, ra.config, str(ra.batch_size), ra.mode, f"{c.speedup:.3f}x",
+                     f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]", c.verdict])
+    if not rows:
         raise UsageError("the two results files have no successful cell in common (model, config, batch, mode)")
+    print(f"A: {args.a} ({a.device})\nB: {args.b} ({b.device})\n")
+    print(text_table(["model", "config", "batch", "mode", "B vs A", "95% CI", "verdict"], rows,
+                     [False, False, True, False, True, True, False]))
     return 0
 
 
@@ -263,6 +311,10 @@ def _run_plot(args: argparse.Namespace) -> int:
     from .report.plots import save_all
 
     (res,) = _load_results([args.results])
+    if not res.ok:
+        print(f"gpuopt plot: every cell in {args.results} failed ({len(res.rows)} cells): nothing to plot; "
+              f"`gpuopt report {args.results}` lists the reasons", file=sys.stderr)
+        return 1
     try:
         paths = save_all(res, check_writable(args.output))
     except ValueError as exc:
@@ -296,8 +348,8 @@ def _add_profile(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="torch.profiler summary (and traces) of a model under a config")
     p.add_argument("model", help="a zoo model")
     p.add_argument("--config", default="fp32", help="config string (default fp32)")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--steps", type=int, default=5, help="profiled iterations")
+    p.add_argument("--batch-size", type=_positive_int, default=8)
+    p.add_argument("--steps", type=_positive_int, default=5, help="profiled iterations")
     p.add_argument("--device", help="cuda, cuda:1 or cpu")
     p.add_argument("--output", help="folder for Chrome/Perfetto and TensorBoard traces")
     p.set_defaults(run=_run_profile)
@@ -311,8 +363,6 @@ def _run_profile(args: argparse.Namespace) -> int:
 
     try:
         model, make = get(args.model)
-        if args.batch_size <= 0:
-            raise ValueError(f"--batch-size must be a positive integer, got {args.batch_size}")
         config = Config.parse(args.config)
         device = resolve_device(args.device)
     except (ValueError, TypeError) as exc:
@@ -357,6 +407,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args))
     except UsageError as exc:
         parser.exit(2, f"gpuopt {args.command}: error: {exc}\n")
+    except KeyboardInterrupt:  # before a run started (loading models, measuring ceilings)
+        print(f"\ngpuopt {args.command}: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

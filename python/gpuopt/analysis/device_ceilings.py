@@ -105,8 +105,10 @@ def ceilings(device: int | str | torch.device | None = None, *, refresh: bool = 
     if not (_C.cuda_compiled() and torch.cuda.is_available()):
         if cached_only:
             return None
-        raise ValueError("device ceilings need a CUDA device and a CUDA build of gpuopt (none here); datasheet "
-                         "figures of known GPUs: gpuopt.datasheet.lookup(name)")
+        why = ("no CUDA device is visible (torch.cuda.is_available() is False)" if _C.cuda_compiled()
+               else "this gpuopt was built without CUDA (gpuopt env says why)")
+        raise ValueError(f"device ceilings need a CUDA device: {why}; datasheet figures of known GPUs: "
+                         "gpuopt.datasheet.lookup(name)")
     index = device_index(device)
     path = _cache_path(index)
     if path.exists() and not refresh:

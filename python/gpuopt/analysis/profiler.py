@@ -202,6 +202,10 @@ def profile(target: Any, inputs: Any = None, *, steps: int = 5, warmup: int = 2,
         raise TypeError(f"record_shapes must be True or False, got {record_shapes!r}")
     run = _runner(target, inputs)
     cuda = torch.cuda.is_available()
+    if not cuda:
+        # Kineto probes for GPUs even for a CPU-only trace and logs "gpuGetDeviceCount failed" as an
+        # ERROR on a CUDA build without a device; the CPU profile is fine. Its level is read lazily.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     scratch = tempfile.mkdtemp(prefix="gpuopt-profile-") if output_dir is None else None
     trace_dir = output_dir if output_dir is not None else scratch

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .._files import atomic_path
 from .counting import count_bytes, count_flops  # noqa: F401  (re-exported: part of the roofline API)
 from .datasheet import PRECISIONS, DeviceSpec, lookup_dict, peak_tflops
 
@@ -326,9 +327,9 @@ def plot_roofline(points: list[dict], ceilings: dict | None, precision: str, tit
     if path is not None:
         path = Path(path)
         base = path.with_suffix("") if path.suffix.lower() in (".png", ".svg") else path
-        base.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(f"{base}.png", dpi=150, bbox_inches="tight")
-        fig.savefig(f"{base}.svg", bbox_inches="tight")
+        for fmt, kw in (("png", {"dpi": 150}), ("svg", {})):
+            with atomic_path(f"{base}.{fmt}") as tmp:  # a Ctrl-C leaves no half-written plot
+                fig.savefig(tmp, format=fmt, bbox_inches="tight", **kw)
     return fig
 
 

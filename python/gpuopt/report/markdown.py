@@ -114,13 +114,9 @@ def markdown(results: Results, baseline: str | None = None) -> str:
         lines += _table(["model", "config", "batch", "mode", "reason"],
                         [[r.model, r.config, str(r.batch_size), r.mode,
                           (r.error or "").replace("|", "\\|").replace("\n", " ")[:300]] for r in failed], 5) + [""]
-    warned = [(r, w) for r in results.ok for w in r.warnings]
+    warned = results.warning_lines()
     if warned:
-        lines += ["## Warnings", ""]
-        lines += [f"- {r.model} b{r.batch_size} {r.config} {r.mode}: {w}"
-                  for r, w in warned[:50]]
-        lines += [f"- ... and {len(warned) - 50} more"] if len(warned) > 50 else []
-        lines += [""]
+        lines += ["## Warnings", ""] + [f"- {w}" for w in warned] + [""]
     placed = [r.to_dict() for model in results.models() for r in _largest_batch_rows(results, model) if r.roofline]
     if placed:
         from ..analysis.roofline import roofline_markdown

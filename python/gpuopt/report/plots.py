@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._files import atomic_path
 from ..analysis.roofline import plain_log_ticks
 
 if TYPE_CHECKING:
@@ -39,8 +40,9 @@ def _save(fig, path: str | Path | None) -> None:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     stem = p.with_suffix("") if p.suffix in (".png", ".svg") else p
-    fig.savefig(stem.with_suffix(".png"), dpi=130, bbox_inches="tight")
-    fig.savefig(stem.with_suffix(".svg"), bbox_inches="tight")
+    for fmt, kw in (("png", {"dpi": 130}), ("svg", {})):
+        with atomic_path(stem.with_suffix(f".{fmt}")) as tmp:  # a Ctrl-C leaves no half-written plot
+            fig.savefig(tmp, format=fmt, bbox_inches="tight", **kw)
 
 
 def _axes(ax, figsize=(7, 4.5)):

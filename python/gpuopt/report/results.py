@@ -288,7 +288,10 @@ class Results:
     def speedups(self, baseline: str | None = None) -> list[dict]:
         """Per model, batch size and mode: each config's speedup over ``baseline`` (default: the first
         config) -- the ratio of medians with its 95% block-bootstrap interval and the verdict of
-        :func:`gpuopt.compare`."""
+        :func:`gpuopt.compare`. ValueError naming the configs there are when ``baseline`` is none of them."""
+        if baseline is not None and baseline not in self.configs():
+            raise ValueError(f"baseline {baseline!r} is not a config of these results; configs: "
+                             f"{', '.join(self.configs()) or 'none'}")
         if baseline not in self._speedups:
             self._speedups[baseline] = self._compute_speedups(baseline)
         return self._speedups[baseline]
@@ -415,17 +418,34 @@ class Results:
         return paths
 
     # ---- display -----------------------------------------------------------------------------------
-    def table(self) -> str:
-        """A plain-text table of every row (what `gpuopt bench` prints)."""
-        head = f"{'model':12s} {'config':32s} {'batch':>5s} {'mode':11s} {'p50':>10s} {'p95':>10s} {'items/s':>10s}  note"
-        lines = [head, "-" * len(head)]
+    def warning_lines(self, limit: int = 50) -> list[str]:
+        """The measurements' warnings (noise, target not met, launch-bound, throttled clocks), one
+        line per cell and warning, at most ``limit`` and a count of the rest: what the report's
+        Warnings section and the terminal table show."""
+        warned = [f"{r.model} b{r.batch_size} {r.config} {r.mode}: {w}" for r in self.ok for w in r.warnings]
+        return warned[:limit] + ([f"... and {len(warned) - limit} more"] if len(warned) > limit else [])
+
+    def table(self, *, details: bool = True) -> str:
+        """A plain-text table of every row (what `gpuopt bench` prints), columns sized to their
+        content; then, with ``details``, each failed cell's reason and the warnings, wrapped."""
+        from .table import text_table, wrapped
+
+        rows = []
         for r in self._rows.values():
             lat = r.latency_ms or {}
             tput = r.throughput_items_per_s
-            note = (r.error or "")[:70] if not r.ok else (r.diagnosis or "")
-            lines.append(f"{r.model[:12]:12s} {r.config[:32]:32s} {r.batch_size:>5d} {r.mode:11s} "
-                         f"{format_ms(lat['p50']) if lat else '-':>10s} {format_ms(lat['p95']) if lat else '-':>10s} "
-                         f"{f'{tput:,.0f}' if tput else '-':>10s}  {note}")
+            rows.append([r.model, r.config, str(r.batch_size), r.mode,
+                         format_ms(lat["p50"]) if lat else "-", format_ms(lat["p95"]) if lat else "-",
+                         f"±{r.ci_rel:.1%}" if r.ci_rel is not None else "-", f"{tput:,.0f}" if tput else "-",
+                         "failed (below)" if not r.ok else (r.diagnosis or "")])
+        lines = [text_table(["model", "config", "batch", "mode", "p50", "p95", "p50 CI", "items/s", "note"], rows,
+                            [False, False, True, False, True, True, True, True, False])]
+        if details and self.failed:
+            lines += ["", "failed cells:"]
+            lines += [wrapped(f"  {r.model} b{r.batch_size} {r.config} {r.mode}: ", r.error or "") for r in self.failed]
+        warnings = self.warning_lines() if details else []
+        if warnings:
+            lines += ["", "warnings:"] + [wrapped("  ", w) for w in warnings]
         return "\n".join(lines)
 
     def __repr__(self) -> str:

@@ -43,11 +43,12 @@ class BenchmarkPlan:
     output_dir: str | None
     profile: bool
     progress: bool
+    results: Results | None = None  # the rows so far, once run() started (also after an interrupt)
 
     def run(self) -> Results:
         """Every cell, recorded as a row (a failing cell or batch size with its reason); the results
         are saved to ``output_dir`` also when the run is interrupted."""
-        results = Results.new(spec={"models": [self.work.name], "configs": [str(c) for c in self.configs],
+        results = self.results = Results.new(spec={"models": [self.work.name], "configs": [str(c) for c in self.configs],
                                     "config_labels": [c.label for c in self.configs],
                                     "batch_sizes": self.batch_sizes, "modes": self.modes, "parity": self.parity,
                                     "measure": self.measure_options})
@@ -95,7 +96,7 @@ def plan_benchmark(
     cfgs = resolve_configs(configs, device=dev, train=train)
     batches = resolve_batch_sizes(batch_sizes) if work.make_inputs is not None else [batch_of(work.fixed_inputs)]
     mode_list = resolve_modes(modes, train, dev)
-    opts = check_measure_options(dict(measure_options))
+    opts = check_measure_options(dict(measure_options), mode_list, dev)
     if output_dir is not None:
         check_writable(output_dir)
     return BenchmarkPlan(work, cfgs, batches, mode_list, dev, parity, opts, output_dir, profile, progress)

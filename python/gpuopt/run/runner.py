@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -315,10 +316,12 @@ class Runner:
 
 
 class ProgressBar:
-    """A tqdm bar with ETA when tqdm is installed (and wanted), else silent; one step per cell."""
+    """Progress, one step per cell: a tqdm bar with ETA where tqdm is installed and stderr is a
+    terminal (or a notebook); otherwise one plain line per finished cell on stderr, so a log gets
+    lines, not a flood of carriage returns; nothing when disabled."""
 
     def __init__(self, total: int, enabled: bool):
-        self.bar = None
+        self.total, self.enabled, self.done, self.bar = total, enabled, 0, None
         if enabled:
             try:
                 # tqdm.auto's notebook bar needs ipywidgets (the notebook extra) and warns without it:
@@ -331,14 +334,21 @@ class ProgressBar:
                 except ImportError:
                     tqdm = None
             if tqdm is not None:
-                self.bar = tqdm(total=total, unit="cell", leave=False)
+                # Off where stderr is not a terminal (logs get plain lines); a notebook's widget stays on.
+                bar = tqdm(total=total, unit="cell", leave=False, disable=False if "ipykernel" in sys.modules else None)
+                self.bar = None if bar.disable else bar
 
     def __call__(self, event: str, cell: str) -> None:
-        if self.bar is None:
+        if not self.enabled:
             return
         if event == "done":
-            self.bar.update(1)
-        self.bar.set_description(cell[:60])
+            self.done += 1
+        if self.bar is not None:
+            if event == "done":
+                self.bar.update(1)
+            self.bar.set_description(cell[:60])
+        elif event == "done":
+            print(f"[{self.done}/{self.total}] {cell}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -1,12 +1,15 @@
 """Sweeps: models x configs x batch sizes x modes from a spec (TOML, YAML, JSON or a dict), every
 finished cell appended to ``cells.jsonl`` at once -- a crash or Ctrl-C loses no finished cell, and
-``resume=True`` skips the cells already there."""
+``resume=True`` skips the cells already there when they were measured the same way (the folder's
+fingerprint), so two different sweeps never mix."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ import torch
 from .._files import check_writable, write_atomic
 from ..prepare.config import Config
 from ..report.results import SCHEMA_VERSION, Key, Results, Row, read_cells
+from ..timing.measurement import measure_defaults
 from . import zoo
 from .runner import ProgressBar, Runner
 from .workload import (
@@ -83,8 +87,12 @@ def load_spec(spec: str | os.PathLike | dict) -> dict[str, Any]:
     if unknown:
         allowed = "; ".join(f"{k}: {v}" for k, v in SPEC_KEYS.items())
         raise ValueError(f"unknown sweep spec key(s) {', '.join(map(repr, unknown))}; allowed keys -- {allowed}")
+    if isinstance(doc.get("models"), (str, dict)):
+        doc["models"] = [doc["models"]]  # `models: tiny-cnn` means one model, not the letters of its name
     if not doc.get("models"):
         raise ValueError("a sweep spec needs models = [...] (zoo names, see gpuopt.zoo.names())")
+    if not isinstance(doc["models"], list):
+        raise ValueError(f"models must be a list of zoo names or tables, got {doc['models']!r}")
     for m in doc["models"]:
         if isinstance(m, dict):
             bad = sorted(set(m) - MODEL_KEYS)
@@ -116,25 +124,47 @@ class SweepPlan:
     device: torch.device
     parity: bool
     measure_options: dict[str, Any]
+    fingerprint: dict[str, Any]  # what makes cells comparable: resume only into a folder with the same one
     done: dict[Key, Row] | None  # the cells already in cells.jsonl to resume from; None: start over
     progress: bool
+    results: Results | None = None  # the rows so far, once run() started (also after an interrupt)
+
+    @property
+    def total_cells(self) -> int:
+        return sum(len(m.batch_sizes) for m in self.models) * len(self.configs) * len(self.modes)
+
+    @property
+    def resume_note(self) -> str | None:
+        """"resumed: 12 of 40 cells already measured" when the folder holds cells of this sweep."""
+        if not self.done:
+            return None
+        return (f"resumed: {len(self.done)} of {self.total_cells} cells already measured "
+                f"(in {self.output_dir / 'cells.jsonl'})")
 
     def run(self) -> Results:
         """Every cell not already in ``cells.jsonl`` (with ``resume``), each appended there as it
         finishes; a failing cell or batch size is recorded with its reason and the sweep goes on. The
-        results are saved to ``output_dir`` also when the sweep is interrupted."""
+        results are saved to ``output_dir`` also when the sweep is interrupted. Without ``resume``, an
+        earlier sweep's files are moved to ``output_dir/previous-<time>/`` first, never deleted."""
         out = self.output_dir
         cells_path = out / "cells.jsonl"
         done = self.done or {}
-        if self.done is None and cells_path.exists():
-            cells_path.unlink()
-        results = Results.new(spec=dict(self.spec))
+        if self.done is None:
+            moved = _move_aside(out)
+            if moved is not None and self.progress:
+                print(f"the earlier sweep's files were moved to {moved}", file=sys.stderr)
+        elif self.progress and self.resume_note:
+            print(self.resume_note, file=sys.stderr)
+        results = self.results = Results.new(spec=dict(self.spec))
         for row in done.values():
             results.add(row)
         write_atomic(out / "sweep.json", json.dumps({"schema_version": SCHEMA_VERSION, "created": results.created,
                                                       "env": results.env, "build": results.build,
-                                                      "spec": self.spec}, indent=1, default=str))
-        bar = ProgressBar(sum(len(m.batch_sizes) for m in self.models) * len(self.configs), self.progress)
+                                                      "spec": self.spec, "fingerprint": self.fingerprint},
+                                                     indent=1, default=str))
+        todo = sum(any((m.name, c.label, b, mode) not in done for mode in self.modes)
+                   for m in self.models for b in m.batch_sizes for c in self.configs)
+        bar = ProgressBar(todo, self.progress)  # one step per config and batch size still to run
         cut_short = _ends_without_newline(cells_path)
         with cells_path.open("a") as cells:
             if cut_short:
@@ -176,6 +206,31 @@ class SweepPlan:
                 bar("done", f"{m.name} b{b} {config.label} (failed)")
 
 
+# What a sweep writes into its folder (plots aside): moved together by resume=False.
+_SWEEP_FILES = ("cells.jsonl", "sweep.json", "results.json", "results.csv", "report.md")
+
+
+def _move_aside(out: Path) -> Path | None:
+    """Move an earlier sweep's files (and its plots) into ``out/previous-<time>/``; None when there
+    were none. Measured data is never deleted."""
+    cells = out / "cells.jsonl"
+    if not cells.exists() or cells.stat().st_size == 0:
+        return None
+    models = {row.model for row in read_cells(cells)}
+    plots = [p for p in out.iterdir() if p.suffix in (".png", ".svg") and any(p.name.startswith(f"{m}-")
+                                                                                   for m in models)]
+    dest = out / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = out / f"previous-{time.strftime('%Y%m%d-%H%M%S')}-{n}"
+    dest.mkdir()
+    for p in [out / name for name in _SWEEP_FILES] + plots:
+        if p.exists():
+            os.replace(p, dest / p.name)
+    return dest
+
+
 def _ends_without_newline(path: Path) -> bool:
     if not path.exists() or path.stat().st_size == 0:
         return False
@@ -184,9 +239,71 @@ def _ends_without_newline(path: Path) -> bool:
         return f.read(1) != b"\n"
 
 
+def _fingerprint(models: list[SweepModel], configs: list[Config], modes: list[str], parity: bool,
+                 device: torch.device, options: dict[str, Any]) -> dict[str, Any]:
+    """The sweep as it will be measured -- resolved models, configs (label and canonical string),
+    modes, parity, every measure option with its default, the device and its name, gpuopt's and
+    torch's versions -- and nothing else (no times): two sweeps whose fingerprints match measure
+    comparable cells."""
+    from .._ext import build_info
+
+    measure = {k: v for k, v in {**measure_defaults(), **options}.items() if k not in ("mode", "inputs", "device")}
+    return {
+        "models": [{"name": m.name, "input_shape": list(m.input_shape) if m.input_shape else None,
+                    "batch_sizes": m.batch_sizes} for m in models],
+        "configs": [[c.label, str(c)] for c in configs],
+        "modes": list(modes),
+        "parity": parity,
+        "measure": measure,
+        "device": f"cuda:{torch.cuda.current_device() if device.index is None else device.index}"
+                  if device.type == "cuda" else "cpu",
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "gpuopt": build_info()["gpuopt_version"],
+        "torch": torch.__version__,
+    }
+
+
+def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``key: old -> new`` for each fingerprint entry that differs (measure options one by one)."""
+    out = []
+    for key in dict.fromkeys([*old, *new]):
+        a, b = old.get(key), new.get(key)
+        if key == "measure" and isinstance(a, dict) and isinstance(b, dict):
+            out += [f"measure.{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in dict.fromkeys([*a, *b]) if a.get(k) != b.get(k)]
+        elif a != b:
+            out.append(f"{key}: {a!r} -> {b!r}")
+    return out
+
+
+def _resumable(out: Path, fingerprint: dict[str, Any]) -> dict[Key, Row]:
+    """The cells of ``out`` to resume from; ValueError naming every difference when they were
+    measured under another spec, options, device or gpuopt (or when the folder does not say)."""
+    cells_path = out / "cells.jsonl"
+    done = {row.key: row for row in read_cells(cells_path)} if cells_path.exists() else {}
+    if not done:
+        return {}
+    header_path = out / "sweep.json"
+    try:
+        old = json.loads(header_path.read_text()).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        old = None
+    way_out = ("use a new --output folder (output_dir), or --no-resume (resume=False), which moves the "
+               f"measured files to {out}/previous-<time>/ and starts over")
+    if not isinstance(old, dict):
+        raise ValueError(f"{out} holds {len(done)} measured cells without the record of how they were measured "
+                         f"(a sweep.json fingerprint: written by gpuopt 0.1 or by hand), so they cannot be "
+                         f"resumed safely; {way_out}")
+    diff = _differences(old, fingerprint)
+    if diff:
+        raise ValueError(f"{out} holds {len(done)} cells of a different sweep; resuming would mix them with "
+                         f"this one (folder -> now: {'; '.join(diff)}); {way_out}")
+    return done
+
+
 def plan_sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *, resume: bool = True,
                progress: bool = True) -> SweepPlan:
-    """Validate a sweep (the spec, every model name, batch sizes, modes, the output folder) and return
+    """Validate a sweep (the spec, every model name, batch sizes, modes, measure options, the output
+    folder and, with ``resume``, that the cells already there were measured the same way) and return
     its plan; ValueError / TypeError naming the problem before anything runs."""
     doc = load_spec(spec)
     for name, flag in (("resume", resume), ("progress", progress)):
@@ -200,7 +317,13 @@ def plan_sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *,
     device = resolve_device(doc.get("device"))
     configs = resolve_configs(doc.get("configs"), device=device, train=train)  # one default-preset rule
     modes = resolve_modes(doc.get("modes", ["latency", "throughput"]), train, device)
-    options = check_measure_options(dict(doc.get("measure") or {}))
+    measure = doc.get("measure") or {}
+    if not isinstance(measure, dict):
+        raise ValueError(f"measure must be a table of gpuopt.measure options, e.g. {{max_time_s = 2}}; got {measure!r}")
+    try:
+        options = check_measure_options(dict(measure), modes, device)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"measure: {exc}") from exc
     models = []
     for m in doc["models"]:
         m = m if isinstance(m, dict) else {"name": m}
@@ -213,12 +336,11 @@ def plan_sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *,
                              "shape")
         shape = check_input_shape(m["input_shape"]) if m.get("input_shape") is not None else None
         models.append(SweepModel(m["name"], shape, resolve_batch_sizes(m.get("batch_sizes", default_batches))))
-    out = check_writable(output_dir)
-    cells_path = out / "cells.jsonl"
-    done = None
-    if resume:
-        done = {row.key: row for row in read_cells(cells_path)} if cells_path.exists() else {}
-    return SweepPlan(doc, out, models, configs, modes, device, parity, options, done, progress)
+    fingerprint = _fingerprint(models, configs, modes, parity, device, options)
+    out = Path(output_dir)
+    done = _resumable(out, fingerprint) if resume and out.is_dir() else ({} if resume else None)
+    check_writable(out)
+    return SweepPlan(doc, out, models, configs, modes, device, parity, options, fingerprint, done, progress)
 
 
 def sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *, resume: bool = True,
@@ -226,8 +348,11 @@ def sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *, resu
     """Run a sweep into ``output_dir`` and return all its Results (also saved there).
 
     Cells are (model, config, batch size, mode). Each finished cell is appended to
-    ``output_dir/cells.jsonl`` and flushed; with ``resume=True`` cells already there are skipped
-    (files written by gpuopt 0.1 too). A failing cell (out of memory, compile error, parity failure)
+    ``output_dir/cells.jsonl`` and flushed. With ``resume=True`` the cells already there are skipped
+    when the folder's fingerprint (``sweep.json``: the resolved spec, every measure option, the
+    device, gpuopt's and torch's versions) matches this sweep's; otherwise ValueError naming each
+    difference, before anything runs. ``resume=False`` moves an earlier sweep's files to
+    ``output_dir/previous-<time>/`` and starts over. A failing cell (out of memory, compile error, parity failure)
     is recorded with its reason and the sweep continues, as is every cell of a batch size whose FP32
     reference fails; after an out-of-memory error the CUDA caching allocator is emptied. A bad spec
     raises ValueError or TypeError before anything runs (see :func:`plan_sweep`).

@@ -11,7 +11,7 @@ import torch
 
 from ..prepare.config import INFERENCE_ONLY_BACKENDS, Config, default_preset, preset, presets
 from ..timing.inputs import tensors_in
-from ..timing.measurement import _MEASURE_DEFAULTS, MODES
+from ..timing.measurement import MODES, validate_measure_options
 from . import zoo
 
 BENCH_MODES = (*MODES, "end-to-end")
@@ -133,18 +133,30 @@ def resolve_modes(modes: Sequence[str] | str, train: bool, device: torch.device 
 
 
 def resolve_device(device: Any) -> torch.device:
+    """None (cuda when visible, else cpu), 'cpu', 'cuda', 'cuda:N' or a torch.device of those types;
+    ValueError naming the device otherwise, or when it asks for a CUDA device that is not visible."""
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    d = torch.device(device)
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device must be 'cpu', 'cuda', 'cuda:N' or a torch.device, got {device!r}")
+    try:
+        d = torch.device(device)
+    except RuntimeError:
+        d = None
+    if d is None or d.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {str(device)!r}")
     if d.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} asked for CUDA, and no CUDA device is visible")
+        raise ValueError(f"device {str(device)!r} asked for CUDA, and no CUDA device is visible")
+    if d.type == "cuda" and d.index is not None and d.index >= torch.cuda.device_count():
+        raise ValueError(f"device {str(device)!r}: only {torch.cuda.device_count()} CUDA device(s) are visible "
+                         f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
     return d
 
 
-def check_measure_options(options: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(options) - set(_MEASURE_DEFAULTS) - {"label"})
-    if unknown:
-        raise TypeError(f"unknown option(s) {', '.join(unknown)}; measure options: {', '.join(sorted(_MEASURE_DEFAULTS))}")
+def check_measure_options(options: dict[str, Any], modes: Sequence[str], device: torch.device) -> dict[str, Any]:
+    """The measure options of a benchmark or sweep, checked for every mode its cells measure in
+    (gpuopt.timing.validate_measure_options), so a bad value fails before the first cell."""
     if "mode" in options or "inputs" in options:
         raise TypeError("give modes= (a list) instead of mode=, and inputs= to benchmark() itself")
-    return options
+    timed = {m if m in MODES else ("throughput" if device.type == "cuda" else "host") for m in modes}
+    return validate_measure_options(options, sorted(timed))

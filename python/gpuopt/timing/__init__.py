@@ -6,6 +6,6 @@ Layer: the lowest above ``gpuopt._ext``; imports nothing else of gpuopt.
 
 from .comparison import Comparison, compare
 from .environment import env
-from .measurement import MODES, Measurement, format_ms, measure
+from .measurement import MODES, Measurement, format_ms, measure, validate_measure_options
 
-__all__ = ["MODES", "Comparison", "Measurement", "compare", "env", "format_ms", "measure"]
+__all__ = ["MODES", "Comparison", "Measurement", "compare", "env", "format_ms", "measure", "validate_measure_options"]

@@ -79,6 +79,17 @@ class Comparison:
             f"(min effect {self.min_effect:.0%}; {how})</td></tr></table>{notes}")
 
 
+def check_min_effect(min_effect: Any, name: str = "min_effect") -> float:
+    """``min_effect`` is a fraction everywhere in gpuopt (compare(), the CLI's --min-effect, the pytest
+    plugin): 0.05 means 5%. Checked again in C++; here so that a bad value -- a percentage such as
+    5 -- fails before anything is measured, saying which form is expected."""
+    if isinstance(min_effect, bool) or not isinstance(min_effect, (int, float)):
+        raise TypeError(f"{name} must be a number, a fraction in [0, 1) (0.05 means 5%), got {min_effect!r}")
+    if not 0 <= min_effect < 1:
+        raise ValueError(f"{name}={min_effect:g} must be a fraction in [0, 1) (0.05 means 5%)")
+    return float(min_effect)
+
+
 def compare(
     baseline: Measurement | Callable[..., Any],
     candidate: Measurement | Callable[..., Any],
@@ -100,7 +111,7 @@ def compare(
 
     The verdict is "faster" when the interval lies above 1 and the speedup is at least
     ``1 + min_effect``; "slower" when it lies below 1 and the slowdown is at least as large;
-    otherwise "no significant difference". ``min_effect`` (default 1%) keeps differences smaller
+    otherwise "no significant difference". ``min_effect`` (a fraction: default 0.01, 1%) keeps differences smaller
     than GPU timings reproduce from being reported as speedups. The bootstrap and the verdict are
     gpuopt's one implementation in C++ (``compare_samples``), shared with ``Results.speedups`` and
     the pytest plugin.
@@ -110,9 +121,7 @@ def compare(
     >>> gpuopt.compare(lambda: x @ x, lambda: x @ x, mode="host", max_time_s=0.3).verdict
     'no significant difference'
     """
-    # Checked again in C++; here so that a bad value fails before anything is measured.
-    if not (isinstance(min_effect, (int, float)) and 0 <= min_effect < 1):
-        raise ValueError(f"min_effect must be in [0, 1), got {min_effect!r}")
+    check_min_effect(min_effect)
     if labels is not None and not (isinstance(labels, (tuple, list)) and len(labels) == 2):
         raise TypeError(f"labels must be a pair of strings (baseline, candidate), got {labels!r}")
     kinds = [isinstance(x, Measurement) for x in (baseline, candidate)]

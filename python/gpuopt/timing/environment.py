@@ -86,6 +86,7 @@ def env() -> dict[str, Any]:
         "cuda_driver_api": _cuda_version(_C.cuda_driver_version()),
         "driver": _driver_version(),
         "nvml": _nvml.available(),
+        "nvml_missing": _nvml.unavailable_reason(),
         "gpus": [_gpu(i) for i in range(torch.cuda.device_count())] if cuda_ok else [],
     }
 

@@ -261,6 +261,11 @@ _MEASURE_DEFAULTS: dict[str, Any] = {
 }
 
 
+def measure_defaults() -> dict[str, Any]:
+    """Every :func:`measure` option with its default (None: chosen at run time)."""
+    return dict(_MEASURE_DEFAULTS)
+
+
 @dataclass
 class _Run:
     """What measure() and the interleaved compare() set up before entering the C++ loop."""
@@ -303,26 +308,63 @@ class _Run:
         )
 
 
-def _setup(options: dict[str, Any]) -> _Run:
-    unknown = sorted(set(options) - set(_MEASURE_DEFAULTS))
-    if unknown:
-        raise TypeError(f"unknown measure option(s) {', '.join(unknown)}; "
-                        f"allowed: {', '.join(sorted(_MEASURE_DEFAULTS))}")
-    o = {**_MEASURE_DEFAULTS, **options}
-    for name in ("flush_l2", "monitor"):
-        if not isinstance(o[name], bool):
-            raise TypeError(f"{name} must be True or False, got {o[name]!r}")
-    cuda_usable = _C.cuda_compiled() and torch.cuda.is_available()
-    mode = _resolve_mode(o["mode"], cuda_usable)
-    index = device_index(o["device"])
-    calls = argument_sets(o["inputs"])
-    native = _C.MeasureOptions(
+def _native(o: dict[str, Any], mode: str, index: int | None) -> _C.MeasureOptions:
+    return _C.MeasureOptions(
         mode=mode, warmup=o["warmup"], warmup_s=o["warmup_s"], iters=o["iters"], min_iters=o["min_iters"],
         max_iters=o["max_iters"], min_time_s=o["min_time_s"], max_time_s=o["max_time_s"],
         target_rel_ci=o["target_rel_ci"], confidence=o["confidence"], flush_l2=o["flush_l2"],
         device=-1 if index is None else index, calls_per_sample=o["calls_per_sample"],
         block_target_ms=o["block_target_ms"],
     )
+
+
+def validate_measure_options(options: dict[str, Any], modes: Sequence[str] | None = None) -> dict[str, Any]:
+    """Check :func:`measure` options before anything runs, for each of ``modes`` (default: the mode
+    measure() would use): TypeError for an unknown name or a value of the wrong type, ValueError for
+    one out of range -- the C++ loop's own checks, so ``max_time_s=-1`` fails here, not in every cell.
+    Returns ``options`` unchanged. measure(), compare(), benchmark(), sweep() and the CLI call it.
+
+    >>> validate_measure_options({"max_time_s": -1})
+    Traceback (most recent call last):
+    ValueError: max_time_s must be a finite number of seconds > 0, got -1
+    """
+    if not isinstance(options, dict):
+        raise TypeError(f"measure options must be a dict, got {type(options).__name__}")
+    unknown = sorted(set(options) - set(_MEASURE_DEFAULTS))
+    if unknown:
+        raise TypeError(f"unknown measure option(s) {', '.join(unknown)}; "
+                        f"allowed: {', '.join(sorted(_MEASURE_DEFAULTS))}")
+    o = {**_MEASURE_DEFAULTS, **options}
+    for name, default in _NATIVE_DEFAULTS.items():
+        v = o[name]
+        if isinstance(default, bool):
+            ok = isinstance(v, bool)
+            kind = "True or False"
+        elif isinstance(default, float):
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+            kind = "a number"
+        else:  # counts; None where chosen at run time (iters, calls_per_sample)
+            ok = (v is None and default is None) or (isinstance(v, int) and not isinstance(v, bool))
+            kind = "an integer" + (" or None" if default is None else "")
+        if not ok:
+            raise TypeError(f"{name} must be {kind}, got {v!r}")
+    if not isinstance(o["monitor"], bool):
+        raise TypeError(f"monitor must be True or False, got {o['monitor']!r}")
+    if modes is None:
+        modes = [_resolve_mode(o["mode"], _C.cuda_compiled() and torch.cuda.is_available())]
+    for mode in modes:
+        _C.validate_measure_options(_native(o, mode, None))
+    return options
+
+
+def _setup(options: dict[str, Any]) -> _Run:
+    validate_measure_options(options)
+    o = {**_MEASURE_DEFAULTS, **options}
+    cuda_usable = _C.cuda_compiled() and torch.cuda.is_available()
+    mode = _resolve_mode(o["mode"], cuda_usable)
+    index = device_index(o["device"])
+    calls = argument_sets(o["inputs"])
+    native = _native(o, mode, index)
     on_gpu = cuda_usable and index is not None
     if on_gpu:
         torch.cuda.reset_peak_memory_stats(index)

@@ -16,20 +16,38 @@ from .._ext import _C
 
 
 @functools.lru_cache(maxsize=1)
-def _nvml():
+def _init() -> tuple[Any, str | None]:
+    """(pynvml, None) when NVML started, else (None, why not): the package is missing, the driver's
+    library is not found, the driver is not loaded, or NVML failed otherwise."""
     try:
         import pynvml
     except ImportError:
-        return None
+        return None, "nvidia-ml-py is not installed (pip install nvidia-ml-py for clocks, power, ECC)"
     try:
         pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no driver, no permission, stub library...
-        return None
-    return pynvml
+    except Exception as exc:  # noqa: BLE001 - no driver, no permission, stub library...
+        name = type(exc).__name__
+        if name.endswith("LibraryNotFound"):
+            why = "the driver's NVML library (libnvidia-ml.so.1) was not found: no NVIDIA driver installed"
+        elif name.endswith("DriverNotLoaded"):
+            why = "the NVIDIA driver is not loaded"
+        else:
+            why = f"NVML did not start: {exc}"
+        return None, f"nvidia-ml-py is installed, but {why}"
+    return pynvml, None
+
+
+def _nvml():
+    return _init()[0]
 
 
 def available() -> bool:
     return _nvml() is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why NVML is not available (None when it is), in words for a user."""
+    return _init()[1]
 
 
 def _call(fn, *args, default=None):
