@@ -25,8 +25,8 @@ void check_min_effect(double min_effect) {
 }
 
 void check_noise_floor(double noise_floor_rel) {
-  GPUOPT_CHECK_VALUE(noise_floor_rel >= 0.0 && noise_floor_rel < 1.0, "noise_floor_rel must be in [0, 1), got ",
-                     noise_floor_rel);
+  GPUOPT_CHECK_VALUE(std::isfinite(noise_floor_rel) && noise_floor_rel >= 0.0,
+                     "noise_floor_rel must be a finite fraction >= 0, got ", noise_floor_rel);
 }
 
 void check_samples(const std::vector<double>& samples, const char* name) {

@@ -491,8 +491,9 @@ TEST(Verdict, TheRunToRunBandMustBeExceededToo) {
   const auto i = gpuopt::stats::judged_interval(r, 0.02);  // the CI is wider on the right already
   EXPECT_DOUBLE_EQ(i.lo, 1.04 / 1.02);
   EXPECT_DOUBLE_EQ(i.hi, 1.0608);
-  EXPECT_EQ(value_error([&] { judge(r, 0.01, 1.0); }), "noise_floor_rel must be in [0, 1), got 1");
-  EXPECT_EQ(value_error([&] { judge(r, 0.01, -0.1); }), "noise_floor_rel must be in [0, 1), got -0.1");
+  EXPECT_EQ(judge(r, 0.01, 2.0), Verdict::kNoDifference);  // a band over 100%: nothing is significant
+  EXPECT_EQ(value_error([&] { judge(r, 0.01, INFINITY); }), "noise_floor_rel must be a finite fraction >= 0, got inf");
+  EXPECT_EQ(value_error([&] { judge(r, 0.01, -0.1); }), "noise_floor_rel must be a finite fraction >= 0, got -0.1");
 }
 
 TEST(CompareSamples, CrossRunNoiseFloorWidensOnlyTheVerdictInterval) {

@@ -160,7 +160,7 @@ const char* verdict_name(Verdict verdict);
 // the slowdown is at least as large (ratio <= 1 / (1 + min_effect)); otherwise no significant
 // difference. min_effect in [0, 1) keeps changes smaller than timings reproduce from being called
 // speedups, however tight the interval. An unattained ratio (see Ratio) is never significant.
-// noise_floor_rel in [0, 1): for cross-run comparisons, the run-to-run band; the interval judged is
+// noise_floor_rel (finite, >= 0): for cross-run comparisons, the run-to-run band; the interval judged is
 // then the envelope of the CI and [ratio / (1 + noise_floor_rel), ratio * (1 + noise_floor_rel)], so a
 // difference counts only if it exceeds both the statistical interval and the run-to-run band.
 Verdict judge(const Ratio& ratio, double min_effect = kDefaultMinEffect, double noise_floor_rel = 0.0);

@@ -44,6 +44,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--gpuopt-compare-fail", metavar="STAT:PCT%,...",
                     help="with --gpuopt-compare, fail a test whose STAT (median, p50, p90, p95, p99, "
                          "mean) regressed by more than PCT and significantly, e.g. median:10%%,p95:15%%")
+    group.addoption("--gpuopt-calibrate", metavar="ROUNDS", type=int, default=None,
+                    help="with --gpuopt-save, measure every benchmark in ROUNDS (>= 3) separate runs and "
+                         "save their run-to-run spread with the baseline: --gpuopt-compare widens its "
+                         "verdicts by it (default without: 3%% on GPU, 5%% on CPU)")
     group.addoption("--gpuopt-json", metavar="PATH",
                     help="write all measurements, the environment and its fingerprint to PATH")
     group.addoption("--gpuopt-disable", action="store_true", default=False,

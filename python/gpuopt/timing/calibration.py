@@ -27,16 +27,16 @@ class RunToRun:
     workload agree at ``confidence``, and how it was obtained (``source``)."""
 
     rel: float
-    source: str  # "calibration" or "default"
+    source: str  # "calibration" (measured here), "given" (a number the user passed) or "default"
     rounds: int | None = None
     workloads: int | None = None
     confidence: float = _DEFAULTS["confidence"]
 
     def __post_init__(self) -> None:
-        if isinstance(self.rel, bool) or not isinstance(self.rel, (int, float)) or not 0 <= self.rel < 1:
-            raise ValueError(f"run-to-run rel must be a fraction in [0, 1) (0.02 is 2%), got {self.rel!r}")
-        if self.source not in ("calibration", "default"):
-            raise ValueError(f"run-to-run source must be 'calibration' or 'default', got {self.source!r}")
+        if isinstance(self.rel, bool) or not isinstance(self.rel, (int, float)) or not 0 <= self.rel < math.inf:
+            raise ValueError(f"run-to-run rel must be a finite fraction >= 0 (0.02 is 2%), got {self.rel!r}")
+        if self.source not in ("calibration", "given", "default"):
+            raise ValueError(f"run-to-run source must be 'calibration', 'given' or 'default', got {self.source!r}")
 
     @classmethod
     def default(cls, m: Measurement | None = None) -> RunToRun:
@@ -50,6 +50,8 @@ class RunToRun:
         """e.g. ``±2.1% (A/A calibration, 5 rounds x 3 workloads)``."""
         if self.source == "default":
             return f"±{self.rel:.1%} (a default, no A/A calibration of this environment)"
+        if self.source == "given":
+            return f"±{self.rel:.1%} (given)"
         many = f" x {self.workloads} workloads" if self.workloads and self.workloads > 1 else ""
         return f"±{self.rel:.1%} (A/A calibration, {self.rounds} rounds{many})"
 
@@ -84,11 +86,21 @@ def calibrate(workloads: Callable[..., Any] | Sequence[Callable[..., Any]], *, r
     >>> r.source, r.rounds
     ('calibration', 3)
     """
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 3:
+        raise ValueError(f"rounds must be an integer >= 3 (a spread needs a few separate runs), got {rounds!r}")
+    medians = round_medians(workloads, rounds=rounds, pause_s=pause_s, **measure_options)
+    return RunToRun.from_round_medians(medians, measure_options.get("confidence", _DEFAULTS["confidence"]))
+
+
+def round_medians(workloads: Callable[..., Any] | Sequence[Callable[..., Any]], *, rounds: int,
+                  pause_s: float = 0.5, **measure_options: Any) -> list[list[float]]:
+    """Each workload's median (ms) in ``rounds`` separate :func:`measure` runs, round by round with
+    ``pause_s`` idle between rounds: the measurements behind :func:`calibrate`."""
     fns = [workloads] if callable(workloads) else list(workloads)
     if not fns or not all(callable(f) for f in fns):
         raise TypeError("workloads must be a callable or a non-empty list of callables")
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 3:
-        raise ValueError(f"rounds must be an integer >= 3 (a spread needs a few separate runs), got {rounds!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
     if not (isinstance(pause_s, (int, float)) and math.isfinite(pause_s) and pause_s >= 0):
         raise ValueError(f"pause_s must be a finite number of seconds >= 0, got {pause_s!r}")
     medians: list[list[float]] = [[] for _ in fns]
@@ -97,4 +109,4 @@ def calibrate(workloads: Callable[..., Any] | Sequence[Callable[..., Any]], *, r
             time.sleep(pause_s)
         for f, out in zip(fns, medians):
             out.append(measure(f, **measure_options).p50)
-    return RunToRun.from_round_medians(medians, measure_options.get("confidence", _DEFAULTS["confidence"]))
+    return medians

@@ -129,7 +129,7 @@ def compare(
         raise TypeError("baseline and candidate must both be Measurements or both be callables")
     pair = all(funcs)
     if isinstance(run_to_run, (int, float)) and not isinstance(run_to_run, bool):
-        run_to_run = RunToRun(float(run_to_run), "calibration")
+        run_to_run = RunToRun(float(run_to_run), "given")
     if run_to_run is not None and not isinstance(run_to_run, RunToRun):
         raise TypeError(f"run_to_run must be a gpuopt.RunToRun, a fraction or None, got {type(run_to_run).__name__}")
     if run_to_run is not None and pair:
