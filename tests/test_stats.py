@@ -7,10 +7,9 @@ import math
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import torch
 
 from gpuopt import Comparison, Measurement, compare
 from gpuopt._ext import _C
@@ -226,7 +225,7 @@ def test_verdict_edges(base, cand, min_effect, verdict):
 def _median_ci_ranks_ref(n: int, confidence: float) -> tuple[int, int, float, bool]:
     """Plain-Python reference of the order-statistics median interval: the largest 1-based rank j with
     P(B <= j - 1) <= alpha / 2, B ~ Bin(n, 1/2); else [min, max] with its coverage 1 - 2 * 0.5^n."""
-    cdf, best, best_cdf = 0.0, 0, 0.0
+    best, best_cdf = 0, 0.0
     for j in range(1, n // 2 + 2):
         if 2 * j > n + 1:
             break
