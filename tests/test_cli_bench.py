@@ -48,6 +48,13 @@ def test_report_compare_and_plot(two_runs, tmp_path):
     assert rep.returncode == 0 and "### Throughput" in rep.stdout
     cmp = cli("compare", a, b)
     assert cmp.returncode == 0 and "fp32+torchscript" in cmp.stdout and "x [" in cmp.stdout
+    # Two files are two runs: the verdicts are widened by the run-to-run band, and the output says so.
+    assert ("cross-run comparison: widened by run-to-run spread ±5.0% (a default, no A/A calibration of this "
+            "environment); pass --run-to-run") in cmp.stdout
+    given = cli("compare", a, b, "--run-to-run", "0.02")
+    assert given.returncode == 0 and "widened by run-to-run spread ±2.0% (given)" in given.stdout
+    bad = cli("compare", a, b, "--run-to-run", "-1")
+    assert bad.returncode == 2 and "--run-to-run must be a finite fraction >= 0 (0.02 is 2%), got -1" in bad.stderr
     plots = cli("plot", a, "--output", str(tmp_path / "plots"))
     assert plots.returncode == 0 and (tmp_path / "plots" / "tiny-cnn-throughput.png").exists()
 

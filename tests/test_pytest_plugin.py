@@ -493,6 +493,8 @@ def test_bad_fixture_arguments_name_the_parameter(pytester):
         (["--gpuopt-save=../up"], "--gpuopt-save: NAME must be letters, digits*got '../up'"),
         (["--gpuopt-compare", "tests/"], "--gpuopt-compare: NAME must be *got 'tests/' (a bare --gpuopt-compare takes "
                                          "the next argument: write --gpuopt-compare=NAME)"),
+        (["--gpuopt-calibrate=5"], "--gpuopt-calibrate needs --gpuopt-save=NAME*"),
+        (["--gpuopt-save=new", "--gpuopt-calibrate=2"], "--gpuopt-calibrate: ROUNDS must be an integer >= 3, got 2"),
         (["--gpuopt-disable", "--gpuopt-json=x.json"], "--gpuopt-disable times nothing, so --gpuopt-json*"),
     ],
 )
@@ -522,8 +524,9 @@ def test_regression_checks_use_gpuopts_verdict_with_min_effect(np_rng, slowdown,
     base = np_rng.lognormal(0.0, 0.001, 1000)
     cur = slowdown * np_rng.lognormal(0.0, 0.001, 1000)
     mb, mc = Measurement.from_samples(base.tolist()), Measurement.from_samples(cur.tolist())
-    median, p95, mean = regression_checks(mb, mc, {"median": 0.001, "p95": 0.001, "mean": 0.001})
-    assert median.verdict == p95.verdict == mean.verdict == verdict == gpuopt.compare(mb, mc).verdict
+    band = gpuopt.RunToRun(0.02, "given")  # a baseline is another run: a 3% change exceeds a 2% band
+    median, p95, mean = regression_checks(mb, mc, {"median": 0.001, "p95": 0.001, "mean": 0.001}, band)
+    assert median.verdict == p95.verdict == mean.verdict == verdict == gpuopt.compare(mb, mc, run_to_run=band).verdict
     assert median.change == pytest.approx(np.median(cur) / np.median(base) - 1, rel=1e-6)
     assert p95.change == pytest.approx(np.percentile(cur, 95) / np.percentile(base, 95) - 1, rel=1e-6)
     assert mean.change == pytest.approx(cur.mean() / base.mean() - 1, rel=1e-6) and mean.ci is None
@@ -532,6 +535,34 @@ def test_regression_checks_use_gpuopts_verdict_with_min_effect(np_rng, slowdown,
         assert median.ci[0] > 0  # significant by the interval alone, yet not a regression
     assert [c.significant for c in (median, p95, mean)] == [verdict == "slower"] * 3
     assert [c.failed for c in (median, p95, mean)] == [verdict == "slower"] * 3
+
+
+def test_regression_checks_are_widened_by_the_run_to_run_band(np_rng):
+    base = np_rng.lognormal(0.0, 0.001, 1000)
+    mb, mc = Measurement.from_samples(base.tolist()), Measurement.from_samples((1.03 * base).tolist())
+    assert regression_checks(mb, mc, {})[0].verdict == "no significant difference"  # host default: 5%
+    assert regression_checks(mb, mc, {}, gpuopt.RunToRun(0.02, "given"))[0].verdict == "slower"
+
+
+def test_calibrate_saves_the_run_to_run_spread_and_compare_uses_it(pytester, monkeypatch):
+    write_tests(pytester, SPIN_TESTS)
+    monkeypatch.setenv("SPIN_MS", "0.2")
+    result = pytester.runpytest("--gpuopt-save=main", "--gpuopt-calibrate=3")
+    result.assert_outcomes(passed=1)
+    entry = baseline_file(pytester)["environments"][0]
+    cal = gpuopt.RunToRun.from_dict(entry["calibration"])
+    assert (cal.source, cal.rounds, cal.workloads) == ("calibration", 3, len(entry["measurements"]))
+    result.stdout.fnmatch_lines([f"run-to-run spread saved with it: ±{cal.rel:.1%} (A/A calibration, 3 rounds*"])
+    compared = pytester.runpytest("--gpuopt-compare=main")
+    compared.stdout.fnmatch_lines([f"cross-run comparison: widened by run-to-run spread ±{cal.rel:.1%} (A/A "
+                                   "calibration, 3 rounds*"])
+    # Saved again without calibrating, the calibration stays; without one, the default is named.
+    pytester.runpytest("--gpuopt-save=main").assert_outcomes(passed=1)
+    assert baseline_file(pytester)["environments"][0]["calibration"] == entry["calibration"]
+    pytester.runpytest("--gpuopt-save=other").assert_outcomes(passed=1)
+    pytester.runpytest("--gpuopt-compare=other").stdout.fnmatch_lines([
+        "cross-run comparison: widened by run-to-run spread ±5.0% (a default, no A/A calibration of this "
+        "environment); save the baseline with --gpuopt-calibrate=5 to measure it"])
 
 
 # ------------------------------------------------------------------------------- gpuopt.testing

@@ -3,12 +3,15 @@ skipped without it."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuopt import Measurement, compare
+from gpuopt import Comparison, Measurement, compare
 from gpuopt._ext import _C
 
 
@@ -219,8 +222,25 @@ def test_verdict_edges(base, cand, min_effect, verdict):
     assert r["verdict"] == verdict
 
 
+def _median_ci_ranks_ref(n: int, confidence: float) -> tuple[int, int, float, bool]:
+    """Plain-Python reference of the order-statistics median interval: the largest 1-based rank j with
+    P(B <= j - 1) <= alpha / 2, B ~ Bin(n, 1/2); else [min, max] with its coverage 1 - 2 * 0.5^n."""
+    best, best_cdf = 0, 0.0
+    for j in range(1, n // 2 + 2):
+        if 2 * j > n + 1:
+            break
+        cdf_j = sum(math.comb(n, k) for k in range(j)) / 2**n  # P(B <= j - 1)
+        if cdf_j > (1 - confidence) / 2:
+            break
+        best, best_cdf = j, cdf_j
+    if best == 0:
+        return 0, n - 1, 1 - 2 * 0.5**n, False
+    return best - 1, n - best, 1 - 2 * best_cdf, True
+
+
 def test_bootstrap_interval_agrees_with_a_numpy_bootstrap(np_rng):
-    # Below 40 samples the C++ bootstrap resamples single samples: a plain percentile bootstrap.
+    # Below 40 samples the C++ bootstrap resamples single samples: a plain percentile bootstrap,
+    # then widened where it is narrower than the two medians' own intervals propagated to the ratio.
     a = np_rng.lognormal(np.log(1.05), 0.05, 30)
     b = np_rng.lognormal(0.0, 0.05, 30)
     resamples = 20000
@@ -228,6 +248,15 @@ def test_bootstrap_interval_agrees_with_a_numpy_bootstrap(np_rng):
     ib = np_rng.integers(0, len(b), (resamples, len(b)))
     ratios = np.median(a[ia], axis=1) / np.median(b[ib], axis=1)
     lo, hi = np.quantile(ratios, [0.025, 0.975])
+    ratio = np.median(a) / np.median(b)
+
+    def log_half(x):
+        r_lo, r_hi, _, _ = _median_ci_ranks_ref(len(x), 0.95)
+        s, m = np.sort(x), np.median(x)
+        return max(np.log(m / s[r_lo]), np.log(s[r_hi] / m))
+
+    spread = math.hypot(log_half(a), log_half(b))
+    lo, hi = min(lo, ratio * math.exp(-spread)), max(hi, ratio * math.exp(spread))
     r = _C.compare_samples(a.tolist(), b.tolist(), resamples=resamples, seed=int(np_rng.integers(0, 2**63)))
     width = hi - lo
     assert abs(r["lo"] - lo) < 0.1 * width and abs(r["hi"] - hi) < 0.1 * width, (r, lo, hi)
@@ -240,3 +269,178 @@ def test_compare_samples_names_bad_arguments():
         _C.compare_samples([1.0, 2.0], [1.0], paired=True)
     with pytest.raises(ValueError, match=r"target_rel_ci must be in \(0, 1\), got 0"):
         _C.summarize([1.0, 2.0], 0.95, 0.0)
+
+
+# ---- issue 12: honest intervals and comparisons -------------------------------------------------
+
+@pytest.mark.parametrize("confidence", [0.9, 0.95, 0.99])
+def test_ci_level_is_the_coverage_reached_plain_python(confidence):
+    # Needs nothing but Python: the reference the scipy test below double-checks.
+    for n in range(1, 60):
+        s = _C.summarize(np.linspace(1.0, 2.0, n).tolist(), confidence)
+        _, _, coverage, attained = _median_ci_ranks_ref(n, confidence)
+        assert s["ci_requested"] == confidence
+        assert s["ci_attained"] == (attained or n >= 40), n
+        expected = confidence if s["ci_attained"] else coverage
+        assert s["ci_level"] == pytest.approx(expected, abs=1e-12), n
+    assert _C.summarize([1.0], confidence)["ci_level"] == 0.0
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 8])
+def test_ci_level_matches_scipy_binomial(n, scipy_stats):
+    s = _C.summarize(np.linspace(1.0, 2.0, n).tolist(), 0.95)
+    # [min, max] covers the median unless all samples fall on one side of it.
+    coverage = 1 - 2 * scipy_stats.binom.pmf(0, n, 0.5)
+    assert s["ci_level"] == pytest.approx(0.95 if coverage >= 0.95 else coverage, abs=1e-12)
+
+
+def test_too_few_samples_say_so_instead_of_95_percent():
+    one = Measurement.from_samples([1.0], stop_reason="max_time")
+    assert (one.ci_level, one.ci_text()) == (0.0, "no interval (1 sample)")
+    assert "±0.00%" not in repr(one)
+    assert "no 95% CI of the median: no interval (1 sample) (stopped by max_time after 1 sample)" in one.warnings[-1]
+    two = Measurement.from_samples([1.0, 1.2])
+    assert two.ci_level == 0.5 and two.ci_requested == 0.95
+    assert two.ci_text() == "±9.09% (50% CI: only 2 samples)"
+    assert "[50% CI 1 ms .. 1.2 ms: only 2 samples]" in repr(two)
+    ten = Measurement.from_samples(np.linspace(1.0, 1.1, 10).tolist())
+    assert ten.ci_level == 0.95 and ten.ci_text() == f"±{ten.ci_rel:.2%}"
+    # A file saved when ci_level was the requested level, reached or not, is read with the truth.
+    d = two.to_dict()
+    del d["ci_requested"]
+    d["ci_level"] = 0.95
+    assert (Measurement.from_dict(d).ci_level, Measurement.from_dict(d).ci_requested) == (0.5, 0.95)
+
+
+def test_a_comparison_of_too_few_samples_is_never_significant():
+    a, b = Measurement.from_samples([2.0, 2.0]), Measurement.from_samples([1.0] * 30)
+    c = compare(a, b)
+    assert c.verdict == "no significant difference"
+    assert "too few samples for a 95% interval" in c.notes[0]
+
+
+independent_sets = st.lists(st.floats(min_value=0.5, max_value=2.0), min_size=2, max_size=300)
+
+
+@settings(max_examples=150, deadline=None)
+@given(independent_sets, independent_sets, st.integers(0, 2**63 - 1))
+def test_speedup_interval_is_never_narrower_than_its_inputs(a, b, seed):
+    """The guarantee (exact, not approximate): for unpaired medians at the same confidence,
+    rel_halfwidth(speedup, lo, hi) >= max(ci_rel of baseline, ci_rel of candidate)."""
+    ma, mb = Measurement.from_samples(a), Measurement.from_samples(b)
+    c = compare(ma, mb, seed=seed, resamples=200)
+    assert _C.rel_halfwidth(c.speedup, *c.ci) >= max(ma.ci_rel, mb.ci_rel) * (1 - 1e-12)
+
+
+def test_batch_correlated_measurements_give_a_speedup_as_uncertain_as_they_are(np_rng):
+    # The issue's case: medians known to +-10% from their batches (level shifts lasting 50 samples)
+    # must not give a speedup known to +-1%.
+    def shifted(scale):
+        levels = np_rng.normal(0.0, 0.08, 40).repeat(50)
+        return (scale * (1.0 + levels + np_rng.normal(0.0, 0.001, levels.size))).tolist()
+
+    ma, mb = Measurement.from_samples(shifted(1.5)), Measurement.from_samples(shifted(1.0))
+    assert ma.ci_method == "batch-medians"
+    c = compare(ma, mb)
+    half = _C.rel_halfwidth(c.speedup, *c.ci)
+    assert half >= max(ma.ci_rel, mb.ci_rel)
+    # A plain per-sample bootstrap (numpy) is several times too narrow here.
+    x, y = np.asarray(ma.samples_ms), np.asarray(mb.samples_ms)
+    ix, iy = np_rng.integers(0, x.size, (2000, x.size)), np_rng.integers(0, y.size, (2000, y.size))
+    plain = np.quantile(np.median(x[ix], axis=1) / np.median(y[iy], axis=1), [0.025, 0.975])
+    assert _C.rel_halfwidth(c.speedup, *plain) < 0.7 * half
+
+
+def test_quantiles_are_plain_floats_like_do_bench(np_rng):
+    x = np_rng.lognormal(0.0, 0.1, 101)
+    m = Measurement.from_samples(x.tolist())
+    q = m.quantiles()
+    assert q == pytest.approx(np.quantile(x, [0.5, 0.2, 0.8]).tolist(), rel=1e-12)
+    assert all(type(v) is float for v in q)
+    assert m.quantiles(0.9) == pytest.approx([np.quantile(x, 0.9)], rel=1e-12)
+    with pytest.raises(ValueError, match=r"q must lie in \[0, 1\], got 1.5"):
+        m.quantiles((0.5, 1.5))
+    with pytest.raises(TypeError, match="q must be a number or a sequence of numbers"):
+        m.quantiles("median")
+
+
+def _t_ppf_reference(p: float, df: int, scipy_stats=None) -> float:
+    if scipy_stats is not None:
+        return float(scipy_stats.t.ppf(p, df))
+    assert df == 2, "closed form for 2 degrees of freedom only"
+    return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+
+
+@pytest.mark.parametrize("use_scipy", [False, True])
+def test_run_to_run_spread_matches_a_reference(np_rng, use_scipy, request):
+    sps = request.getfixturevalue("scipy_stats") if use_scipy else None
+    rounds = [np_rng.lognormal(0.0, 0.01, 3), 1000 * np_rng.lognormal(0.0, 0.01, 3)] if sps is None else \
+        [np_rng.lognormal(0.0, 0.01, int(k)) for k in np_rng.integers(2, 8, 4)]
+    if sps is None:
+        rounds = rounds[:1]  # df = 2: the closed form
+    logs = [np.log(r) for r in rounds]
+    df = sum(len(x) - 1 for x in logs)
+    sd = math.sqrt(sum(((x - x.mean()) ** 2).sum() for x in logs) / df)
+    expected = math.expm1(_t_ppf_reference(0.975, df, sps) * sd * math.sqrt(2))
+    from gpuopt import RunToRun
+
+    r = RunToRun.from_round_medians([x.tolist() for x in rounds])
+    assert r.rel == pytest.approx(expected, rel=1e-3 if df > 4 else 2e-2)
+    assert (r.source, r.workloads, r.rounds) == ("calibration", len(rounds), min(len(x) for x in rounds))
+    assert r.describe().startswith(f"±{r.rel:.1%} (A/A calibration, {r.rounds} rounds")
+
+
+def test_cross_run_compare_is_widened_by_the_run_to_run_band(np_rng):
+    from gpuopt import RunToRun
+
+    a = Measurement.from_samples(np_rng.lognormal(np.log(1.03), 0.002, 300).tolist())
+    b = Measurement.from_samples(np_rng.lognormal(0.0, 0.002, 300).tolist())
+    same_run = compare(a, b)
+    assert same_run.verdict == "faster" and same_run.run_to_run is None
+    cross = compare(a, b, run_to_run=RunToRun.default(a))  # host timings: 5%
+    assert cross.verdict == "no significant difference"
+    assert cross.ci == same_run.ci  # the statistical interval is unchanged
+    assert cross.judged_ci[0] == pytest.approx(cross.speedup / 1.05, rel=1e-12)
+    assert cross.cross_run_note == ("cross-run comparison: widened by run-to-run spread ±5.0% (a default, no A/A "
+                                    "calibration of this environment)")
+    assert cross.cross_run_note in str(cross)
+    assert compare(a, b, run_to_run=0.02).verdict == "faster"  # 3% exceeds a 2% band
+    assert Comparison.from_dict(cross.to_dict()).judged_ci == cross.judged_ci
+    with pytest.raises(TypeError, match="run_to_run applies to Measurements from separate runs"):
+        compare(lambda: None, lambda: None, run_to_run=0.02, mode="host", max_time_s=0.05)
+    with pytest.raises(ValueError, match=r"run-to-run rel must be a finite fraction >= 0 \(0.02 is 2%\), got -0.1"):
+        compare(a, b, run_to_run=-0.1)
+
+
+def test_calibrate_measures_separate_rounds():
+    from gpuopt import calibrate
+
+    x = torch.randn(32, 32)
+    r = calibrate([lambda: x @ x, lambda: x + x], rounds=3, pause_s=0, mode="host", max_time_s=0.05,
+                  min_time_s=0.01)
+    assert (r.source, r.rounds, r.workloads) == ("calibration", 3, 2)
+    assert 0 <= r.rel < math.inf  # a busy CPU can drift by more than 100% between runs
+    with pytest.raises(ValueError, match="rounds must be an integer >= 3"):
+        calibrate(lambda: None, rounds=2)
+    with pytest.raises(TypeError, match="workloads must be a callable or a non-empty list of callables"):
+        calibrate([], rounds=3)
+
+
+def test_grid_shows_many_measurements_in_one_unit_with_their_intervals():
+    from gpuopt.report import Results, Row, grid
+
+    fast = Measurement.from_samples(np.linspace(0.0095, 0.0105, 41).tolist())  # ~10 us
+    slow = Measurement.from_samples([2.0, 2.2, 2.4])  # 3 samples: a 75% interval
+    text = grid({("matmul", "fp32"): slow, ("matmul", "bf16"): fast, ("copy", "fp32"): fast})
+    lines = text.splitlines()
+    assert lines[0].split() == ["fp32", "bf16"]
+    assert lines[1].split() == ["matmul", "2.2e+03", f"±{slow.ci_rel:.1%}", "(75%", "CI)", "10", f"±{fast.ci_rel:.1%}"]
+    assert lines[2].split() == ["copy", "10", f"±{fast.ci_rel:.1%}", "-"]
+    assert lines[3] == "median in us; ±: the 95% interval of the median"
+    with pytest.raises(TypeError, match=r"cell \('a', 'b'\) must be a gpuopt.Measurement, got float"):
+        grid({("a", "b"): 1.0})
+    res = Results([Row.measured(fast, model="m", config=c, batch_size=b, mode="latency") for c in ("x", "y")
+                   for b in (1, 8)])
+    assert res.grid().splitlines()[1].split() == ["batch", "1", "batch", "8"]
+    with pytest.raises(ValueError, match="mode 'throughput' has no measured cell; measured modes: latency"):
+        res.grid("throughput")

@@ -24,6 +24,11 @@ void check_min_effect(double min_effect) {
   GPUOPT_CHECK_VALUE(min_effect >= 0.0 && min_effect < 1.0, "min_effect must be in [0, 1), got ", min_effect);
 }
 
+void check_noise_floor(double noise_floor_rel) {
+  GPUOPT_CHECK_VALUE(std::isfinite(noise_floor_rel) && noise_floor_rel >= 0.0,
+                     "noise_floor_rel must be a finite fraction >= 0, got ", noise_floor_rel);
+}
+
 void check_samples(const std::vector<double>& samples, const char* name) {
   GPUOPT_CHECK_VALUE(!samples.empty(), name, " must hold at least one sample, got none");
   for (double x : samples) {
@@ -69,10 +74,14 @@ std::vector<std::size_t> block_bounds(std::size_t n, std::size_t k) {
   return b;
 }
 
-// Blocks for resampling: batch_count(n) contiguous blocks, or single samples below 40.
-std::size_t resampling_blocks(std::size_t n) {
-  const std::size_t k = batch_count(n);
-  return k == 0 ? n : k;
+// Units the bootstrap resamples: the batches of the measurement's own batch-median interval (its
+// dependence structure), or single samples where that interval assumes independence.
+std::size_t resampling_blocks(const MedianCi& ci, std::size_t n) { return ci.batches > 0 ? ci.batches : n; }
+
+// Largest log distance of a bound of [lo, hi] from center (+inf when lo <= 0).
+double log_halfwidth(const MedianCi& ci) {
+  if (!(ci.lo > 0.0)) return std::numeric_limits<double>::infinity();
+  return std::max(std::log(ci.median / ci.lo), std::log(ci.hi / ci.median));
 }
 
 // The q-quantile (numpy's linear method) of the first n values of buf, reordering them.
@@ -132,6 +141,9 @@ double normal_quantile(double p) {
 
 double student_t_quantile(double p, double df) {
   GPUOPT_CHECK_VALUE(df >= 1.0, "degrees of freedom must be >= 1, got ", df);
+  // Closed forms where the expansion below is poor (a calibration of 2 or 3 rounds).
+  if (df == 1.0) return std::tan(3.141592653589793 * (p - 0.5));
+  if (df == 2.0) return (2.0 * p - 1.0) / std::sqrt(2.0 * p * (1.0 - p));
   // Abramowitz & Stegun 26.7.5.
   const double z = normal_quantile(p);
   const double z2 = z * z, z3 = z2 * z, z5 = z3 * z2, z7 = z5 * z2, z9 = z7 * z2;
@@ -183,7 +195,7 @@ Interval batch_median_ci(const std::vector<double>& x, double confidence, std::s
   const double se = std::sqrt(ss / (k - 1.0)) / std::sqrt(k);
   const double half = student_t_quantile(0.5 + confidence / 2.0, k - 1.0) * se;
   const double center = median(x);
-  return {center - half, center + half};
+  return {center - half, center + half, batches};
 }
 
 MedianCi median_ci(const std::vector<double>& x, double confidence) {
@@ -203,7 +215,9 @@ MedianCi median_ci(const std::vector<double>& x, double confidence) {
     out.lo = std::min(out.lo, b.lo);
     out.hi = std::max(out.hi, b.hi);
     out.attained = true;
+    out.batches = b.batches;
   }
+  out.level = out.attained ? confidence : r.coverage;
   return out;
 }
 
@@ -312,11 +326,12 @@ Summary summarize(const std::vector<double>& samples, double confidence, double 
   const MedianCi ci = median_ci(samples, confidence);
   out.ci_lo = ci.lo;
   out.ci_hi = ci.hi;
-  out.ci_level = confidence;
+  out.ci_level = ci.level;
+  out.ci_requested = confidence;
   out.ci_coverage = r.coverage;
   out.ci_attained = ci.attained;
   out.ci_method = ci.batched ? "batch-medians" : "order-statistics";
-  out.ci_batches = batch_count(out.n);
+  out.ci_batches = ci.batches;
   out.outliers = count_outliers(s);
   out.ci_rel = rel_halfwidth(out.p50, out.ci_lo, out.ci_hi);
   out.target_rel_ci = target_rel_ci;
@@ -345,9 +360,12 @@ Ratio bootstrap_speedup(const std::vector<double>& baseline, const std::vector<d
   const double med_b = quantile_sorted(sb, q);
   GPUOPT_CHECK_VALUE(med_a > 0.0 && med_b > 0.0, "a speedup needs positive statistics, got baseline ", med_a,
                      " and candidate ", med_b);
+  const MedianCi ci_a = median_ci(baseline, confidence);
+  const MedianCi ci_b = median_ci(candidate, confidence);
   SplitMix64 rng{seed};
-  const std::size_t ka = resampling_blocks(baseline.size());
-  const std::size_t kb = resampling_blocks(candidate.size());
+  std::size_t ka = resampling_blocks(ci_a, baseline.size());
+  std::size_t kb = resampling_blocks(ci_b, candidate.size());
+  if (paired) ka = kb = std::min(ka, kb);  // one set of blocks: the coarser structure of the two
   const std::vector<std::size_t> bounds_a = block_bounds(baseline.size(), ka);
   const std::vector<std::size_t> bounds_b = block_bounds(candidate.size(), kb);
   // A resample of whole blocks can be longer than n by at most one block.
@@ -372,6 +390,49 @@ Ratio bootstrap_speedup(const std::vector<double>& baseline, const std::vector<d
   out.hi = quantile_sorted(ratios, 1.0 - tail);
   out.confidence = confidence;
   out.resamples = resamples;
+  out.attained = ci_a.attained && ci_b.attained;
+  out.blocks_baseline = ka;
+  out.blocks_candidate = kb;
+  if (!paired && q == 0.5) {
+    // Independent measurements: the ratio is no more certain than either median (a percentile
+    // bootstrap of few blocks is itself too narrow, and has no t-quantile for its few degrees of
+    // freedom; the batch interval has).
+    const double la = log_halfwidth(ci_a), lb = log_halfwidth(ci_b);
+    const double spread = std::sqrt(la * la + lb * lb);
+    const double lo = out.ratio * std::exp(-spread), hi = out.ratio * std::exp(spread);
+    if (lo < out.lo || hi > out.hi) out.widened_to_inputs = true;
+    out.lo = std::min(out.lo, lo);
+    out.hi = std::max(out.hi, hi);
+  }
+  return out;
+}
+
+RunToRun run_to_run_spread(const std::vector<std::vector<double>>& round_medians, double confidence) {
+  check_confidence(confidence);
+  GPUOPT_CHECK_VALUE(!round_medians.empty(), "a run-to-run calibration needs at least one workload, got none");
+  RunToRun out;
+  out.confidence = confidence;
+  out.rounds = std::numeric_limits<std::size_t>::max();
+  double ss = 0.0;
+  for (const std::vector<double>& medians : round_medians) {
+    GPUOPT_CHECK_VALUE(medians.size() >= 2, "each workload needs the medians of at least 2 rounds, got ",
+                       medians.size());
+    double mean = 0.0;
+    for (double m : medians) {
+      GPUOPT_CHECK_VALUE(std::isfinite(m) && m > 0.0, "round medians must be finite and > 0, got ", m);
+      mean += std::log(m);
+    }
+    mean /= static_cast<double>(medians.size());
+    for (double m : medians) ss += (std::log(m) - mean) * (std::log(m) - mean);
+    out.df += medians.size() - 1;
+    out.rounds = std::min(out.rounds, medians.size());
+  }
+  GPUOPT_CHECK_VALUE(out.df >= 2, "a run-to-run calibration needs at least 3 rounds in all (2 degrees of "
+                     "freedom), got ", out.df + round_medians.size());
+  out.workloads = round_medians.size();
+  out.sd_log = std::sqrt(ss / static_cast<double>(out.df));
+  const double t = student_t_quantile(0.5 + confidence / 2.0, static_cast<double>(out.df));
+  out.rel = std::expm1(t * out.sd_log * std::sqrt(2.0));
   return out;
 }
 
@@ -384,19 +445,28 @@ const char* verdict_name(Verdict verdict) {
   return "no significant difference";
 }
 
-Verdict judge(const Ratio& r, double min_effect) {
+Interval judged_interval(const Ratio& r, double noise_floor_rel) {
+  check_noise_floor(noise_floor_rel);
+  return {std::min(r.lo, r.ratio / (1.0 + noise_floor_rel)), std::max(r.hi, r.ratio * (1.0 + noise_floor_rel)), 0};
+}
+
+Verdict judge(const Ratio& r, double min_effect, double noise_floor_rel) {
   check_min_effect(min_effect);
-  if (r.lo > 1.0 && r.ratio >= 1.0 + min_effect) return Verdict::kFaster;
-  if (r.hi < 1.0 && r.ratio <= 1.0 / (1.0 + min_effect)) return Verdict::kSlower;
+  const Interval i = judged_interval(r, noise_floor_rel);
+  if (!r.attained) return Verdict::kNoDifference;
+  if (i.lo > 1.0 && r.ratio >= 1.0 + min_effect) return Verdict::kFaster;
+  if (i.hi < 1.0 && r.ratio <= 1.0 / (1.0 + min_effect)) return Verdict::kSlower;
   return Verdict::kNoDifference;
 }
 
 Comparison compare_samples(const std::vector<double>& baseline, const std::vector<double>& candidate,
                            const CompareOptions& o) {
   check_min_effect(o.min_effect);  // before the bootstrap's work
+  check_noise_floor(o.noise_floor_rel);
   Comparison out;
   out.ratio = bootstrap_speedup(baseline, candidate, o.confidence, o.resamples, o.seed, o.paired, o.q);
-  out.verdict = judge(out.ratio, o.min_effect);
+  out.judged = judged_interval(out.ratio, o.noise_floor_rel);
+  out.verdict = judge(out.ratio, o.min_effect, o.noise_floor_rel);
   return out;
 }
 

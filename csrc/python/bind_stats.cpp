@@ -29,6 +29,7 @@ py::dict summary_to_dict(const stats::Summary& s) {
   d["ci_lo"] = s.ci_lo;
   d["ci_hi"] = s.ci_hi;
   d["ci_level"] = s.ci_level;
+  d["ci_requested"] = s.ci_requested;
   d["ci_coverage"] = s.ci_coverage;
   d["ci_attained"] = s.ci_attained;
   d["ci_method"] = s.ci_method;
@@ -56,7 +57,9 @@ void bind_stats(py::module_& m) {
       py::arg("samples"), py::arg("confidence") = stats::kDefaultConfidence,
       py::arg("target_rel_ci") = stats::kDefaultTargetRelCi,
       "Order statistics, moments, MAD outliers, the CI of the median, its half-width relative to the "
-      "median (ci_rel) and whether it meets target_rel_ci (target_met: measure()'s stopping rule).");
+      "median (ci_rel) and whether it meets target_rel_ci (target_met: measure()'s stopping rule). "
+      "ci_level is the level the interval has: ci_requested when attained, else the exact coverage "
+      "that [min, max] of too few samples reaches (0 for one sample).");
 
   m.def(
       "median_ci_ranks",
@@ -93,7 +96,7 @@ void bind_stats(py::module_& m) {
   m.def(
       "compare_samples",
       [](const std::vector<double>& baseline, const std::vector<double>& candidate, double confidence,
-         int resamples, std::uint64_t seed, bool paired, double q, double min_effect) {
+         int resamples, std::uint64_t seed, bool paired, double q, double min_effect, double noise_floor_rel) {
         stats::CompareOptions o;
         o.confidence = confidence;
         o.resamples = resamples;
@@ -101,6 +104,7 @@ void bind_stats(py::module_& m) {
         o.paired = paired;
         o.q = q;
         o.min_effect = min_effect;
+        o.noise_floor_rel = noise_floor_rel;
         stats::Comparison c;
         {
           py::gil_scoped_release nogil;
@@ -110,6 +114,12 @@ void bind_stats(py::module_& m) {
         d["ratio"] = c.ratio.ratio;
         d["lo"] = c.ratio.lo;
         d["hi"] = c.ratio.hi;
+        d["judged_lo"] = c.judged.lo;
+        d["judged_hi"] = c.judged.hi;
+        d["attained"] = c.ratio.attained;
+        d["widened_to_inputs"] = c.ratio.widened_to_inputs;
+        d["blocks"] = py::make_tuple(c.ratio.blocks_baseline, c.ratio.blocks_candidate);
+        d["noise_floor_rel"] = o.noise_floor_rel;
         d["verdict"] = stats::verdict_name(c.verdict);
         return d;
       },
@@ -117,10 +127,31 @@ void bind_stats(py::module_& m) {
       py::arg("confidence") = stats::kDefaultConfidence,
       py::arg("resamples") = stats::kDefaultResamples, py::arg("seed") = stats::kDefaultSeed,
       py::arg("paired") = false, py::arg("q") = 0.5, py::arg("min_effect") = stats::kDefaultMinEffect,
+      py::arg("noise_floor_rel") = 0.0,
       "gpuopt's one verdict: the speedup quantile_q(baseline) / quantile_q(candidate) with its "
-      "block-bootstrap CI (as bootstrap_speedup), judged 'faster' (CI above 1 and speedup >= "
-      "1 + min_effect), 'slower' (CI below 1 and speedup <= 1 / (1 + min_effect)) or 'no significant "
-      "difference'. Returns {ratio, lo, hi, verdict}.");
+      "block-bootstrap CI (lo, hi; as bootstrap_speedup: batches of each measurement's own interval, "
+      "and unpaired never narrower than the inputs' intervals), judged on that CI widened to the "
+      "run-to-run band noise_floor_rel (judged_lo, judged_hi; cross-run comparisons): 'faster' (above 1 "
+      "and speedup >= 1 + min_effect), 'slower' (below 1 and speedup <= 1 / (1 + min_effect)) or 'no "
+      "significant difference' (also whenever an input's interval did not attain `confidence`: "
+      "attained False).");
+  m.def(
+      "run_to_run_spread",
+      [](const std::vector<std::vector<double>>& round_medians, double confidence) {
+        const stats::RunToRun r = stats::run_to_run_spread(round_medians, confidence);
+        py::dict d;
+        d["rel"] = r.rel;
+        d["sd_log"] = r.sd_log;
+        d["rounds"] = r.rounds;
+        d["workloads"] = r.workloads;
+        d["df"] = r.df;
+        d["confidence"] = r.confidence;
+        return d;
+      },
+      py::arg("round_medians"), py::arg("confidence") = stats::kDefaultConfidence,
+      "Run-to-run band of an A/A calibration: round_medians[w] are workload w's medians from separate "
+      "rounds; the pooled sd of their logs gives rel, the band the ratio of two separate runs stays "
+      "within at `confidence` (exp(t * sd * sqrt 2) - 1).");
   m.def("rel_halfwidth", &stats::rel_halfwidth, py::arg("center"), py::arg("lo"), py::arg("hi"),
         "Largest distance of a bound of [lo, hi] from center, relative to it (inf unless center > 0): "
         "summarize()'s ci_rel.");
@@ -134,6 +165,8 @@ void bind_stats(py::module_& m) {
         d["resamples"] = o.resamples;
         d["seed"] = o.seed;
         d["min_effect"] = o.min_effect;
+        d["run_to_run_rel_gpu"] = stats::kDefaultRunToRunRelGpu;
+        d["run_to_run_rel_host"] = stats::kDefaultRunToRunRelHost;
         return d;
       },
       "compare_samples()'s defaults, defined once in C++ (compare() states the same).");

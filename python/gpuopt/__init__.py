@@ -36,7 +36,7 @@ from .prepare import (
 from .report import Results, Row
 from .report import plots as plot
 from .run import benchmark, sweep, zoo
-from .timing import Comparison, Measurement, compare, env, measure
+from .timing import Comparison, Measurement, RunToRun, calibrate, compare, env, measure
 
 __version__ = build_info()["gpuopt_version"]
 
@@ -46,3 +46,4 @@ __all__ = [
     "datasheet", "env", "measure", "parity", "plot", "precision", "preset", "presets", "profile", "roofline",
     "sweep", "with_signal", "zoo",
 ]
+__all__ += ["RunToRun", "calibrate"]  # cross-run comparisons

@@ -275,20 +275,31 @@ def _add_compare(sub: argparse._SubParsersAction) -> None:
     p.add_argument("b", help="candidate results.json")
     p.add_argument("--min-effect", type=_fraction, default=0.01,
                    help="smallest relative change called a difference, as a fraction (default 0.01: 1%%)")
+    p.add_argument("--run-to-run", type=float, default=None, metavar="FRACTION",
+                   help="run-to-run spread of this environment, e.g. 0.02 from gpuopt.calibrate(); the two "
+                        "files are separate runs, so a difference must exceed it too (default: 0.03 on GPU, "
+                        "0.05 on CPU)")
     p.set_defaults(run=_run_compare)
 
 
 def _run_compare(args: argparse.Namespace) -> int:
     from .report.table import text_table
+    from .timing.calibration import RunToRun
     from .timing.comparison import compare
 
+    if args.run_to_run is not None and not 0 <= args.run_to_run < float("inf"):
+        raise UsageError(f"--run-to-run must be a finite fraction >= 0 (0.02 is 2%), got {args.run_to_run}")
     a, b = _load_results([args.a, args.b])
     rows = []
+    band = None
     for ra in a.ok:
         rb = b.find(*ra.key)
         if rb is None or rb.measurement is None or ra.measurement is None:
             continue
-        c = compare(ra.measurement, rb.measurement, min_effect=args.min_effect)
+        if band is None:
+            band = (RunToRun(args.run_to_run, "given") if args.run_to_run is not None
+                    else RunToRun.default(ra.measurement))
+        c = compare(ra.measurement, rb.measurement, min_effect=args.min_effect, run_to_run=band)
         rows.append([ra.model, ra.config, str(ra.batch_size), ra.mode, f"{c.speedup:.3f}x",
                      f"[{c.ci[0]:.3f}, {c.ci[1]:.3f}]", c.verdict])
     if not rows:
@@ -296,6 +307,8 @@ def _run_compare(args: argparse.Namespace) -> int:
     print(f"A: {args.a} ({a.device})\nB: {args.b} ({b.device})\n")
     print(text_table(["model", "config", "batch", "mode", "B vs A", "95% CI", "verdict"], rows,
                      [False, False, True, False, True, True, False]))
+    print(f"\ncross-run comparison: widened by run-to-run spread {band.describe()}"
+          + ("" if args.run_to_run is not None else "; pass --run-to-run from gpuopt.calibrate() to use a measured one"))
     return 0
 
 

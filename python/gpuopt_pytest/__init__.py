@@ -17,7 +17,7 @@ import pytest
 SORT_KEYS = ("run", "name", "median", "p95", "n", "change")
 GROUP_KEYS = ("none", "module", "test", "name", "param", "mode")
 # Options that need the plugin's session (baselines, report); --gpuopt-only/-skip only select tests.
-_SESSION_OPTIONS = ("gpuopt_save", "gpuopt_compare", "gpuopt_compare_fail", "gpuopt_json", "gpuopt_disable",
+_SESSION_OPTIONS = ("gpuopt_save", "gpuopt_compare", "gpuopt_compare_fail", "gpuopt_calibrate", "gpuopt_json", "gpuopt_disable",
                     "gpuopt_sort", "gpuopt_group_by")
 _MARKERS = ("gpuopt_gpu", "gpuopt")
 _PLUGIN = pytest.StashKey[Any]()  # gpuopt.pytest.plugin once loaded
@@ -36,6 +36,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--gpuopt-compare-fail", metavar="STAT:PCT%,...",
                     help="with --gpuopt-compare, fail a test whose STAT (median, p50, p90, p95, p99, "
                          "mean) regressed by more than PCT and significantly, e.g. median:10%%,p95:15%%")
+    group.addoption("--gpuopt-calibrate", metavar="ROUNDS", type=int, default=None,
+                    help="with --gpuopt-save, measure every benchmark in ROUNDS (>= 3) separate runs and "
+                         "save their run-to-run spread with the baseline: --gpuopt-compare widens its "
+                         "verdicts by it (default without: 3%% on GPU, 5%% on CPU)")
     group.addoption("--gpuopt-json", metavar="PATH",
                     help="write all measurements, the environment and its fingerprint to PATH")
     group.addoption("--gpuopt-disable", action="store_true", default=False,

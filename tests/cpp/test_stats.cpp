@@ -370,3 +370,177 @@ TEST(CompareSamples, IdenticalWorkloadsShowNoDifference) {
 }
 
 }  // namespace
+
+namespace {
+
+using gpuopt::stats::rel_halfwidth;
+
+// Level shifts that last whole stretches of samples (clock or power states of a GPU): `runs` runs
+// of `len` samples, each at 1 + N(0, level_sd), with small independent noise within a run. Samples
+// within a run are not independent, so only the runs tell how well the median is known.
+std::vector<double> level_shifts(std::size_t runs, std::size_t len, double level_sd, unsigned seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> level(0.0, level_sd), noise(0.0, 0.001);
+  std::vector<double> v;
+  for (std::size_t r = 0; r < runs; ++r) {
+    const double l = 1.0 + level(rng);
+    for (std::size_t i = 0; i < len; ++i) v.push_back(l + noise(rng));
+  }
+  return v;
+}
+
+// The bootstrap gpuopt had before issue 12 resampled 30 short blocks (or single samples): with
+// samples correlated over whole runs, its interval was as narrow as a run's noise.
+double per_sample_bootstrap_halfwidth(const std::vector<double>& a, const std::vector<double>& b, unsigned seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<std::size_t> ia(0, a.size() - 1), ib(0, b.size() - 1);
+  std::vector<double> ra(a.size()), rb(b.size()), ratios;
+  for (int k = 0; k < 1000; ++k) {
+    for (double& x : ra) x = a[ia(rng)];
+    for (double& x : rb) x = b[ib(rng)];
+    ratios.push_back(gpuopt::stats::median(ra) / gpuopt::stats::median(rb));
+  }
+  std::sort(ratios.begin(), ratios.end());
+  const double r = gpuopt::stats::median(a) / gpuopt::stats::median(b);
+  return rel_halfwidth(r, quantile_sorted(ratios, 0.025), quantile_sorted(ratios, 0.975));
+}
+
+TEST(Bootstrap, BatchCorrelatedInputsGiveAnIntervalAsWideAsTheirs) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const auto a = level_shifts(40, 50, 0.05, seed);
+  const auto b = level_shifts(40, 50, 0.05, seed + 1);
+  const auto sa = summarize(a), sb = summarize(b);
+  EXPECT_STREQ(sa.ci_method, "batch-medians");
+  const double inputs = std::max(sa.ci_rel, sb.ci_rel);
+  const auto r = bootstrap_speedup(a, b, 0.95, 2000, seed);
+  const double old_width = per_sample_bootstrap_halfwidth(a, b, seed);
+  EXPECT_LT(old_width, 0.7 * inputs) << "the per-sample bootstrap should be too narrow here";
+  EXPECT_GE(rel_halfwidth(r.ratio, r.lo, r.hi), inputs);
+  // The bootstrap resampled the batches the measurements' intervals used, not 30 short blocks.
+  EXPECT_EQ(r.blocks_baseline, sa.ci_batches);
+  EXPECT_EQ(r.blocks_candidate, sb.ci_batches);
+}
+
+// The guarantee of bootstrap_speedup (unpaired medians): rel_halfwidth(speedup) >= the larger of the
+// inputs' ci_rel, for any data; checked on independent, drifting and level-shifted sets of any size.
+TEST(Bootstrap, SpeedupIsNeverMoreCertainThanEitherInput) {
+  const unsigned seed = std::random_device{}();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::mt19937 rng(seed);
+  for (int trial = 0; trial < 60; ++trial) {
+    auto make = [&](unsigned s) {
+      switch (rng() % 3) {
+        case 0: return lognormal(2 + rng() % 500, 0.1 * (rng() % 5), 0.001 + 0.1 * (rng() % 100) / 100.0, s);
+        case 1: return drifting(40 + rng() % 800, 0.01 + 0.05 * (rng() % 10) / 10.0, 20 + rng() % 400, s);
+        default: return level_shifts(2 + rng() % 12, 5 + rng() % 80, 0.005 + 0.05 * (rng() % 10) / 10.0, s);
+      }
+    };
+    const auto a = make(static_cast<unsigned>(rng())), b = make(static_cast<unsigned>(rng()));
+    const auto r = bootstrap_speedup(a, b, 0.95, 200, rng());
+    const double inputs = std::max(summarize(a).ci_rel, summarize(b).ci_rel);
+    EXPECT_GE(rel_halfwidth(r.ratio, r.lo, r.hi), inputs * (1.0 - 1e-12)) << "n " << a.size() << ", " << b.size();
+    EXPECT_LE(r.lo, r.ratio);
+    EXPECT_GE(r.hi, r.ratio);
+  }
+}
+
+TEST(Bootstrap, PairedRatiosKeepTheirOwnIntervalAndShareBlocks) {
+  const auto drift = drifting(800, 0.05, 300, 9);
+  const auto r = bootstrap_speedup(drift, drift, 0.95, 500, 1, true);
+  EXPECT_EQ(r.blocks_baseline, r.blocks_candidate);
+  EXPECT_FALSE(r.widened_to_inputs);  // shared drift cancels: the inputs' intervals do not apply
+  EXPECT_DOUBLE_EQ(r.lo, 1.0);
+  EXPECT_DOUBLE_EQ(r.hi, 1.0);
+}
+
+TEST(Summarize, TooFewSamplesReportTheCoverageReached) {
+  // [min, max] of n samples covers the median with probability 1 - 2 * 0.5^n.
+  const std::vector<std::pair<std::size_t, double>> cases{{1, 0.0}, {2, 0.5}, {3, 0.75}, {4, 0.875}, {5, 0.9375}};
+  for (const auto& [n, coverage] : cases) {
+    const auto s = summarize(lognormal(n, 0.0, 0.1, 7));
+    EXPECT_FALSE(s.ci_attained) << n;
+    EXPECT_DOUBLE_EQ(s.ci_level, coverage) << n;
+    EXPECT_DOUBLE_EQ(s.ci_requested, 0.95) << n;
+    EXPECT_DOUBLE_EQ(s.ci_lo, s.min) << n;
+    EXPECT_DOUBLE_EQ(s.ci_hi, s.max) << n;
+  }
+  const auto six = summarize(lognormal(6, 0.0, 0.1, 7));  // 1 - 2/64 = 0.969 >= 0.95
+  EXPECT_TRUE(six.ci_attained);
+  EXPECT_DOUBLE_EQ(six.ci_level, 0.95);
+  EXPECT_DOUBLE_EQ(summarize(lognormal(5, 0.0, 0.1, 7), 0.9).ci_level, 0.9);  // 0.9375 >= 0.9
+}
+
+TEST(Verdict, AnInputWithoutItsIntervalIsNeverSignificant) {
+  const std::vector<double> one{1.0}, other(50, 2.0);
+  const auto r = bootstrap_speedup(other, one);
+  EXPECT_FALSE(r.attained);
+  EXPECT_EQ(judge(r, 0.0), Verdict::kNoDifference);
+  EXPECT_EQ(gpuopt::stats::compare_samples(other, one).verdict, Verdict::kNoDifference);
+  EXPECT_EQ(gpuopt::stats::compare_samples(other, std::vector<double>(6, 1.0)).verdict, Verdict::kFaster);
+}
+
+TEST(Verdict, TheRunToRunBandMustBeExceededToo) {
+  const Ratio r{1.04, 1.03, 1.05};
+  EXPECT_EQ(judge(r, 0.01, 0.0), Verdict::kFaster);
+  EXPECT_EQ(judge(r, 0.01, 0.039), Verdict::kFaster);  // 1.04 / 1.039 > 1
+  EXPECT_EQ(judge(r, 0.01, 0.04), Verdict::kNoDifference);  // 1.04 / 1.04 touches 1
+  const Ratio s{1.0 / 1.04, 1.0 / 1.05, 1.0 / 1.03};
+  EXPECT_EQ(judge(s, 0.01, 0.039), Verdict::kSlower);
+  EXPECT_EQ(judge(s, 0.01, 0.041), Verdict::kNoDifference);
+  const auto i = gpuopt::stats::judged_interval(r, 0.02);  // the CI is wider on the right already
+  EXPECT_DOUBLE_EQ(i.lo, 1.04 / 1.02);
+  EXPECT_DOUBLE_EQ(i.hi, 1.0608);
+  EXPECT_EQ(judge(r, 0.01, 2.0), Verdict::kNoDifference);  // a band over 100%: nothing is significant
+  EXPECT_EQ(value_error([&] { judge(r, 0.01, INFINITY); }), "noise_floor_rel must be a finite fraction >= 0, got inf");
+  EXPECT_EQ(value_error([&] { judge(r, 0.01, -0.1); }), "noise_floor_rel must be a finite fraction >= 0, got -0.1");
+}
+
+TEST(CompareSamples, CrossRunNoiseFloorWidensOnlyTheVerdictInterval) {
+  const auto slow = lognormal(300, std::log(1.03), 0.005, 3);
+  const auto fast = lognormal(300, 0.0, 0.005, 4);
+  gpuopt::stats::CompareOptions o;
+  const auto plain = gpuopt::stats::compare_samples(slow, fast, o);
+  EXPECT_EQ(plain.verdict, Verdict::kFaster);
+  EXPECT_EQ(plain.judged.lo, plain.ratio.lo);
+  o.noise_floor_rel = 0.05;
+  const auto cross = gpuopt::stats::compare_samples(slow, fast, o);
+  EXPECT_EQ(cross.verdict, Verdict::kNoDifference);
+  EXPECT_EQ(cross.ratio.lo, plain.ratio.lo);  // the statistical interval is unchanged
+  EXPECT_DOUBLE_EQ(cross.judged.lo, cross.ratio.ratio / 1.05);
+}
+
+TEST(RunToRun, PoolsLogVarianceOverWorkloads) {
+  // One workload, 3 rounds: sd of logs by hand, t(0.975, 2) = 4.302653 (scipy.stats.t.ppf).
+  const std::vector<double> m{1.0, 1.02, 0.99};
+  const double l0 = std::log(1.0), l1 = std::log(1.02), l2 = std::log(0.99);
+  const double mean = (l0 + l1 + l2) / 3.0;
+  const double sd = std::sqrt(((l0 - mean) * (l0 - mean) + (l1 - mean) * (l1 - mean) + (l2 - mean) * (l2 - mean)) / 2.0);
+  const auto r = gpuopt::stats::run_to_run_spread({m});
+  EXPECT_NEAR(r.sd_log, sd, 1e-15);
+  EXPECT_NEAR(r.rel, std::expm1(4.302653 * sd * std::sqrt(2.0)), 1e-6);
+  EXPECT_EQ(r.df, 2u);
+  EXPECT_EQ(r.rounds, 3u);
+  // Pooled: two workloads whose scales differ by 1000x contribute only their relative spread.
+  std::vector<double> big(m);
+  for (double& x : big) x *= 1000.0;
+  const auto p = gpuopt::stats::run_to_run_spread({m, big, {5.0, 5.0}});
+  EXPECT_NEAR(p.sd_log, std::sqrt(2.0 * sd * sd * 2.0 / 5.0), 1e-12);  // (ss + ss + 0) / (2 + 2 + 1)
+  EXPECT_EQ(p.df, 5u);
+  EXPECT_EQ(p.rounds, 2u);
+  EXPECT_EQ(p.workloads, 3u);
+  EXPECT_EQ(value_error([] { gpuopt::stats::run_to_run_spread({{1.0, 1.1}}); }),
+            "a run-to-run calibration needs at least 3 rounds in all (2 degrees of freedom), got 2");
+  EXPECT_EQ(value_error([] { gpuopt::stats::run_to_run_spread({{1.0}}); }),
+            "each workload needs the medians of at least 2 rounds, got 1");
+  EXPECT_EQ(value_error([] { gpuopt::stats::run_to_run_spread({{1.0, 0.0, 1.0}}); }),
+            "round medians must be finite and > 0, got 0");
+}
+
+TEST(Quantiles, StudentTIsExactForOneAndTwoDegrees) {
+  EXPECT_NEAR(gpuopt::stats::student_t_quantile(0.975, 1), 12.706205, 1e-5);
+  EXPECT_NEAR(gpuopt::stats::student_t_quantile(0.975, 2), 4.302653, 1e-6);
+  EXPECT_NEAR(gpuopt::stats::student_t_quantile(0.975, 3), 3.182446, 5e-3);
+}
+
+}  // namespace

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from .._files import write_atomic
+from ..timing.calibration import RunToRun
 from ..timing.measurement import Measurement
 
 BASELINE_SCHEMA = 1
@@ -58,6 +59,8 @@ def load_baseline(path: Path, option: str) -> dict[str, Any]:
         for entry in data["environments"]:
             if not isinstance(entry.get("fingerprint"), dict) or not isinstance(entry.get("measurements"), dict):
                 raise ValueError("an environment lacks 'fingerprint' or 'measurements'")
+            if entry.get("calibration") is not None:
+                RunToRun.from_dict(entry["calibration"])  # checked; kept as saved
             for key, rec in entry["measurements"].items():
                 if not isinstance(rec.get("test"), str):
                     raise ValueError(f"measurement {key!r} lacks 'test'")

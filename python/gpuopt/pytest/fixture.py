@@ -11,6 +11,7 @@ import torch
 
 from .. import testing
 from ..prepare.config import Config
+from ..timing.calibration import round_medians
 from ..timing.measurement import Measurement, measure
 from .session import REGRESSIONS, _Session
 
@@ -77,7 +78,11 @@ class Bench:
         if self._state.disabled:
             self._state.untimed_calls += 1
             return testing._run_once(fn, options.get("inputs"), label)
-        return self.record(measure(fn, label=label, **options), name=name)
+        m = measure(fn, label=label, **options)
+        rounds = self._state.calibrate_rounds
+        # --gpuopt-calibrate: the same workload in further separate runs, for the A/A calibration.
+        more = round_medians(fn, rounds=rounds - 1, **options)[0] if rounds else []
+        return self._record(m, name, [m.p50, *more] if rounds else None)
 
     def record(self, m: Measurement, *, name: str | None = None) -> Measurement:
         """Add ``m`` to the session's report (and baseline comparison); returns ``m``.
@@ -85,6 +90,10 @@ class Bench:
         >>> c = assert_faster(fp32_fn, fp16_fn, min_speedup=1.8)      # doctest: +SKIP
         >>> gpuopt_bench.record(c.candidate_measurement, name="fp16")  # doctest: +SKIP
         """
+        __tracebackhide__ = True
+        return self._record(m, name, None)
+
+    def _record(self, m: Measurement, name: str | None, medians: list[float] | None) -> Measurement:
         __tracebackhide__ = True
         if not isinstance(m, Measurement):
             raise TypeError(f"record needs a gpuopt.Measurement, got {type(m).__name__}")
@@ -100,6 +109,8 @@ class Bench:
             raise ValueError(f"measurement key {key!r} is already used in this test; pass another name=")
         self._keys.add(key)
         rec = self._state.record(test, key, name, m)
+        if medians is not None:
+            self._state.round_medians[key] = medians
         failed = [c for c in rec.checks if c.failed]
         if failed:
             self._item.stash.setdefault(REGRESSIONS, []).append("\n".join([

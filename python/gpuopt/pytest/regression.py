@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._ext import _C
+from ..timing.calibration import RunToRun
 from ..timing.measurement import Measurement, format_ms
 
 CONFIDENCE = 0.95  # of the intervals shown; resamples, seed and min_effect are gpuopt's defaults
@@ -71,10 +72,13 @@ class Check:
                 "significant": self.significant, "limit": self.limit, "failed": self.failed}
 
 
-def regression_checks(base: Measurement, cur: Measurement, thresholds: dict[str, float]) -> list[Check]:
+def regression_checks(base: Measurement, cur: Measurement, thresholds: dict[str, float],
+                      run_to_run: RunToRun | None = None) -> list[Check]:
     """The median (always) and every thresholded statistic of ``cur`` against ``base``, each judged by
     gpuopt's one verdict (``_C.compare_samples``: the bootstrap interval and ``min_effect``, as
-    :func:`gpuopt.compare` judges)."""
+    :func:`gpuopt.compare` judges). A baseline is another run: the verdict is also widened by the
+    run-to-run band (the baseline's A/A calibration, else :meth:`RunToRun.default`)."""
+    band = (run_to_run or RunToRun.default(base)).rel
     checks: list[Check] = []
     verdicts: dict[float, dict[str, Any]] = {}
     for stat in dict.fromkeys(["median", *thresholds]):
@@ -83,7 +87,8 @@ def regression_checks(base: Measurement, cur: Measurement, thresholds: dict[str,
             b, c = base.mean, cur.mean
             change, ci, verdict = c / b - 1.0, None, verdicts[0.5]["verdict"]
         else:
-            v = verdicts[q] = _C.compare_samples(base.samples_ms, cur.samples_ms, confidence=CONFIDENCE, q=q)
+            v = verdicts[q] = _C.compare_samples(base.samples_ms, cur.samples_ms, confidence=CONFIDENCE, q=q,
+                                                 noise_floor_rel=band)
             b = _C.quantile(base.samples_ms, q)
             c = _C.quantile(cur.samples_ms, q)
             # The ratio is a speedup (base / current); its inverse minus one is the change in time.

@@ -12,6 +12,7 @@ import pytest
 
 from .. import testing
 from .._ext import build_info
+from ..timing.calibration import RunToRun
 from ..timing.environment import env, git_commit
 from ..timing.measurement import Measurement, format_ms
 from .baselines import (
@@ -57,6 +58,9 @@ class _Session:
         fail: str | None = opt("gpuopt_compare_fail")
         self.sort: str = opt("gpuopt_sort") or "run"
         self.group_by: str = opt("gpuopt_group_by") or "none"
+        self.calibrate_rounds: int | None = opt("gpuopt_calibrate")
+        self.round_medians: dict[str, list[float]] = {}  # key -> medians of its calibration rounds
+        self.run_to_run: RunToRun | None = None  # the compared baseline's calibration
         self.records: list[_Record] = []
         self.failed_tests: set[str] = set()
         self.untimed_calls = 0
@@ -86,6 +90,13 @@ class _Session:
                 self.thresholds = parse_thresholds(fail)
             except ValueError as exc:
                 raise pytest.UsageError(f"--gpuopt-compare-fail={fail}: {exc}") from None
+        if self.calibrate_rounds is not None:
+            if self.save is None:
+                raise pytest.UsageError("--gpuopt-calibrate needs --gpuopt-save=NAME: the baseline the "
+                                        "calibration is saved with")
+            if self.calibrate_rounds < 3:
+                raise pytest.UsageError(f"--gpuopt-calibrate: ROUNDS must be an integer >= 3, got "
+                                        f"{self.calibrate_rounds}")
         used = [o for o, v in (("--gpuopt-save", self.save), ("--gpuopt-compare", self.compare),
                                ("--gpuopt-json", self.json_path)) if v is not None]
         if self.disabled and used:
@@ -128,6 +139,8 @@ class _Session:
                 self.baseline = entry["measurements"]
                 saved = ", ".join(f"{k} {entry[k]}" for k in ("commit", "saved_at") if entry.get(k))
                 self.notes.append(f"compared with baseline {self.compare!r}" + (f" ({saved})" if saved else ""))
+                if entry.get("calibration"):
+                    self.run_to_run = RunToRun.from_dict(entry["calibration"])
                 return
         if data["environments"]:
             there = data["environments"][0]["fingerprint"]
@@ -159,7 +172,7 @@ class _Session:
             rec.status = f"mode changed ({base.mode} -> {cur.mode})"
             return
         rec.status = "compared"
-        rec.checks = regression_checks(base, cur, self.thresholds)
+        rec.checks = regression_checks(base, cur, self.thresholds, self.run_to_run)
 
     def passed_records(self) -> list[_Record]:
         return [r for r in self.records if r.test not in self.failed_tests]
@@ -204,6 +217,9 @@ class _Session:
                              for r in keep})
         entry.update(env=e, measurements=measurements, commit=git_commit(self.config.rootpath),
                      saved_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        rounds = [self.round_medians[r.key] for r in keep if r.key in self.round_medians]
+        if rounds:  # a new calibration replaces the environment's old one; without one it is kept
+            entry["calibration"] = RunToRun.from_round_medians(rounds).to_dict()
         for x in data["environments"]:
             x["measurements"] = {k: {**v, "measurement": v["measurement"].to_dict()}
                                  for k, v in x["measurements"].items()}
@@ -213,6 +229,8 @@ class _Session:
         skipped = len(self.records) - len(keep)
         why = f"; {skipped} from failed tests not saved" if skipped else ""
         self.notes.append(f"saved {len(keep)} measurement(s) as baseline {self.save!r} in {path}{why}")
+        if rounds:
+            self.notes.append(f"run-to-run spread saved with it: {RunToRun.from_dict(entry['calibration']).describe()}")
 
     def summary(self, tr: Any) -> None:
         if not (self.records or self.untimed_calls or self.notes or self.compare or self.save):
@@ -234,6 +252,9 @@ class _Session:
             if gone:
                 tr.write_line(f"in baseline {self.compare!r} but not measured in this run (removed, renamed "
                               f"or not selected): {', '.join(gone)}")
+            band = self.run_to_run or RunToRun.default(self.records[0].measurement if self.records else None)
+            how = "" if self.run_to_run else "; save the baseline with --gpuopt-calibrate=5 to measure it"
+            tr.write_line(f"cross-run comparison: widened by run-to-run spread {band.describe()}{how}")
             failed = [r.key for r in self.records if any(c.failed for c in r.checks)]
             if failed:
                 tr.write_line(f"regressed beyond --gpuopt-compare-fail: {', '.join(failed)}", red=True)

@@ -448,6 +448,22 @@ class Results:
             lines += ["", "warnings:"] + [wrapped("  ", w) for w in warnings]
         return "\n".join(lines)
 
+    def grid(self, mode: str | None = None) -> str:
+        """The measured cells of one ``mode`` (default: the first) as a grid, like
+        ``torch.utils.benchmark.Compare``: a row per model and config, a column per batch size, each cell
+        the median with its interval (see :func:`gpuopt.report.grid.grid`)."""
+        from .grid import grid
+
+        modes = list(dict.fromkeys(r.mode for r in self.ok))
+        if not modes:
+            raise ValueError("no measured cell to show in a grid")
+        mode = modes[0] if mode is None else mode
+        if mode not in modes:
+            raise ValueError(f"mode {mode!r} has no measured cell; measured modes: {', '.join(modes)}")
+        cells = {(f"{r.model} {r.config}", f"batch {r.batch_size}"): r.measurement
+                 for r in self.ok if r.mode == mode and r.measurement is not None}
+        return grid(cells, title=f"{mode} on {self.device}")
+
     def __repr__(self) -> str:
         return (f"Results({len(self._rows)} rows, {len(self.failed)} failed, models {self.models()}, "
                 f"device {self.device})")

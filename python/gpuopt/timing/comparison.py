@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .._ext import _C
+from .calibration import RunToRun
 from .measurement import Measurement, _setup, format_ms
 
 # compare_samples()'s defaults, defined once in C++.
@@ -18,7 +19,9 @@ _DEFAULTS: dict[str, Any] = _C.compare_defaults()
 @dataclass
 class Comparison:
     """Speedup of ``candidate`` over ``baseline``: median(baseline) / median(candidate), with a
-    percentile-bootstrap confidence interval and a verdict."""
+    percentile-bootstrap confidence interval and a verdict. For measurements from separate runs
+    (``run_to_run`` given), the verdict was taken on ``judged_ci``: ``ci`` widened to the run-to-run
+    band."""
 
     speedup: float
     ci: tuple[float, float]
@@ -31,6 +34,8 @@ class Comparison:
     candidate_label: str | None = None
     interleaved: bool = False  # measured A B, B A, ... and bootstrapped as pairs
     notes: list[str] = field(default_factory=list)
+    run_to_run: dict[str, Any] | None = None  # RunToRun.to_dict() of a cross-run comparison
+    judged_ci: tuple[float, float] | None = None  # the interval the verdict used
     # The measurements an interleaved comparison took (None when Measurements were given).
     baseline_measurement: Measurement | None = field(default=None, repr=False, compare=False)
     candidate_measurement: Measurement | None = field(default=None, repr=False, compare=False)
@@ -42,21 +47,33 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self) if not f.name.endswith("_measurement")}
         d["ci"] = list(self.ci)
+        d["judged_ci"] = list(self.judged_ci) if self.judged_ci else None
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Comparison:
         kwargs = {k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}
         kwargs["ci"] = tuple(kwargs["ci"])
+        if kwargs.get("judged_ci"):
+            kwargs["judged_ci"] = tuple(kwargs["judged_ci"])
         return cls(**kwargs)
+
+    @property
+    def cross_run_note(self) -> str | None:
+        """``cross-run comparison: widened by run-to-run spread ±2.1% (A/A calibration, 5 rounds)``,
+        or None for a comparison within one run."""
+        if self.run_to_run is None:
+            return None
+        return f"cross-run comparison: widened by run-to-run spread {RunToRun.from_dict(self.run_to_run).describe()}"
 
     def __str__(self) -> str:
         a = self.baseline_label or "baseline"
         b = self.candidate_label or "candidate"
         how = ", interleaved" if self.interleaved else ""
-        return (f"{b} vs {a}: {self.speedup:.3f}x [{self.confidence:.0%} CI {self.ci[0]:.3f} .. "
+        text = (f"{b} vs {a}: {self.speedup:.3f}x [{self.confidence:.0%} CI {self.ci[0]:.3f} .. "
                 f"{self.ci[1]:.3f}] -> {self.verdict} ({format_ms(self.baseline_ms)} -> "
                 f"{format_ms(self.candidate_ms)}{how})")
+        return "\n".join([text, *([self.cross_run_note] if self.run_to_run else []), *self.notes])
 
     __repr__ = __str__
 
@@ -99,11 +116,14 @@ def compare(
     min_effect: float = _DEFAULTS["min_effect"],
     seed: int | None = None,
     labels: tuple[str, str] | None = None,
+    run_to_run: RunToRun | float | None = None,
     **measure_options: Any,
 ) -> Comparison:
     """How much faster ``candidate`` is than ``baseline``, with a bootstrap confidence interval.
 
-    Given two :class:`Measurement` objects, their samples are block-bootstrapped independently.
+    Given two :class:`Measurement` objects, their samples are block-bootstrapped independently, each
+    in the batches its own interval used (correlated samples are resampled together), and the
+    interval is never narrower than the two medians' own intervals allow.
     Given two callables, they are measured *interleaved* (A B, B A, ... sample by sample, with
     ``measure_options`` as in :func:`measure`; modes latency, graph, host) and bootstrapped as
     pairs: drift of the GPU's clocks between runs, which no single run can see, then cancels. Prefer
@@ -111,8 +131,14 @@ def compare(
 
     The verdict is "faster" when the interval lies above 1 and the speedup is at least
     ``1 + min_effect``; "slower" when it lies below 1 and the slowdown is at least as large;
-    otherwise "no significant difference". ``min_effect`` (a fraction: default 0.01, 1%) keeps differences smaller
-    than GPU timings reproduce from being reported as speedups. The bootstrap and the verdict are
+    otherwise "no significant difference" (also when a measurement has too few samples for an
+    interval at ``confidence``). ``min_effect`` (a fraction: default 0.01, 1%) keeps differences
+    smaller than GPU timings reproduce from being reported as speedups.
+
+    Measurements from *separate runs* (a saved baseline, two results files) also differ by the drift
+    between runs that neither run sees: pass ``run_to_run`` (a :class:`RunToRun` from
+    :func:`gpuopt.calibrate`, ``RunToRun.default(m)``, or a fraction such as 0.02), and a difference is
+    significant only if it also exceeds that band. The bootstrap and the verdict are
     gpuopt's one implementation in C++ (``compare_samples``), shared with ``Results.speedups`` and
     the pytest plugin.
 
@@ -129,6 +155,13 @@ def compare(
     if (kinds[0] and funcs[1]) or (funcs[0] and kinds[1]):
         raise TypeError("baseline and candidate must both be Measurements or both be callables")
     pair = all(funcs)
+    if isinstance(run_to_run, (int, float)) and not isinstance(run_to_run, bool):
+        run_to_run = RunToRun(float(run_to_run), "given")
+    if run_to_run is not None and not isinstance(run_to_run, RunToRun):
+        raise TypeError(f"run_to_run must be a gpuopt.RunToRun, a fraction or None, got {type(run_to_run).__name__}")
+    if run_to_run is not None and pair:
+        raise TypeError("run_to_run applies to Measurements from separate runs; an interleaved compare of two "
+                        "callables sees the same drift in both and needs none")
     if pair:
         run = _setup(measure_options)
         with run.monitor or contextlib.nullcontext():
@@ -144,8 +177,12 @@ def compare(
                 raise TypeError(f"{name} must be a gpuopt.Measurement or a callable, got {type(m).__name__}")
     r = _C.compare_samples(baseline.samples_ms, candidate.samples_ms, confidence=confidence,
                            resamples=resamples, seed=_DEFAULTS["seed"] if seed is None else seed,
-                           paired=pair, min_effect=min_effect)
+                           paired=pair, min_effect=min_effect,
+                           noise_floor_rel=run_to_run.rel if run_to_run is not None else 0.0)
     notes = []
+    if not r["attained"]:
+        notes.append(f"too few samples for a {confidence:.0%} interval (baseline {baseline.ci_text()}, candidate "
+                     f"{candidate.ci_text()}): no difference is called significant")
     if baseline.mode != candidate.mode:
         notes.append(f"modes differ: baseline {baseline.mode}, candidate {candidate.mode}")
     if baseline.device_name != candidate.device_name:
@@ -153,6 +190,8 @@ def compare(
     return Comparison(
         speedup=r["ratio"], ci=(r["lo"], r["hi"]), confidence=confidence, verdict=r["verdict"],
         min_effect=min_effect,
+        run_to_run=run_to_run.to_dict() if run_to_run is not None else None,
+        judged_ci=(r["judged_lo"], r["judged_hi"]) if run_to_run is not None else None,
         baseline_ms=baseline.p50, candidate_ms=candidate.p50, baseline_label=baseline.label,
         candidate_label=candidate.label, interleaved=pair, notes=notes,
         baseline_measurement=baseline if pair else None, candidate_measurement=candidate if pair else None,

@@ -66,7 +66,7 @@ class Measurement:
     mad: float
     outliers: int
     ci95: tuple[float, float]
-    ci_level: float
+    ci_level: float  # the level the interval has: ci_requested, or the lower coverage too few samples reach
     ci_coverage: float
     ci_method: str
     ci_rel: float  # half-width of the median's CI relative to the median
@@ -88,10 +88,38 @@ class Measurement:
     clocks: dict[str, Any] | None = None
     diagnosis: str | None = None
     warnings: list[str] = field(default_factory=list)
+    ci_requested: float = _NATIVE_DEFAULTS["confidence"]  # the confidence asked for
 
     @property
     def median(self) -> float:
         return self.p50
+
+    def ci_text(self) -> str:
+        """The median's interval as a relative half-width, saying what coverage it has when too few
+        samples gave less than the requested one: ``±1.20%``, ``±8.3% (75% CI: only 3 samples)``,
+        ``no interval (1 sample)``."""
+        if self.n < 2 or self.ci_level <= 0:
+            return f"no interval ({self.n} sample{'s' if self.n != 1 else ''})"
+        if self.ci_level < self.ci_requested:
+            return f"±{self.ci_rel:.2%} ({self.ci_level * 100:.3g}% CI: only {self.n} samples)"
+        return f"±{self.ci_rel:.2%}"
+
+    def quantiles(self, q: float | Sequence[float] = (0.5, 0.2, 0.8)) -> list[float]:
+        """Quantiles of the samples (ms per call) as plain floats, like triton's ``do_bench(...,
+        quantiles=...)``; numpy's linear interpolation, computed in C++.
+
+        >>> Measurement.from_samples([1.0, 2.0, 3.0, 4.0]).quantiles((0.5, 0.9))
+        [2.5, 3.7]
+        """
+        qs = [q] if isinstance(q, (int, float)) and not isinstance(q, bool) else q
+        try:
+            qs = [float(x) for x in qs]
+        except (TypeError, ValueError):
+            raise TypeError(f"q must be a number or a sequence of numbers in [0, 1], got {q!r}") from None
+        bad = [x for x in qs if not 0.0 <= x <= 1.0]
+        if bad:
+            raise ValueError(f"q must lie in [0, 1], got {bad[0]!r} in {q!r}")
+        return [float(_C.quantile(self.samples_ms, x)) for x in qs]
 
     def per_second(self, items_per_call: int = 1) -> float:
         """Items per second at the median time per call."""
@@ -116,6 +144,9 @@ class Measurement:
         kwargs["ci95"] = tuple(kwargs["ci95"])
         if "ci_rel" not in kwargs:  # saved before ci_rel was stored
             kwargs["ci_rel"] = _C.rel_halfwidth(kwargs["p50"], *kwargs["ci95"])
+        if "ci_requested" not in kwargs:  # saved when ci_level was the requested level, reached or not
+            s = _C.summarize(kwargs["samples_ms"], kwargs["ci_level"], kwargs["target_rel_ci"])
+            kwargs["ci_level"], kwargs["ci_requested"] = s["ci_level"], s["ci_requested"]
         return cls(**kwargs)
 
     @classmethod
@@ -158,7 +189,8 @@ class Measurement:
             mode=mode, samples_ms=samples, enqueue_ms=enqueue,
             n=s["n"], mean=s["mean"], std=s["std"], min=s["min"], max=s["max"], p25=s["p25"], p50=s["p50"],
             p75=s["p75"], p90=s["p90"], p95=s["p95"], p99=s["p99"], iqr=s["iqr"], cv=s["cv"], mad=s["mad"],
-            outliers=s["outliers"], ci95=(s["ci_lo"], s["ci_hi"]), ci_level=confidence,
+            outliers=s["outliers"], ci95=(s["ci_lo"], s["ci_hi"]), ci_level=s["ci_level"],
+            ci_requested=s["ci_requested"],
             ci_coverage=s["ci_coverage"], ci_method=s["ci_method"], ci_rel=s["ci_rel"],
             target_rel_ci=target_rel_ci, target_met=bool(target_met), stop_reason=stop_reason,
             enqueue={"p50": e["p50"], "mean": e["mean"], "p95": e["p95"], "max": e["max"]},
@@ -173,9 +205,14 @@ class Measurement:
         lo, hi = self.ci95
         where = self.device_name or ("CPU" if self.device is None else f"cuda:{self.device}")
         name = f"{self.label}: " if self.label else ""
+        if self.n < 2 or self.ci_level <= 0:
+            ci = self.ci_text()
+        else:
+            short = f": only {self.n} samples" if self.ci_level < self.ci_requested else ""
+            ci = f"{self.ci_level * 100:.3g}% CI {format_ms(lo)} .. {format_ms(hi)}{short}"
         return (
             f"{name}{self.mode} on {where}: median {format_ms(self.p50)} "
-            f"[{self.ci_level:.0%} CI {format_ms(lo)} .. {format_ms(hi)}], p90 {format_ms(self.p90)}, "
+            f"[{ci}], p90 {format_ms(self.p90)}, "
             f"p99 {format_ms(self.p99)}, mean {format_ms(self.mean)}, cv {self.cv:.1%}, n={self.n}, "
             f"enqueue {format_ms(self.enqueue['p50'])}"
         )
@@ -189,7 +226,7 @@ class Measurement:
         lo, hi = self.ci95
         rows = [
             ("median", format_ms(self.p50)),
-            (f"{self.ci_level:.0%} CI of median", f"{format_ms(lo)} .. {format_ms(hi)} (±{self.ci_rel:.2%})"),
+            (f"{self.ci_requested:.0%} CI of median", f"{format_ms(lo)} .. {format_ms(hi)} ({self.ci_text()})"),
             ("p90 / p95 / p99", " / ".join(format_ms(x) for x in (self.p90, self.p95, self.p99))),
             ("mean ± std", f"{format_ms(self.mean)} ± {format_ms(self.std)} (cv {self.cv:.1%})"),
             ("min / max", f"{format_ms(self.min)} / {format_ms(self.max)}"),
@@ -222,9 +259,13 @@ def _warnings(m: Measurement, clocks: dict | None) -> tuple[list[str], str | Non
         what = "the GPU may be shared or throttling" if m.device is not None else "the machine may be busy"
         out.append(f"high variation: cv {m.cv:.1%} (above {HIGH_CV:.0%}); {what}, or fn does variable work")
     if not m.target_met:
-        out.append(f"target not met: the {m.ci_level:.0%} CI of the median is ±{m.ci_rel:.2%}, wider than "
-                   f"target_rel_ci={m.target_rel_ci:g} (stopped by {m.stop_reason} after {m.n} samples); "
-                   "raise max_time_s or max_iters for a tighter figure")
+        ci = m.ci_text()
+        if m.ci_level >= m.ci_requested:
+            what = f"the {m.ci_requested:.0%} CI of the median is {ci}, wider than target_rel_ci={m.target_rel_ci:g}"
+        else:
+            what = f"no {m.ci_requested:.0%} CI of the median: {ci}"
+        out.append(f"target not met: {what} (stopped by {m.stop_reason} after {m.n} "
+                   f"sample{'s' if m.n != 1 else ''}); raise max_time_s or max_iters for a tighter figure")
     enq = m.enqueue["p50"]
     if m.mode == "latency" and enq >= LAUNCH_BOUND * m.p50:
         diagnosis = "launch-bound"
