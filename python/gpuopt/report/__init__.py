@@ -6,7 +6,7 @@ Layer: imports ``gpuopt.timing``, ``gpuopt.prepare`` and ``gpuopt.analysis``; ne
 
 from . import plots
 from .crosshw import cross_hardware_markdown
-from .grid import grid
+from .grid_table import grid
 from .results import Results, Row, merge
 
 __all__ = ["Results", "Row", "cross_hardware_markdown", "grid", "merge", "plots"]

@@ -451,8 +451,8 @@ class Results:
     def grid(self, mode: str | None = None) -> str:
         """The measured cells of one ``mode`` (default: the first) as a grid, like
         ``torch.utils.benchmark.Compare``: a row per model and config, a column per batch size, each cell
-        the median with its interval (see :func:`gpuopt.report.grid.grid`)."""
-        from .grid import grid
+        the median with its interval (see :func:`gpuopt.report.grid_table.grid`)."""
+        from .grid_table import grid
 
         modes = list(dict.fromkeys(r.mode for r in self.ok))
         if not modes:
