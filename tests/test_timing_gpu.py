@@ -232,8 +232,9 @@ def test_the_gil_is_held_across_the_latency_loop():
     while len(stamps) < 1000:
         time.sleep(0.001)
     try:
-        m = measure(functools.partial(sum, range(20000)), mode="latency", target_rel_ci=1e-6, max_time_s=0.3,
-                    warmup=1, warmup_s=0)
+        # min_time_s: the events time no GPU work, so the interval is exact at once and would stop the loop
+        m = measure(functools.partial(sum, range(20000)), mode="latency", target_rel_ci=1e-6, min_time_s=0.3,
+                    max_time_s=0.3, warmup=1, warmup_s=0)
     finally:
         stop.set()
         t.join(timeout=10)
