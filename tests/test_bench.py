@@ -141,7 +141,10 @@ def test_speedups_are_ratios_of_medians_with_the_documented_verdict(results):
         row = res.find("tiny-cnn", x["config"], x["batch_size"], x["mode"]).measurement
         assert x["speedup"] == pytest.approx(np.median(ref.samples_ms) / np.median(row.samples_ms), rel=1e-9)
         assert x["ci"][0] <= x["speedup"] <= x["ci"][1]
-        assert x["verdict"] == _verdict_from_interval(x["speedup"], *x["ci"])
+        # Too few samples for a 95% interval of either median: never significant.
+        attained = ref.ci_level >= ref.ci_requested and row.ci_level >= row.ci_requested
+        expected = _verdict_from_interval(x["speedup"], *x["ci"]) if attained else "no significant difference"
+        assert x["verdict"] == expected
 
 
 def _cell(model: str, config: str, samples: np.ndarray, batch: int = 4, mode: str = "latency") -> Row:
