@@ -433,10 +433,10 @@ def test_grid_shows_many_measurements_in_one_unit_with_their_intervals():
     slow = Measurement.from_samples([2.0, 2.2, 2.4])  # 3 samples: a 75% interval
     text = grid({("matmul", "fp32"): slow, ("matmul", "bf16"): fast, ("copy", "fp32"): fast})
     lines = text.splitlines()
-    assert lines[0].split() == ["fp32", "bf16"]
-    assert lines[1].split() == ["matmul", "2.2e+03", f"±{slow.ci_rel:.1%}", "(75%", "CI)", "10", f"±{fast.ci_rel:.1%}"]
-    assert lines[2].split() == ["copy", "10", f"±{fast.ci_rel:.1%}", "-"]
-    assert lines[3] == "median in us; ±: the 95% interval of the median"
+    assert lines[0].split() == ["fp32", "bf16"] and set(lines[1]) == {"-"}
+    assert lines[2].split() == ["matmul", "2.2e+03", f"±{slow.ci_rel:.1%}", "(75%", "CI)", "10", f"±{fast.ci_rel:.1%}"]
+    assert lines[3].split() == ["copy", "10", f"±{fast.ci_rel:.1%}", "-"]
+    assert lines[4] == "median in us; ±: the 95% interval of the median"
     with pytest.raises(TypeError, match=r"cell \('a', 'b'\) must be a gpuopt.Measurement, got float"):
         grid({("a", "b"): 1.0})
     res = Results([Row.measured(fast, model="m", config=c, batch_size=b, mode="latency") for c in ("x", "y")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..timing.measurement import Measurement
+from .table import text_table
 
 _UNITS = (("us", 1e-3), ("ms", 1.0), ("s", 1e3))  # (name, milliseconds per unit)
 
@@ -33,8 +34,9 @@ def grid(cells: Mapping[tuple[str, str], Measurement], *, title: str | None = No
 
     >>> a = Measurement.from_samples([1.0, 1.1, 0.9, 1.0, 1.05, 0.95], label="mm")
     >>> print(grid({("matmul", "fp32"): a, ("matmul", "bf16"): a}))   # doctest: +NORMALIZE_WHITESPACE
-              fp32          bf16
-    matmul    1 ±10.0%      1 ±10.0%
+           fp32     bf16
+    ------------------------
+    matmul 1 ±10.0% 1 ±10.0%
     median in ms; ±: the 95% interval of the median
     """
     if not isinstance(cells, Mapping) or not cells:
@@ -50,10 +52,9 @@ def grid(cells: Mapping[tuple[str, str], Measurement], *, title: str | None = No
     cols = list(dict.fromkeys(str(c) for _, c in cells))
     unit, scale = _unit([m.p50 for m in cells.values()])
     text = {(str(r), str(c)): _cell(m, scale, digits) for (r, c), m in cells.items()}
-    table = [["", *cols]] + [[r, *(text.get((r, c), "-") for c in cols)] for r in rows]
-    widths = [max(len(line[j]) for line in table) for j in range(len(table[0]))]
+    body = [[r, *(text.get((r, c), "-") for c in cols)] for r in rows]
     lines = [title] if title else []
-    lines += ["    ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip() for line in table]
+    lines.append(text_table(["", *cols], body))
     level = min(m.ci_requested for m in cells.values())
     lines.append(f"median in {unit}; ±: the {level:.0%} interval of the median")
     return "\n".join(lines)
