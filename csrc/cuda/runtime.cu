@@ -30,6 +30,17 @@ void copy_async(void* dst, const void* src, std::size_t bytes, cudaStream_t stre
   GPUOPT_CHECK_CUDA(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
 }
 
+void memset_async(void* dst, int value, std::size_t bytes, cudaStream_t stream) {
+  GPUOPT_CHECK_CUDA(cudaMemsetAsync(dst, value, bytes, stream));
+}
+
+void graph_launch(cudaGraphExec_t exec, cudaStream_t stream) {
+  GPUOPT_CHECK_VALUE(exec != nullptr, "graph_launch: the graph executable is null (not instantiated)");
+  GPUOPT_CHECK_CUDA(cudaGraphLaunch(exec, stream));
+}
+
+void synchronize_event(cudaEvent_t event) { GPUOPT_CHECK_CUDA(cudaEventSynchronize(event)); }
+
 Event::Event() { GPUOPT_CHECK_CUDA(cudaEventCreate(&event_)); }
 
 Event::~Event() {

@@ -36,6 +36,7 @@ from .prepare import (
 from .report import Results, Row
 from .report import plots as plot
 from .run import benchmark, sweep, zoo
+from .serve import LoadSpec, NaiveBatcher, QueueFullError, RequestFailed, ServeResult, Server, latency_curve, max_rate, serve
 from .timing import Comparison, Measurement, RunToRun, calibrate, compare, env, measure
 
 __version__ = build_info()["gpuopt_version"]
@@ -47,3 +48,5 @@ __all__ = [
     "sweep", "with_signal", "zoo",
 ]
 __all__ += ["RunToRun", "calibrate"]  # cross-run comparisons
+__all__ += ["LoadSpec", "NaiveBatcher", "QueueFullError", "RequestFailed", "ServeResult", "Server", "latency_curve",
+            "max_rate", "serve"]  # serving

@@ -37,6 +37,12 @@ bool stream_is_capturing(cudaStream_t stream) noexcept;
 void clear_last_error() noexcept;
 // cudaMemcpyAsync with cudaMemcpyDefault (unified addressing tells the direction).
 void copy_async(void* dst, const void* src, std::size_t bytes, cudaStream_t stream);
+// cudaMemsetAsync of `bytes` bytes at `dst` to `value`.
+void memset_async(void* dst, int value, std::size_t bytes, cudaStream_t stream);
+// Launches an instantiated CUDA graph on `stream` (e.g. torch.cuda.CUDAGraph.raw_cuda_graph_exec()).
+void graph_launch(cudaGraphExec_t exec, cudaStream_t stream);
+// Blocks until the work before `event`'s record has completed.
+void synchronize_event(cudaEvent_t event);
 
 // A CUDA event with timing enabled, destroyed with its owner.
 class Event {

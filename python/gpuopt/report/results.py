@@ -65,6 +65,8 @@ class Row:
     timing: dict[str, Any] | None = None
     runner_overhead_s: float | None = None
     roofline: dict[str, Any] | None = None  # analysis.roofline.place() of the throughput
+    # A serving run (mode "serve:<scenario>"): load, batcher settings, counts, latency split, validity.
+    serving: dict[str, Any] | None = None
 
     @property
     def key(self) -> Key:
@@ -89,6 +91,25 @@ class Row:
             timing={"n": m.n, "warmup_s": m.warmup_s, "sampling_s": m.sampling_s, "stop_reason": m.stop_reason,
                     "target_met": m.target_met, "mode": m.mode},
             **facts)
+
+    @classmethod
+    def served(cls, serving: dict[str, Any], *, model: str, config: str, batch_size: int, **facts: Any) -> Row:
+        """The row of a serving run (``gpuopt.serve``): mode ``serve:<scenario>``, requests per second
+        and end-to-end latency percentiles from the load generator; a run that answered no query is a
+        failed row with the reasons. An invalid run (LoadGen's sense) keeps its figures and says why in
+        ``warnings``."""
+        _check_facts(facts)
+        mode = f"serve:{serving['scenario']}"
+        if serving["counts"]["ok"] == 0:
+            reason = "; ".join(serving["invalid_reasons"]) or "no query was answered"
+            return cls.failed(reason, model=model, config=config, batch_size=batch_size, mode=mode,
+                              item_unit="requests", serving=serving, **facts)
+        lat = serving["latency_ms"]
+        return cls(model=model, config=config, batch_size=batch_size, mode=mode, status="ok", item_unit="requests",
+                   latency_ms={k: lat[k] for k in ("p50", "p90", "p95", "p99", "p99.9", "mean", "max")},
+                   throughput_items_per_s=serving["throughput"],
+                   warnings=[] if serving["valid"] else [f"invalid run: {r}" for r in serving["invalid_reasons"]],
+                   serving=serving, **facts)
 
     @classmethod
     def failed(cls, reason: str, *, model: str, config: str, batch_size: int, mode: str, **facts: Any) -> Row:

@@ -1,0 +1,290 @@
+"""Load specifications (MLPerf LoadGen's scenarios and arrival processes) and what a load run
+measured. The generator itself is C++ (``csrc/core/loadgen.cpp``): it times every query from its
+scheduled arrival, so queueing in a stalled server is never hidden (no coordinated omission)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._ext import _C
+from ..report.results import Row
+
+SCENARIOS = ("single-stream", "multi-stream", "server", "offline", "closed-loop")
+ARRIVALS = ("constant", "poisson", "gamma", "ramp", "spike", "trace")
+# The percentile each scenario reports by default, as MLPerf LoadGen does.
+DEFAULT_PERCENTILE = {"single-stream": 0.9, "multi-stream": 0.99, "server": 0.99, "offline": 0.99,
+                      "closed-loop": 0.99}
+
+
+def _number(name: str, value: Any, *, low: float = 0.0, inclusive: bool = False) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (value < low if inclusive else value <= low):
+        raise ValueError(f"{name} must be a finite number {'>=' if inclusive else '>'} {low:g}, got {value!r}")
+    return float(value)
+
+
+def _count(name: str, value: Any, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def read_trace(path: str | os.PathLike) -> list[float]:
+    """Gaps between arrivals, in seconds, one per line (blank lines and ``#`` comments skipped)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"trace file {str(p)!r} does not exist")
+    out = []
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            v = float(line)
+        except ValueError:
+            raise ValueError(f"trace file {str(p)!r} line {n}: {line!r} is not a number of seconds") from None
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"trace file {str(p)!r} line {n}: a gap must be >= 0 seconds, got {v}")
+        out.append(v)
+    if not out or not any(out):
+        raise ValueError(f"trace file {str(p)!r} holds no positive gap")
+    return out
+
+
+@dataclass
+class LoadSpec:
+    """What load to apply.
+
+    - ``scenario``: ``single-stream`` (one query at a time), ``multi-stream`` (groups of
+      ``samples_per_query``), ``server`` (open loop at ``rate`` queries/s from the ``arrival`` process),
+      ``offline`` (``min_queries`` at once), ``closed-loop`` (``concurrency`` clients, each sending its
+      next query when its last one is answered).
+    - ``arrival`` (server): ``poisson`` (default), ``constant``, ``gamma`` (``burstiness`` = squared
+      coefficient of variation of the gaps), ``ramp`` (``rate`` to ``ramp_to_rate`` over
+      ``ramp_duration_s``), ``spike`` (``spike_rate`` during ``[spike_start_s, +spike_duration_s)``),
+      ``trace`` (``intervals_s``, or a ``trace_file`` of gaps in seconds, cycled).
+    - A run issues until both ``min_queries`` and ``duration_s`` are reached (or ``max_queries`` /
+      ``max_duration_s``), then waits up to ``drain_timeout_s`` for the answers.
+    - ``percentile`` (default by scenario: 0.9 single-stream, 0.99 otherwise) is reported with LoadGen's
+      early stopping at ``confidence``; with ``slo_ms`` a run whose estimate exceeds it is invalid.
+    """
+
+    scenario: str = "server"
+    rate: float | None = None
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    ramp_to_rate: float | None = None
+    ramp_duration_s: float | None = None
+    spike_rate: float | None = None
+    spike_start_s: float = 0.0
+    spike_duration_s: float | None = None
+    intervals_s: list[float] | None = None
+    trace_file: str | None = None
+    concurrency: int = 1
+    samples_per_query: int = 8
+    min_queries: int = 1024
+    max_queries: int = 0
+    duration_s: float = 1.0
+    max_duration_s: float = 0.0
+    percentile: float | None = None
+    confidence: float = 0.99
+    slo_ms: float | None = None
+    priority_weights: list[float] | None = None
+    drain_timeout_s: float = 30.0
+    seed: int = 0
+
+    def options(self) -> Any:
+        """The C++ generator's options, every value checked and named (ValueError)."""
+        if self.scenario not in SCENARIOS:
+            raise ValueError(f"scenario must be one of {', '.join(map(repr, SCENARIOS))}, got {self.scenario!r}")
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"arrival must be one of {', '.join(map(repr, ARRIVALS))}, got {self.arrival!r}")
+        o = _C.LoadOptions()
+        o.scenario = self.scenario
+        if self.scenario == "server":
+            o.arrival = self.arrival
+            if self.arrival == "trace":
+                if (self.intervals_s is None) == (self.trace_file is None):
+                    raise ValueError("arrival='trace' needs exactly one of intervals_s or trace_file")
+                o.intervals_s = (read_trace(self.trace_file) if self.trace_file is not None
+                                 else [_number(f"intervals_s[{i}]", v, inclusive=True)
+                                       for i, v in enumerate(self.intervals_s)])
+                gaps = list(o.intervals_s)
+                o.rate = len(gaps) / sum(gaps) if sum(gaps) > 0 else 0.0
+            else:
+                if self.rate is None:
+                    raise ValueError("the server scenario needs rate (queries per second), e.g. rate=1000")
+                o.rate = _number("rate", self.rate)
+            o.burstiness = _number("burstiness", self.burstiness)
+            if self.arrival == "ramp":
+                if self.ramp_to_rate is None or self.ramp_duration_s is None:
+                    raise ValueError("arrival='ramp' needs ramp_to_rate and ramp_duration_s")
+                o.ramp_to_rate = _number("ramp_to_rate", self.ramp_to_rate)
+                o.ramp_duration_s = _number("ramp_duration_s", self.ramp_duration_s)
+            if self.arrival == "spike":
+                if self.spike_rate is None or self.spike_duration_s is None:
+                    raise ValueError("arrival='spike' needs spike_rate and spike_duration_s (and spike_start_s)")
+                o.spike_rate = _number("spike_rate", self.spike_rate)
+                o.spike_start_s = _number("spike_start_s", self.spike_start_s, inclusive=True)
+                o.spike_duration_s = _number("spike_duration_s", self.spike_duration_s)
+        elif self.rate is not None:
+            raise ValueError(f"rate applies to the server scenario only, not {self.scenario!r} (use concurrency "
+                             f"for closed-loop)")
+        o.concurrency = _count("concurrency", self.concurrency, 1)
+        o.samples_per_query = _count("samples_per_query", self.samples_per_query, 1)
+        o.min_queries = _count("min_queries", self.min_queries, 1)
+        o.max_queries = _count("max_queries", self.max_queries, 0)
+        if o.max_queries and o.max_queries < o.min_queries:
+            raise ValueError(f"max_queries ({self.max_queries}) must be 0 (no cap) or >= min_queries ({self.min_queries})")
+        o.min_duration_s = _number("duration_s", self.duration_s, inclusive=True)
+        o.max_duration_s = _number("max_duration_s", self.max_duration_s, inclusive=True)
+        p = DEFAULT_PERCENTILE[self.scenario] if self.percentile is None else self.percentile
+        if not (isinstance(p, float) and 0 < p < 1):
+            raise ValueError(f"percentile must be a fraction in (0, 1) such as 0.99, got {self.percentile!r}")
+        o.percentile = p
+        if not (isinstance(self.confidence, float) and 0 < self.confidence < 1):
+            raise ValueError(f"confidence must be a fraction in (0, 1) such as 0.99, got {self.confidence!r}")
+        o.confidence = self.confidence
+        o.slo_ms = 0.0 if self.slo_ms is None else _number("slo_ms", self.slo_ms)
+        if self.priority_weights is not None:
+            o.priority_weights = [_number(f"priority_weights[{i}]", w, inclusive=True)
+                                  for i, w in enumerate(self.priority_weights)]
+        o.drain_timeout_s = _number("drain_timeout_s", self.drain_timeout_s)
+        o.seed = _count("seed", self.seed, 0)
+        o.validate()
+        return o
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+STATUS_NAMES = ("pending", "ok", "failed", "rejected", "timed-out", "cancelled", "lost")
+
+
+@dataclass
+class ServeResult:
+    """One load run against one server (or the naive baseline): the generator's figures (``result``),
+    the server's counters, the settings, and optionally every query's record (``records``: columns of
+    CPU tensors, not saved with the row)."""
+
+    model: str
+    config: str
+    load: LoadSpec
+    settings: dict[str, Any]
+    result: dict[str, Any]
+    server: dict[str, Any] = field(default_factory=dict)
+    records: dict[str, Any] | None = field(default=None, repr=False)
+    verification: dict[str, Any] | None = None
+
+    @property
+    def scenario(self) -> str:
+        return self.result["scenario"]
+
+    @property
+    def valid(self) -> bool:
+        return bool(self.result["valid"])
+
+    @property
+    def invalid_reasons(self) -> list[str]:
+        return list(self.result["invalid_reasons"])
+
+    @property
+    def throughput(self) -> float:
+        """Answered queries (samples, for multi-stream) per second."""
+        return float(self.result["throughput"])
+
+    @property
+    def latency_ms(self) -> dict[str, float]:
+        return dict(self.result["latency_ms"])
+
+    @property
+    def p99_ms(self) -> float:
+        return float(self.result["latency_ms"]["p99"])
+
+    @property
+    def gpu_busy(self) -> float | None:
+        """Share of the run's wall time with a batch in service (None for targets that do not say)."""
+        busy, wall = self.result.get("busy_s"), self.result.get("wall_s")
+        return None if busy is None or not wall else min(1.0, busy / wall)
+
+    def serving(self) -> dict[str, Any]:
+        """What a result row keeps of the run (everything but the per-query records)."""
+        r = self.result
+        return {
+            "scenario": r["scenario"], "load": self.load.to_dict(), "settings": dict(self.settings),
+            "valid": r["valid"], "invalid_reasons": list(r["invalid_reasons"]),
+            "counts": {k: r[k] for k in ("issued", "ok", "failed", "rejected", "timed_out", "cancelled", "lost",
+                                         "duplicated", "unknown")},
+            "target_rate": r["target_rate"], "scheduled_rate": r["scheduled_rate"], "throughput": r["throughput"],
+            "duration_s": r["duration_s"], "latency_ms": dict(r["latency_ms"]), "queue_ms": dict(r["queue_ms"]),
+            "compute_ms": dict(r["compute_ms"]), "early_stop": dict(r["early_stop"]),
+            "issue_lag_p99_ms": r["issue_lag_p99_ms"], "batch_size_counts": list(r["batch_size_counts"]),
+            "gpu_busy": self.gpu_busy, "errors": list(r["errors"]), "server": dict(self.server),
+            "verification": self.verification,
+        }
+
+    def row(self, *, device: str | None = None, precision: str | None = None) -> Row:
+        """This run as a :class:`~gpuopt.report.results.Row` (``mode`` ``serve:<scenario>``,
+        ``batch_size`` the batcher's maximum), for ``Results``, reports and plots."""
+        return Row.served(self.serving(), model=self.model, config=self.config,
+                          batch_size=int(self.settings.get("max_batch_size", 1)), device=device, precision=precision)
+
+    def summary(self) -> str:
+        r = self.result
+        lat = r["latency_ms"]
+        es = r["early_stop"]
+        est = (f"{es['estimate_ms']:.2f} ms" if es.get("estimate_ms") is not None
+               else f"n/a (needs {es['min_queries']} queries)")
+        head = (f"{self.model} {self.config} [{self.settings.get('path', '?')}] {r['scenario']}: "
+                f"{r['throughput']:,.0f} req/s, p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms "
+                f"(early-stopping p{100 * es['percentile']:g} {est}), {r['ok']}/{r['issued']} ok")
+        if self.gpu_busy is not None:
+            head += f", busy {100 * self.gpu_busy:.0f}%"
+        return head + ("" if r["valid"] else f" -- INVALID: {'; '.join(r['invalid_reasons'])}")
+
+
+def load_spec(spec: LoadSpec | None, fields: dict[str, Any]) -> LoadSpec:
+    """``spec`` as given, or a :class:`LoadSpec` from keyword fields (not both)."""
+    if spec is not None:
+        if fields:
+            raise TypeError(f"give a LoadSpec or its fields as keywords, not both (got {sorted(fields)})")
+        if not isinstance(spec, LoadSpec):
+            raise TypeError(f"spec must be a gpuopt.LoadSpec, got {type(spec).__name__}")
+        return spec
+    known = set(LoadSpec.__dataclass_fields__)
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise TypeError(f"unknown load option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+    return LoadSpec(**fields)
+
+
+# Relative tolerance of an output's sum against a direct call, by precision: batching changes the
+# kernels (and their rounding) but never which request an output belongs to.
+CHECKSUM_RTOL = {"fp32": 1e-4, "tf32": 1e-2, "fp16-amp": 2e-2, "bf16-amp": 5e-2, "fp16": 2e-2, "bf16": 5e-2}
+
+
+def verify_checksums(records: dict[str, Any], expected: tuple[Any, Any], precision: str) -> dict[str, Any]:
+    """Every answered query's output checksum against its sample's direct-call checksum: counts of
+    answered, mismatched, lost and duplicated queries, and the worst relative error."""
+    import torch
+
+    sums, mags = expected
+    status = records["status"]
+    ok = status == STATUS_NAMES.index("ok")
+    sample = records["sample"][ok]
+    got = records["checksum"][ok]
+    want, scale = sums[sample], mags[sample]
+    err = (got - want).abs() / scale.clamp_min(1e-30)
+    rtol = CHECKSUM_RTOL.get(precision, 2e-2)
+    bad = ~(err <= rtol)  # NaN counts as a mismatch
+    return {
+        "answered": int(ok.sum()), "mismatched": int(bad.sum()), "rtol": rtol,
+        "max_rel_error": float(err.max()) if err.numel() else None,
+        "lost": int((status == STATUS_NAMES.index("lost")).sum()),
+        "duplicated": int((records["completions"] > 1).sum()),
+        "ids_unique": bool(torch.unique(records["id"]).numel() == records["id"].numel()),
+    }

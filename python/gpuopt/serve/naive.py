@@ -1,0 +1,124 @@
+"""The seeds' naive Python batcher, kept as a named baseline (``batcher="naive"``): a ``queue.Queue``
+of requests and one worker thread that takes the first request, gathers whatever else arrives within
+``max_wait_ms`` (up to ``max_batch_size``), stacks the samples, moves the batch to the device, calls
+the eager model and answers each request. Measured by the same C++ load generator as the server."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+import torch
+
+from .._ext import _C
+from ..prepare.config import Prepared
+from .load import LoadSpec, ServeResult, load_spec
+from .server import SampleLayout, _first_tensor
+
+_STOP = object()
+
+
+class NaiveBatcher:
+    """The baseline. ``prepared`` runs eagerly (a ``cudagraph`` config's eager module) under its
+    config's guard; samples are stacked on the host and copied with ``.to(device)``."""
+
+    path = "naive-python"
+
+    def __init__(self, prepared: Prepared, layout: SampleLayout, *, max_batch_size: int = 32, max_wait_ms: float = 1.0,
+                 specs: list[tuple] | None = None):
+        if not prepared.ok:
+            raise RuntimeError(f"config {prepared.label} could not be prepared: {prepared.error}")
+        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
+        if not (isinstance(max_wait_ms, (int, float)) and max_wait_ms >= 0):
+            raise ValueError(f"max_wait_ms must be a number >= 0, got {max_wait_ms!r}")
+        self.prepared, self.layout = prepared, layout
+        self.max_batch_size, self.max_wait_ms = max_batch_size, float(max_wait_ms)
+        self.module = prepared.eager_module if prepared.config.backend == "cudagraph" else prepared.module
+        self.device = prepared.device
+        self._dtypes = [s[0] for s in specs] if specs else None
+        self._samples: list[list[torch.Tensor]] = []
+
+    def add_samples(self, samples: list[Any]) -> int:
+        for s in samples:
+            ts = self.layout.tensors(s)
+            if self._dtypes:
+                ts = [t.to(d) for t, d in zip(ts, self._dtypes)]
+            self._samples.append(ts)
+        return len(self._samples)
+
+    def describe(self) -> dict[str, Any]:
+        return {"path": self.path, "instances": 1, "max_batch_size": self.max_batch_size,
+                "max_wait_ms": self.max_wait_ms, "device": str(self.device), "config": self.prepared.label}
+
+    def _worker(self, q: queue.Queue, generator: Any, stats: dict[str, Any]) -> None:
+        cfg, dev = self.prepared.config, self.device
+        while True:
+            first = q.get()
+            if first is _STOP:
+                return
+            items = [first]
+            deadline = time.perf_counter() + self.max_wait_ms / 1e3
+            stop = False
+            while len(items) < self.max_batch_size:
+                left = deadline - time.perf_counter()
+                try:
+                    item = q.get(timeout=left) if left > 0 else q.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    stop = True
+                    break
+                items.append(item)
+            start = time.perf_counter()
+            try:
+                columns = list(zip(*(self._samples[s] for _, s, _ in items)))
+                batch = [torch.stack(col).to(dev) for col in columns]
+                with cfg.guard(dev.type):
+                    out = _first_tensor(self.layout.call(self.module, batch)).cpu()
+                error = ""
+            except Exception as exc:  # noqa: BLE001 - the batch's requests fail with the reason
+                error = f"{type(exc).__name__}: {exc}"
+            done = time.perf_counter()
+            stats["batches"] += 1
+            stats["busy_s"] += done - start
+            for id_, _, t_in in items:
+                generator.complete(id_, "ok" if not error else "failed", (start - t_in) * 1e6, (done - start) * 1e6,
+                                   len(items), error)
+            if stop:
+                return
+
+    def run_load(self, spec: LoadSpec | None = None, *, records: bool = False, model_name: str = "model",
+                 **load: Any) -> ServeResult:
+        """The baseline under the C++ load generator (same scenarios and rules as :class:`Server`)."""
+        spec = load_spec(spec, load)
+        if not self._samples:
+            raise ValueError("add samples first (add_samples)")
+        options = spec.options()
+        options.sample_count = len(self._samples)
+        q: queue.Queue = queue.Queue()
+
+        def issue(ids: list[int], samples: list[int], priorities: list[int]) -> None:
+            now = time.perf_counter()
+            for i, s in zip(ids, samples):
+                q.put((i, s, now))
+
+        generator = _C.LoadGenerator(options, issue)
+        stats = {"batches": 0, "busy_s": 0.0}
+        worker = threading.Thread(target=self._worker, args=(q, generator, stats), name="gpuopt-naive-batcher",
+                                  daemon=True)
+        worker.start()
+        t0 = time.perf_counter()
+        try:
+            run = generator.run(records)
+        finally:
+            q.put(_STOP)
+            worker.join(timeout=spec.drain_timeout_s)
+        run["wall_s"] = time.perf_counter() - t0
+        run["busy_s"] = stats["busy_s"]
+        recs = run.pop("records")
+        return ServeResult(model=model_name, config=self.prepared.label, load=spec, settings=self.describe(),
+                           result=run, server={"batches": stats["batches"], "path": self.path},
+                           records=recs if records else None)

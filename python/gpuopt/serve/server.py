@@ -1,0 +1,453 @@
+"""The dynamic batcher as an in-process server: requests one at a time from any thread, batches formed
+in C++ (``max_batch_size``, ``max_queue_delay_us``, ``preferred_batch_sizes``, sequence ``buckets``),
+``instances`` executors on their own CUDA streams, inputs staged through gpuopt's pinned pool.
+
+How a batch runs (``Server.path``):
+
+- ``cuda-graph``: for a ``cudagraph`` config, or a ``compile`` config whose mode does not use CUDA
+  graphs itself, one CUDA graph per instance, bucket and graph batch size is captured here and replayed
+  from C++ without the GIL (a batch is padded up to the smallest captured size that holds it);
+- ``python``: anything else (eager, TorchScript, ``compile:reduce-overhead``, any callable): the model is
+  called from the executor's thread with the GIL.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .._ext import _C
+from ..memory.pools import PinnedPool
+from ..prepare.config import Config, Prepared
+from .load import LoadSpec, ServeResult, load_spec as _load_spec, verify_checksums
+
+TIMEOUT_ACTIONS = ("reject", "delay")
+
+
+class QueueFullError(RuntimeError):
+    """The server's queue held ``max_queue_size`` requests: this one was rejected (and counted)."""
+
+
+class RequestFailed(RuntimeError):
+    """The batch this request rode in failed (the model's error), or the server shut down first."""
+
+
+def _first_tensor(out: Any) -> torch.Tensor:
+    """The tensor a served model answers with: the output itself, the first of a tuple/list, or the first
+    tensor value of a dict or a Hugging Face ModelOutput (``logits``, ``last_hidden_state``, ...)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict) or hasattr(out, "to_tuple"):
+        values = list(out.values()) if isinstance(out, dict) else list(out.to_tuple())
+    elif isinstance(out, (tuple, list)):
+        values = list(out)
+    else:
+        values = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            return v
+    raise TypeError(f"a served model must return a tensor (or a tuple/dict/ModelOutput holding one), got "
+                    f"{type(out).__name__}")
+
+
+@dataclass(frozen=True)
+class SampleLayout:
+    """How a sample (one request's inputs, without a batch axis) maps to the model's arguments: a
+    tensor (one positional argument), a tuple of tensors (positional), or a dict (keyword)."""
+
+    keys: tuple[str, ...] | None  # dict samples: the keyword of each tensor, in order
+    count: int
+
+    @staticmethod
+    def of(sample: Any) -> SampleLayout:
+        if isinstance(sample, torch.Tensor):
+            return SampleLayout(None, 1)
+        if isinstance(sample, dict):
+            if not sample or not all(isinstance(v, torch.Tensor) for v in sample.values()):
+                raise TypeError("a dict sample must map argument names to tensors")
+            return SampleLayout(tuple(sample), len(sample))
+        if isinstance(sample, (tuple, list)) and sample and all(isinstance(v, torch.Tensor) for v in sample):
+            return SampleLayout(None, len(sample))
+        raise TypeError(f"a sample must be a tensor, a tuple of tensors or a dict of tensors (one request, no batch "
+                        f"axis), got {type(sample).__name__}")
+
+    def tensors(self, sample: Any) -> list[torch.Tensor]:
+        if self.keys is not None:
+            if not isinstance(sample, dict) or tuple(sample) != self.keys:
+                raise ValueError(f"a sample must be a dict with keys {list(self.keys)}, got "
+                                 f"{list(sample) if isinstance(sample, dict) else type(sample).__name__}")
+            return list(sample.values())
+        tensors = [sample] if isinstance(sample, torch.Tensor) else list(sample)
+        if len(tensors) != self.count or not all(isinstance(t, torch.Tensor) for t in tensors):
+            raise ValueError(f"a sample must be {self.count} tensor(s), got {type(sample).__name__}")
+        return tensors
+
+    def call(self, module: Callable[..., Any], tensors: Sequence[torch.Tensor]) -> Any:
+        if self.keys is not None:
+            return module(**dict(zip(self.keys, tensors)))
+        return module(*tensors)
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _sizes(name: str, value: Any, limit: int | None = None) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a list of integers, got {value!r}")
+    out = [_positive_int(f"{name}[{i}]", v) for i, v in enumerate(value)]
+    if any(b <= a for a, b in zip(out, out[1:])):
+        raise ValueError(f"{name} must be strictly increasing, got {list(value)}")
+    if limit is not None and out and out[-1] > limit:
+        raise ValueError(f"{name} must not exceed max_batch_size={limit}, got {list(value)}")
+    return out
+
+
+def batcher_options(*, max_batch_size: int, max_queue_delay_us: int, preferred_batch_sizes: Sequence[int] | None,
+                    buckets: Sequence[int] | None, max_queue_size: int, priority_levels: int,
+                    timeout_ms: float | None, timeout_action: str) -> Any:
+    """The C++ batcher's options, each checked and named here."""
+    o = _C.BatcherOptions()
+    o.max_batch_size = _positive_int("max_batch_size", max_batch_size)
+    if isinstance(max_queue_delay_us, bool) or not isinstance(max_queue_delay_us, int) or max_queue_delay_us < 0:
+        raise ValueError(f"max_queue_delay_us must be an integer >= 0, got {max_queue_delay_us!r}")
+    o.max_queue_delay_us = max_queue_delay_us
+    o.preferred_batch_sizes = _sizes("preferred_batch_sizes", preferred_batch_sizes, max_batch_size)
+    o.buckets = _sizes("buckets", buckets)
+    if isinstance(max_queue_size, bool) or not isinstance(max_queue_size, int) or max_queue_size < 0:
+        raise ValueError(f"max_queue_size must be an integer >= 0 (0: unbounded), got {max_queue_size!r}")
+    o.max_queue_size = max_queue_size
+    o.priority_levels = _positive_int("priority_levels", priority_levels)
+    if timeout_ms is not None and not (isinstance(timeout_ms, (int, float)) and not isinstance(timeout_ms, bool)
+                                       and timeout_ms > 0 and math.isfinite(timeout_ms)):
+        raise ValueError(f"timeout_ms must be a positive number of milliseconds or None, got {timeout_ms!r}")
+    o.default_timeout_us = 0 if timeout_ms is None else max(1, round(timeout_ms * 1e3))
+    if timeout_action not in TIMEOUT_ACTIONS:
+        raise ValueError(f"timeout_action must be one of {', '.join(map(repr, TIMEOUT_ACTIONS))}, got "
+                         f"{timeout_action!r}")
+    o.timeout_action = timeout_action
+    o.validate()
+    return o
+
+
+def graph_batch_sizes(max_batch_size: int, preferred: Sequence[int] = ()) -> list[int]:
+    """The batch sizes a graph is captured for: the preferred sizes, the powers of two below
+    ``max_batch_size``, and ``max_batch_size`` (a batch runs in the smallest that holds it)."""
+    sizes = {max_batch_size, *preferred}
+    b = 1
+    while b < max_batch_size:
+        sizes.add(b)
+        b *= 2
+    return sorted(sizes)
+
+
+class Future:
+    """One request's answer. :meth:`result` waits (bounded) and returns the output (a CPU tensor, the
+    request's row of the batch output, its sequence axis cut back to the request's length)."""
+
+    def __init__(self, native: Any):
+        self._native = native
+
+    def done(self) -> bool:
+        return self._native.done
+
+    @property
+    def status(self) -> str:
+        """``pending``, ``ok``, ``failed``, ``rejected``, ``timed-out`` or ``cancelled``."""
+        return self._native.status
+
+    def result(self, timeout: float = 60.0) -> torch.Tensor:
+        if not self._native.wait(float(timeout)):
+            raise TimeoutError(f"no answer within {timeout} s (the request is still {self.status})")
+        status = self._native.status
+        if status == "ok":
+            return self._native.output
+        if status == "timed-out":
+            raise TimeoutError(self._native.error)
+        if status == "rejected":
+            raise QueueFullError(self._native.error)
+        raise RequestFailed(self._native.error)
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """Queue and compute time of the request (microseconds) and the size of its batch."""
+        n = self._native
+        return {"queue_us": n.queue_us, "compute_us": n.compute_us, "batch_size": n.batch_size}
+
+
+class Server:
+    """A dynamic batcher serving ``model`` under ``config`` in this process.
+
+    ``sample`` is one request's inputs (a tensor, tuple or dict of tensors, without a batch axis): it
+    fixes the shapes and dtypes every request must have. With ``buckets``, every input's first axis is
+    a sequence axis: requests are padded (with zeros; give an attention mask as an input) to the
+    smallest bucket that holds them, and outputs whose second axis is the padded length are cut back.
+
+    >>> import torch, gpuopt
+    >>> model = torch.nn.Linear(8, 4)
+    >>> with gpuopt.Server(model, "fp32", torch.randn(8), device="cpu", max_batch_size=4) as s:
+    ...     y = s.infer(torch.randn(8))
+    >>> tuple(y.shape), s.path
+    ((4,), 'python')
+    """
+
+    def __init__(self, model: torch.nn.Module | Prepared, config: str | Config = "fp32", sample: Any = None, *,
+                 device: str | torch.device | None = None, max_batch_size: int = 32, max_queue_delay_us: int = 0,
+                 preferred_batch_sizes: Sequence[int] | None = None, buckets: Sequence[int] | None = None,
+                 instances: int = 2, max_queue_size: int = 0, priority_levels: int = 1,
+                 timeout_ms: float | None = None, timeout_action: str = "reject", executor: str = "auto",
+                 graph_sizes: Sequence[int] | None = None, checksums: bool = False, name: str = "Server"):
+        if sample is None:
+            raise ValueError("sample is required: one request's inputs (no batch axis), e.g. torch.randn(3, 224, 224)")
+        if executor not in ("auto", "graph", "python"):
+            raise ValueError(f"executor must be 'auto', 'graph' or 'python', got {executor!r}")
+        self.name = name
+        self.layout = SampleLayout.of(sample)
+        self.options = batcher_options(
+            max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
+            preferred_batch_sizes=preferred_batch_sizes, buckets=buckets, max_queue_size=max_queue_size,
+            priority_levels=priority_levels, timeout_ms=timeout_ms, timeout_action=timeout_action)
+        self.instances = _positive_int("instances", instances)
+        if self.instances > 64:
+            raise ValueError(f"instances must be <= 64, got {instances}")
+        self.buckets = list(self.options.buckets)
+        tensors = self.layout.tensors(sample)
+        if self.buckets:
+            for i, t in enumerate(tensors):
+                if t.dim() < 1:
+                    raise ValueError(f"with buckets every input's first axis is its sequence axis; input {i} is a "
+                                     f"scalar")
+        self.prepared = self._prepare(model, config, tensors, device)
+        self.device = self.prepared.device
+        cfg = self.prepared.config
+        self.config = cfg
+        self._specs = [self._spec(t, cfg) for t in tensors]
+        self.notes: list[str] = list(self.prepared.notes)
+        self.path = self._choose_path(executor, cfg)
+        self._pool = PinnedPool(name=f"{name} pinned")
+        self._graphs: list[Any] = []  # kept alive while C++ replays them
+        dev = self.device.index if self.device.type == "cuda" else -1
+        if dev is None:
+            dev = torch.cuda.current_device()
+        self._samples: list[list[torch.Tensor]] = []
+        self._expected: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._checksums = bool(checksums)
+        kwargs: dict[str, Any] = dict(batcher=self.options, device=dev, inputs=self._specs, checksums=checksums,
+                                      name=name, pinned_pool=self._pool._native)
+        if self.path == "cuda-graph":
+            self.graph_sizes = _sizes("graph_sizes", graph_sizes, max_batch_size) or graph_batch_sizes(
+                max_batch_size, self.options.preferred_batch_sizes)
+            if self.graph_sizes[-1] != max_batch_size:
+                raise ValueError(f"graph_sizes must include max_batch_size={max_batch_size}, got {self.graph_sizes}")
+            kwargs["graphs"] = self._capture_all(tensors)
+        else:
+            self.graph_sizes = []
+            kwargs["fn"] = self._python_fn()
+            kwargs["instances"] = self.instances
+        self._native = _C.Server(**kwargs)
+
+    # ---- preparation ---------------------------------------------------------------------------------------
+
+    def _prepare(self, model: Any, config: Any, tensors: list[torch.Tensor], device: Any) -> Prepared:
+        if isinstance(model, Prepared):
+            if not model.ok:
+                raise RuntimeError(f"config {model.label} could not be prepared: {model.error}")
+            return model
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model must be a torch.nn.Module or a gpuopt Prepared, got {type(model).__name__}")
+        cfg = Config.parse(config)
+        example = self._example_batch(tensors, 1)
+        prepared = cfg.apply(model, example, device=device)
+        if not prepared.ok:
+            raise RuntimeError(f"config {cfg.label} could not be prepared: {prepared.error}")
+        return prepared
+
+    def _example_batch(self, tensors: Sequence[torch.Tensor], rows: int) -> Any:
+        batch = [t.unsqueeze(0).expand(rows, *t.shape).contiguous() for t in tensors]
+        if self.layout.keys is not None:
+            return dict(zip(self.layout.keys, batch))
+        return tuple(batch)
+
+    @staticmethod
+    def _spec(t: torch.Tensor, cfg: Config) -> tuple[torch.dtype, list[int], str]:
+        dtype = cfg.cast_dtype if (cfg.cast_dtype is not None and t.is_floating_point()) else t.dtype
+        fmt = "channels_last" if cfg.memory_format == "channels_last" and t.dim() == 3 else "contiguous"
+        return (dtype, list(t.shape), fmt)
+
+    def _choose_path(self, executor: str, cfg: Config) -> str:
+        graphable = self.device.type == "cuda" and (
+            cfg.backend == "cudagraph" or (cfg.backend == "compile" and cfg.compile_mode in (
+                "default", "max-autotune-no-cudagraphs")))
+        if executor == "graph" and not graphable:
+            raise ValueError(f"executor='graph' needs a CUDA device and a 'cudagraph' config or a 'compile' config "
+                             f"whose mode does not capture graphs itself; got {cfg.label} on {self.device}")
+        if executor == "python" or not graphable:
+            return "python"
+        return "cuda-graph"
+
+    def _module(self) -> Callable[..., Any]:
+        p = self.prepared
+        return p.eager_module if p.config.backend == "cudagraph" else p.module
+
+    def _python_fn(self) -> Callable[..., torch.Tensor]:
+        module, layout, cfg, device_type = self._module(), self.layout, self.prepared.config, self.device.type
+
+        def run(*batch: torch.Tensor) -> torch.Tensor:
+            with cfg.guard(device_type):  # one guard per call: instances run this on several threads
+                return _first_tensor(layout.call(module, batch))
+
+        return run
+
+    def _capture_all(self, tensors: list[torch.Tensor]) -> list[list[tuple]]:
+        """Per instance, per bucket: static inputs for the largest graph batch, and one graph per graph
+        batch size on views of them, sharing the instance's memory pool (never replayed concurrently)."""
+        module, layout, cfg = self._module(), self.layout, self.prepared.config
+        buckets = self.buckets or [None]
+        per_instance: list[list[tuple]] = []
+        for _ in range(self.instances):
+            pool = torch.cuda.graph_pool_handle()
+            entries: list[tuple] = []
+            for b_index, length in enumerate(buckets):
+                static = []
+                for (dtype, shape, fmt), t in zip(self._specs, tensors):
+                    full = [self.graph_sizes[-1], *shape]
+                    if length is not None:
+                        full[1] = length
+                    mf = torch.channels_last if fmt == "channels_last" else torch.contiguous_format
+                    static.append(torch.zeros(full, dtype=dtype, device=self.device).contiguous(memory_format=mf))
+                for rows in reversed(self.graph_sizes):
+                    views = [s[:rows] for s in static]
+                    graph, out = self._capture(module, layout, cfg, views, pool)
+                    self._graphs.append(graph)
+                    entries.append((b_index if length is not None else -1, rows, graph.raw_cuda_graph_exec(), views,
+                                    out))
+            per_instance.append(entries)
+        torch.cuda.synchronize(self.device)
+        return per_instance
+
+    def _capture(self, module, layout, cfg, views, pool):
+        guard = cfg.guard(self.device.type, capture=True)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side), guard:
+            for _ in range(2):  # lazy initialisation, cuDNN autotuning: outside the capture
+                _first_tensor(layout.call(module, views))
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with cfg.guard(self.device.type, capture=True), torch.cuda.graph(graph, pool=pool):
+            out = _first_tensor(layout.call(module, views)).contiguous()
+        return graph, out
+
+    # ---- requests ------------------------------------------------------------------------------------------
+
+    def submit(self, sample: Any, *, priority: int = 0, timeout_ms: float | None = None) -> Future:
+        """Queues one request (copied into pinned memory at once) and returns its :class:`Future`.
+        A full queue raises :class:`QueueFullError` (counted in :meth:`stats`); ``priority`` 0 is
+        served first; ``timeout_ms`` overrides the server's."""
+        if timeout_ms is None:
+            timeout_us = -1
+        elif isinstance(timeout_ms, (int, float)) and not isinstance(timeout_ms, bool) and timeout_ms > 0:
+            timeout_us = max(1, round(timeout_ms * 1e3))
+        else:
+            raise ValueError(f"timeout_ms must be a positive number of milliseconds or None, got {timeout_ms!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int in [0, {self.options.priority_levels}), got {priority!r}")
+        native = self._native.submit(self.layout.tensors(sample), priority, timeout_us)
+        if native.status == "rejected":
+            raise QueueFullError(native.error)
+        if native.status == "cancelled":
+            raise RequestFailed(native.error)
+        return Future(native)
+
+    def infer(self, sample: Any, *, timeout: float = 60.0, **kwargs: Any) -> torch.Tensor:
+        """``submit(sample).result(timeout)``."""
+        return self.submit(sample, **kwargs).result(timeout)
+
+    def add_samples(self, samples: Sequence[Any]) -> int:
+        """Samples the load generator draws from (converted to pinned rows once); returns the count."""
+        for s in samples:
+            tensors = self.layout.tensors(s)
+            self._native.add_sample(tensors)
+            self._samples.append([t.detach().cpu() for t in tensors])
+        self._expected = None
+        return self._native.sample_count
+
+    @property
+    def sample_count(self) -> int:
+        return self._native.sample_count
+
+    def run_load(self, spec: LoadSpec | None = None, *, records: bool = False, verify: bool = False,
+                 model_name: str = "model", **load: Any) -> ServeResult:
+        """Drives this server with the C++ load generator (``spec``, or :class:`LoadSpec` fields as
+        keywords) over the samples added with :meth:`add_samples`. ``verify`` (needs ``checksums=True``)
+        compares every answer's output checksum with a direct model call on its sample."""
+        spec = _load_spec(spec, load)
+        if verify and not self._checksums:
+            raise ValueError("verify=True needs a server built with checksums=True")
+        run = self._native.run_load(spec.options(), records or verify)
+        recs = run.pop("records")
+        result = ServeResult(model=model_name, config=self.prepared.label, load=spec, settings=self.describe(),
+                             result=run, server=self.stats(), records=recs if records else None)
+        if verify:
+            result.verification = verify_checksums(recs, self.expected_checksums(), self.config.precision)
+        return result
+
+    def expected_checksums(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per added sample: the sum and the sum of magnitudes of a direct model call's output on it
+        (batch of one, the config's eager module), as the server sums its answers."""
+        if self._expected is None:
+            fn = self._python_fn()
+            sums, mags = [], []
+            with torch.inference_mode():
+                for tensors in self._samples:
+                    batch = [t.unsqueeze(0).to(self.device, dtype) for t, (dtype, _, _) in zip(tensors, self._specs)]
+                    batch = [b.contiguous(memory_format=torch.channels_last) if fmt == "channels_last" else b
+                             for b, (_, _, fmt) in zip(batch, self._specs)]
+                    out = fn(*batch)[0].double()
+                    sums.append(out.sum().item())
+                    mags.append(out.abs().sum().item())
+            self._expected = (torch.tensor(sums, dtype=torch.float64), torch.tensor(mags, dtype=torch.float64))
+        return self._expected
+
+    def stats(self) -> dict[str, Any]:
+        """Requests by outcome, batches (per instance), busy time, host time per phase, the queue's
+        counters and batch-size histogram."""
+        return dict(self._native.stats())
+
+    def close(self, drain: bool = True, timeout_s: float = 30.0) -> None:
+        """Stops accepting requests; with ``drain`` serves what waits (for up to ``timeout_s``) and
+        cancels the rest, otherwise cancels at once; returns once every executor has stopped."""
+        self._native.close(bool(drain), float(timeout_s))
+
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        self.close(drain=exc[0] is None)
+        return False
+
+    def describe(self) -> dict[str, Any]:
+        """The settings a result records."""
+        o = self.options
+        return {"path": self.path, "instances": self.instances, "max_batch_size": o.max_batch_size,
+                "max_queue_delay_us": o.max_queue_delay_us, "preferred_batch_sizes": list(o.preferred_batch_sizes),
+                "buckets": list(o.buckets), "max_queue_size": o.max_queue_size,
+                "priority_levels": o.priority_levels, "timeout_us": o.default_timeout_us,
+                "timeout_action": o.timeout_action, "graph_sizes": list(self.graph_sizes),
+                "device": str(self.device), "config": self.prepared.label}
+
+    def __repr__(self) -> str:
+        return (f"Server({self.prepared.label} on {self.device}, path={self.path}, instances={self.instances}, "
+                f"max_batch_size={self.options.max_batch_size}, max_queue_delay_us={self.options.max_queue_delay_us})")
