@@ -15,17 +15,36 @@ from gpuopt.serving import LoadSpec, QueueFullError, RequestFailed, Server
 from gpuopt.serving.load import verify_checksums
 
 
+class Shared:
+    """State a served model shares with its test: the server prepares a deep copy of the model, and
+    this survives the copy as the same object."""
+
+    def __init__(self):
+        self.open = threading.Event()
+        self.open.set()
+        self.batches: list[list[float]] = []
+
+    def __deepcopy__(self, memo):
+        return self
+
+
 class Gate(torch.nn.Module):
-    """A linear model that blocks on an event while ``hold`` is set (bounded), so a test can fill the
+    """A linear model that waits at a gate the test can close (bounded), so a test can fill the
     queue; it raises on a batch containing a row whose first value is ``poison``."""
 
     def __init__(self, d: int = 8, poison: float = 1234.0):
         super().__init__()
         self.lin = torch.nn.Linear(d, 3)
-        self.open = threading.Event()
-        self.open.set()
+        self.shared = Shared()
         self.poison = poison
-        self.batches: list[list[float]] = []
+
+    @property
+    def open(self) -> threading.Event:
+        return self.shared.open
+
+    @property
+    def batches(self) -> list[list[float]]:
+        return self.shared.batches
 
     def forward(self, x):
         assert self.open.wait(10.0), "the test never opened the gate"
@@ -126,6 +145,7 @@ def test_full_queue_rejects_and_counts():
 def test_priority_and_timeouts():
     model = Gate()
     with _server(model, torch.zeros(8), max_batch_size=1, instances=1, priority_levels=2) as s:
+        model.batches.clear()  # preparing the config called the model once
         model.open.clear()
         s.submit(torch.zeros(8))
         time.sleep(0.2)
@@ -143,7 +163,7 @@ def test_priority_and_timeouts():
             expired.result(10)
         with pytest.raises(ValueError, match="priority"):
             s.submit(torch.zeros(8), priority=2)
-    order = [b[0] for b in model.batches[1:]]
+    order = [b[0] for b in model.batches[1:]]  # after the request that held the gate
     assert order == [2.0, 0.0, 1.0], f"level 0 first, then FIFO within level 1; got {order}"
 
 

@@ -314,6 +314,11 @@ class Server:
         per_instance: list[list[tuple]] = []
         for _ in range(self.instances):
             pool = torch.cuda.graph_pool_handle()
+            # A capture stream per instance: torch keys cuBLAS workspaces by (handle, stream), so graphs
+            # captured on one stream (torch.cuda.graph's shared default) would all write the same
+            # workspace -- and replayed concurrently by two instances, race on it (split-K GEMMs then
+            # deadlock on the GPU).
+            stream = torch.cuda.Stream(self.device)
             entries: list[tuple] = []
             for b_index, length in enumerate(buckets):
                 static = []
@@ -325,7 +330,7 @@ class Server:
                     static.append(torch.zeros(full, dtype=dtype, device=self.device).contiguous(memory_format=mf))
                 for rows in reversed(self.graph_sizes):
                     views = [s[:rows] for s in static]
-                    graph, out = self._capture(module, layout, cfg, views, pool)
+                    graph, out = self._capture(module, layout, cfg, views, pool, stream)
                     self._graphs.append(graph)
                     entries.append((b_index if length is not None else -1, rows, graph.raw_cuda_graph_exec(), views,
                                     out))
@@ -333,16 +338,14 @@ class Server:
         torch.cuda.synchronize(self.device)
         return per_instance
 
-    def _capture(self, module, layout, cfg, views, pool):
-        guard = cfg.guard(self.device.type, capture=True)
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side), guard:
+    def _capture(self, module, layout, cfg, views, pool, stream):
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream), cfg.guard(self.device.type, capture=True):
             for _ in range(2):  # lazy initialisation, cuDNN autotuning: outside the capture
                 _first_tensor(layout.call(module, views))
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with cfg.guard(self.device.type, capture=True), torch.cuda.graph(graph, pool=pool):
+        with cfg.guard(self.device.type, capture=True), torch.cuda.graph(graph, pool=pool, stream=stream):
             out = _first_tensor(layout.call(module, views)).contiguous()
         return graph, out
 
