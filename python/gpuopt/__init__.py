@@ -36,7 +36,7 @@ from .prepare import (
 from .report import Results, Row
 from .report import plots as plot
 from .run import benchmark, sweep, zoo
-from .serve import LoadSpec, NaiveBatcher, QueueFullError, RequestFailed, ServeResult, Server, latency_curve, max_rate, serve
+from .serving import LoadSpec, NaiveBatcher, QueueFullError, RequestFailed, ServeResult, Server, latency_curve, max_rate, serve
 from .timing import Comparison, Measurement, RunToRun, calibrate, compare, env, measure
 
 __version__ = build_info()["gpuopt_version"]

@@ -91,7 +91,8 @@ class BatchQueue {
 
   // The next batch by the policy, waiting up to timeout_s for one to be due; nullopt on timeout or
   // when the queue is closed and empty. Requests that timed out under kReject while waiting are
-  // appended to `expired` (when given; counted either way) for the caller to fail.
+  // appended to `expired` (when given; counted either way) for the caller to fail; the call then
+  // returns at once (nullopt when no batch is due) so that they are failed on time.
   std::optional<Batch> next_batch(double timeout_s, std::vector<QueuedRequest>* expired = nullptr);
 
   // Closing: no more enqueues. drain=true: waiting requests still leave in batches, at once (no
@@ -109,6 +110,16 @@ class BatchQueue {
   struct Level {
     std::vector<std::deque<QueuedRequest>> by_bucket;
     std::vector<std::deque<QueuedRequest>> delayed_by_bucket;
+    std::int64_t waiting = 0;  // both kinds, all buckets
+  };
+  // A pending timeout, in a min-heap on `deadline`. Entries of requests that left in a batch stay
+  // until their deadline passes (lazy deletion): a lookup finds nothing then.
+  struct Expiry {
+    Clock::time_point deadline;
+    Clock::time_point enqueued;  // with id: finds the request in its FIFO (sorted by enqueued)
+    std::uint64_t id;
+    std::int32_t level;
+    std::int32_t slot;  // bucket index, 0 without buckets
   };
   std::optional<Batch> try_form_locked(Clock::time_point now, Clock::time_point* wake);
   void expire_locked(Clock::time_point now, std::vector<QueuedRequest>* expired, Clock::time_point* wake);
@@ -117,6 +128,7 @@ class BatchQueue {
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::vector<Level> levels_;
+  std::vector<Expiry> expiries_;
   bool closed_ = false;
   bool draining_ = false;
   BatcherStats stats_;

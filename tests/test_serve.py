@@ -1,0 +1,274 @@
+"""The dynamic batcher and the load generator from Python, on CPU (the Python executor path): answers
+match direct calls, bucketing pads and cuts back, queue policies, failures stay in their batch,
+shutdown never hangs, bad settings are named. GPU paths: tests/test_serve_gpu.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import gpuopt
+from gpuopt.serving import LoadSpec, QueueFullError, RequestFailed, Server
+from gpuopt.serving.load import verify_checksums
+
+
+class Gate(torch.nn.Module):
+    """A linear model that blocks on an event while ``hold`` is set (bounded), so a test can fill the
+    queue; it raises on a batch containing a row whose first value is ``poison``."""
+
+    def __init__(self, d: int = 8, poison: float = 1234.0):
+        super().__init__()
+        self.lin = torch.nn.Linear(d, 3)
+        self.open = threading.Event()
+        self.open.set()
+        self.poison = poison
+        self.batches: list[list[float]] = []
+
+    def forward(self, x):
+        assert self.open.wait(10.0), "the test never opened the gate"
+        if bool((x[:, 0] == self.poison).any()):
+            raise ValueError("poisoned batch")
+        self.batches.append(x[:, 1].tolist())
+        return self.lin(x)
+
+
+class MaskedSum(torch.nn.Module):
+    """A sequence model whose padded positions do not matter when masked: per token an embedding, output
+    per position (B, L, 4) and a masked mean."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 4)
+
+    def forward(self, ids, mask):
+        return self.emb(ids) * mask.unsqueeze(-1).to(torch.float32)
+
+
+def _server(model, sample, **kw):
+    kw.setdefault("device", "cpu")
+    return Server(model, "fp32", sample, **kw)
+
+
+def test_answers_equal_direct_calls(rng):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 5))
+    xs = [torch.randn(16, generator=rng) for _ in range(40)]
+    with _server(model, xs[0], max_batch_size=8, max_queue_delay_us=2000, instances=2) as s:
+        futures = [s.submit(x) for x in xs]
+        outs = [f.result(10) for f in futures]
+        stats = s.stats()
+    with torch.no_grad():
+        want = model(torch.stack(xs))
+    for i, (o, w) in enumerate(zip(outs, want)):
+        torch.testing.assert_close(o, w, rtol=1e-5, atol=1e-6, msg=f"request {i}")
+    assert stats["ok"] == 40 and stats["failed"] == 0 and stats["path"] == "python"
+    assert stats["batches"] < 40, "requests waiting together must share batches"
+    counts = stats["queue"]["batch_size_counts"]
+    assert sum(b * c for b, c in enumerate(counts)) == 40 and max(b for b, c in enumerate(counts) if c) <= 8
+    assert all(f.timings["batch_size"] >= 1 for f in futures)
+
+
+def test_buckets_pad_and_cut_back(rng):
+    model = MaskedSum()
+    lengths = [3, 17, 30, 31, 64, 5, 50]
+    samples = [(torch.randint(0, 50, (n,), generator=rng), torch.ones(n, dtype=torch.long)) for n in lengths]
+    with _server(model, samples[0], max_batch_size=4, max_queue_delay_us=5000, buckets=[8, 32, 64]) as s:
+        outs = [f.result(10) for f in [s.submit(x) for x in samples]]
+        with pytest.raises(ValueError, match="65"):
+            s.submit((torch.zeros(65, dtype=torch.long), torch.ones(65, dtype=torch.long)))
+        with pytest.raises(ValueError, match="same length"):
+            s.submit((torch.zeros(5, dtype=torch.long), torch.ones(6, dtype=torch.long)))
+    with torch.no_grad():
+        for (ids, mask), o in zip(samples, outs):
+            assert o.shape == (len(ids), 4), "the sequence axis is cut back to the request's length"
+            torch.testing.assert_close(o, model(ids[None], mask[None])[0])
+
+
+def test_model_error_fails_only_its_batch():
+    model = Gate()
+    good = torch.zeros(8)
+    bad = torch.zeros(8)
+    bad[0] = model.poison
+    with _server(model, good, max_batch_size=4, instances=1) as s:
+        model.open.clear()
+        first = s.submit(good)  # rides alone, blocked at the gate
+        time.sleep(0.2)
+        f_bad = [s.submit(bad), s.submit(good)]  # one batch with the poisoned row
+        model.open.set()
+        assert first.result(10).shape == (3,)
+        for f in f_bad:
+            with pytest.raises(RequestFailed, match="poisoned batch"):
+                f.result(10)
+        assert s.infer(good).shape == (3,), "the server keeps serving after a failed batch"
+        st = s.stats()
+    assert st["failed"] == 2 and st["failed_batches"] == 1 and st["ok"] == 2
+
+
+def test_full_queue_rejects_and_counts():
+    model = Gate()
+    with _server(model, torch.zeros(8), max_batch_size=1, instances=1, max_queue_size=2) as s:
+        model.open.clear()
+        held = s.submit(torch.zeros(8))
+        time.sleep(0.2)  # the executor holds it at the gate: the queue is empty again
+        waiting = [s.submit(torch.zeros(8)) for _ in range(2)]
+        t0 = time.perf_counter()
+        with pytest.raises(QueueFullError, match="max_queue_size=2"):
+            s.submit(torch.zeros(8))
+        assert time.perf_counter() - t0 < 1.0, "a full queue answers at once"
+        model.open.set()
+        for f in [held, *waiting]:
+            f.result(10)
+        assert s.stats()["rejected"] == 1
+
+
+def test_priority_and_timeouts():
+    model = Gate()
+    with _server(model, torch.zeros(8), max_batch_size=1, instances=1, priority_levels=2) as s:
+        model.open.clear()
+        s.submit(torch.zeros(8))
+        time.sleep(0.2)
+        tagged = []
+        for i, prio in enumerate([1, 1, 0]):
+            x = torch.zeros(8)
+            x[1] = i
+            tagged.append(s.submit(x, priority=prio))
+        expired = s.submit(torch.zeros(8), timeout_ms=50)
+        time.sleep(0.3)
+        model.open.set()
+        for f in tagged:
+            f.result(10)
+        with pytest.raises(TimeoutError, match="timed out"):
+            expired.result(10)
+        with pytest.raises(ValueError, match="priority"):
+            s.submit(torch.zeros(8), priority=2)
+    order = [b[0] for b in model.batches[1:]]
+    assert order == [2.0, 0.0, 1.0], f"level 0 first, then FIFO within level 1; got {order}"
+
+
+def test_shutdown_cancels_or_drains_without_hanging():
+    model = Gate()
+    s = _server(model, torch.zeros(8), max_batch_size=1, instances=1)
+    model.open.clear()
+    s.submit(torch.zeros(8))
+    time.sleep(0.2)
+    queued = [s.submit(torch.zeros(8)) for _ in range(5)]
+    threading.Timer(0.3, model.open.set).start()
+    t0 = time.perf_counter()
+    s.close(drain=False)
+    assert time.perf_counter() - t0 < 5
+    for f in queued:
+        with pytest.raises(RequestFailed, match="shut down"):
+            f.result(1)
+    with pytest.raises(RequestFailed, match="closed"):
+        s.submit(torch.zeros(8))
+    s2 = _server(Gate(), torch.zeros(8), max_batch_size=2, instances=1)
+    fs = [s2.submit(torch.zeros(8)) for _ in range(7)]
+    s2.close(drain=True, timeout_s=10)
+    assert all(f.result(1).shape == (3,) for f in fs)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"max_batch_size": 0}, "max_batch_size"),
+    ({"max_queue_delay_us": -1}, "max_queue_delay_us"),
+    ({"preferred_batch_sizes": [4, 2]}, "preferred_batch_sizes"),
+    ({"preferred_batch_sizes": [64]}, "preferred_batch_sizes"),
+    ({"buckets": [0, 8]}, r"buckets\[0\]"),
+    ({"instances": 0}, "instances"),
+    ({"max_queue_size": -1}, "max_queue_size"),
+    ({"timeout_ms": -5}, "timeout_ms"),
+    ({"timeout_action": "drop"}, "timeout_action"),
+])
+def test_bad_settings_are_named(kw, match):
+    with pytest.raises(ValueError, match=match):
+        _server(torch.nn.Linear(8, 3), torch.zeros(8), **kw)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"scenario": "burst"}, "scenario"),
+    ({"scenario": "server"}, "rate"),
+    ({"scenario": "server", "rate": 1e9}, "rate"),
+    ({"scenario": "server", "rate": -3.0}, "rate"),
+    ({"scenario": "closed-loop", "concurrency": 0}, "concurrency"),
+    ({"scenario": "server", "rate": 10.0, "arrival": "ramp"}, "ramp"),
+    ({"scenario": "server", "rate": 10.0, "arrival": "gamma", "burstiness": 0.0}, "burstiness"),
+    ({"scenario": "offline", "min_queries": 0}, "min_queries"),
+    ({"scenario": "offline", "percentile": 1.5}, "percentile"),
+])
+def test_bad_load_is_named(kw, match):
+    with pytest.raises(ValueError, match=match):
+        LoadSpec(**kw).options()
+
+
+def test_serve_scenarios_on_cpu():
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    sample_fn = lambda i: torch.randn(16)  # noqa: E731
+    common = dict(device="cpu", max_batch_size=16, samples=16, duration_s=0.0)
+    r = gpuopt.serve(model, "fp32", sample_fn, scenario="closed-loop", concurrency=8, min_queries=500,
+                     records=True, **common)
+    assert r.result["ok"] == 500 and r.result["lost"] == 0 and r.valid, r.summary()
+    rec = r.records
+    assert torch.unique(rec["id"]).numel() == 500 and int(rec["batch_size"].max()) <= 16
+    done = rec["completed_s"] - rec["scheduled_s"]
+    assert bool((done > 0).all()) and r.latency_ms["p50"] > 0
+    row = r.row()
+    assert row.mode == "serve:closed-loop" and row.item_unit == "requests" and row.throughput_items_per_s > 0
+    assert gpuopt.Row.from_dict(row.to_dict()) == row
+    single = gpuopt.serve(model, "fp32", sample_fn, scenario="single-stream", min_queries=64, **common)
+    assert set(single.result["batch_size_counts"][2:]) <= {0}, "single-stream never batches"
+    assert single.result["early_stop"]["enough"] and single.valid
+    off = gpuopt.serve(model, "fp32", sample_fn, scenario="offline", min_queries=800, **common)
+    assert off.result["ok"] == 800 and max(b for b, c in enumerate(off.result["batch_size_counts"]) if c) == 16
+    naive = gpuopt.serve(model, "fp32", sample_fn, scenario="offline", min_queries=300, batcher="naive", **common)
+    assert naive.result["ok"] == 300 and naive.settings["path"] == "naive-python"
+
+
+def test_server_scenario_counts_from_schedule():
+    """A server slower than its arrivals: latency is counted from each query's scheduled time, so the
+    backlog shows (no coordinated omission) and the run is invalid."""
+    model = Gate()
+    service_s = 0.004
+
+    def slow(x):
+        time.sleep(service_s)
+        return model.lin(x)
+
+    class Slow(torch.nn.Module):
+        def forward(self, x):
+            return slow(x)
+
+    r = gpuopt.serve(Slow(), "fp32", lambda i: torch.randn(8), device="cpu", max_batch_size=1, instances=1,
+                     scenario="server", rate=500.0, min_queries=300, duration_s=0.0, samples=4)
+    # 300 queries arrive in ~0.6 s; one at a time at >= 4 ms each they take >= 1.2 s to serve.
+    assert not r.valid and any("keep up" in m for m in r.invalid_reasons), r.summary()
+    assert r.latency_ms["p99"] > 400, "the last queries waited behind the backlog since their arrival"
+
+
+def test_verify_checksums_catches_a_wrong_answer():
+    model = torch.nn.Linear(16, 4)
+    r = gpuopt.serve(model, "fp32", lambda i: torch.randn(16) * (i + 1), device="cpu", scenario="offline",
+                     min_queries=400, duration_s=0.0, samples=32, max_batch_size=8, verify=True, records=True)
+    v = r.verification
+    assert v["answered"] == 400 and v["mismatched"] == 0 and v["lost"] == 0 and v["duplicated"] == 0, v
+    recs = dict(r.records)
+    s = Server(model, "fp32", torch.randn(16), device="cpu", checksums=True)
+    s.add_samples([torch.randn(16) * (i + 1) for i in range(32)])
+    recs["checksum"] = recs["checksum"].clone()
+    recs["checksum"][7] += 1.0  # another sample's answer, or a corrupted one
+    planted = verify_checksums(recs, s.expected_checksums(), "fp32")
+    s.close()
+    assert planted["mismatched"] >= 1
+
+
+def test_max_rate_finds_a_valid_rate_on_cpu():
+    model = torch.nn.Linear(16, 4)
+    s, name = gpuopt.serving.build(model, "fp32", lambda i: torch.randn(16), device="cpu", max_batch_size=32,
+                                 samples=8, max_queue_delay_us=200)
+    try:
+        search = gpuopt.max_rate(s, slo_ms=50.0, duration_s=0.3, min_queries=500, max_steps=5)
+    finally:
+        s.close()
+    assert search.best is not None and search.best.valid, search.summary()
+    assert search.max_rate > 100 and len(search.steps) >= 2
+    assert all(st.load.rate <= search.offline.throughput * 1.05 + 1e-6 for st in search.steps)
