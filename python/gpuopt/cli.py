@@ -411,7 +411,7 @@ def _sizes(value: str) -> list[int]:
 
 
 def _add_serve(sub: argparse._SubParsersAction) -> None:
-    from .serve import ARRIVALS, BATCHERS, SCENARIOS
+    from .serving import ARRIVALS, BATCHERS, SCENARIOS
 
     p = sub.add_parser(
         "serve", help="serve a model with gpuopt's dynamic batcher under a LoadGen-style load",
@@ -456,8 +456,8 @@ def _serve_plan(args: argparse.Namespace):
     from .prepare.config import Config
     from .run import zoo
     from .run.workload import resolve_device
-    from .serve import LoadSpec
-    from .serve.server import batcher_options
+    from .serving import LoadSpec
+    from .serving.server import batcher_options
 
     if args.find_max_rate and args.curve:
         raise UsageError("--find-max-rate and --curve are two different runs: give one")
@@ -509,7 +509,7 @@ def _serve_plan(args: argparse.Namespace):
 
 def _run_serve(args: argparse.Namespace) -> int:
     from .report.results import Results, Row, serving_mode
-    from .serve import Server, build, latency_curve, max_rate
+    from .serving import Server, build, latency_curve, max_rate
 
     config, device, load, server_kw = _serve_plan(args)
     results = Results.new(spec={k: v for k, v in vars(args).items() if k not in ("run", "version")})

@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     from .results import Results, Row
 
 
-def _table(header: list[str], rows: list[list[str]], align_right_from: int = 1, left_from: int | None = None) -> list[str]:
+def _table(header: list[str], rows: list[list[str]], align_right_from: int = 1,
+           left_from: int | None = None) -> list[str]:
     """Columns from ``align_right_from`` (up to ``left_from``) are right-aligned: the numbers."""
     right = range(align_right_from, len(header) if left_from is None else left_from)
     out = ["| " + " | ".join(header) + " |",
@@ -66,8 +67,8 @@ def markdown(results: Results, baseline: str | None = None) -> str:
     lines = [f"# gpuopt results on {results.device}", "",
              f"{len(results.rows)} cells ({len(results.failed)} failed), {results.created}.", ""]
     speedups = results.speedups(baseline)
-    served = [r for r in results.rows if r.serving is not None]
-    everything, results = results, results.select(lambda r: r.serving is None) if served else results
+    served = [r for r in results.rows if r.is_serving]
+    everything, results = results, results.select(lambda r: not r.is_serving) if served else results
     for model in results.models():
         unit = next((r.item_unit for r in results.rows if r.model == model), "items")
         lines += [f"## {model}", ""]
@@ -141,16 +142,17 @@ def _serving(rows: list[Row]) -> list[str]:
     """One table of serving runs: load, batcher, latency percentiles, queue vs compute, validity."""
     table = []
     for r in rows:
-        s = r.serving
-        settings = s["settings"]
-        batcher = f"{settings.get('path', '?')}, max {settings.get('max_batch_size', '?')}"
+        s = r.serving or {}  # a cell that failed before its run has none
+        settings = s.get("settings", {})
+        batcher = f"{settings['path']}, max {settings['max_batch_size']}" if settings else "-"
         if "max_queue_delay_us" in settings:
             batcher += f", delay {settings['max_queue_delay_us']} us, {settings.get('instances', 1)} inst."
         elif "max_wait_ms" in settings:
             batcher += f", wait {settings['max_wait_ms']:g} ms"
-        counts = s["counts"]
-        answered = f"{counts['ok']:,}/{counts['issued']:,}" + "".join(
-            f", {counts[k]:,} {k.replace('_', ' ')}" for k in ("failed", "rejected", "timed_out", "lost") if counts.get(k))
+        counts = s.get("counts")
+        answered = "-" if counts is None else f"{counts['ok']:,}/{counts['issued']:,}" + "".join(
+            f", {counts[k]:,} {k.replace('_', ' ')}" for k in ("failed", "rejected", "timed_out", "lost")
+            if counts.get(k))
         offered = f"{s['target_rate']:,.0f}" if s.get("target_rate") else "-"
         if r.ok:
             lat, q, c = r.latency_ms, s["queue_ms"], s["compute_ms"]

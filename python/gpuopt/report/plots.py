@@ -242,7 +242,7 @@ def _serving_rows(source: Any) -> list[Row]:
         return [r for r in source.rows if r.serving is not None]
     if isinstance(source, Row):
         return [source] if source.serving is not None else []
-    if hasattr(source, "steps") and hasattr(source, "slo_ms"):  # gpuopt.serve.RateSearch
+    if hasattr(source, "steps") and hasattr(source, "slo_ms"):  # gpuopt.serving.RateSearch
         return _serving_rows(source.steps)
     if callable(getattr(source, "row", None)):  # gpuopt.ServeResult
         return [source.row()]
@@ -346,14 +346,14 @@ def save_all(results: Results, out: str | Path) -> dict[str, Path]:
     plt = _plt()
     out = Path(out)
     paths: dict[str, Path] = {}
-    measured = results.select(lambda r: r.serving is None) if any(r.serving for r in results.rows) else results
+    measured = results.select(lambda r: not r.is_serving) if any(r.is_serving for r in results.rows) else results
     for model in results.models():
         kinds: dict[str, Any] = {"throughput": throughput_vs_batch, "latency": latency_vs_batch,
                                  "speedup": speedup_bars, "memory": memory_bars, "distribution": latency_distribution}
         if measured.ceilings:
             for prec in dict.fromkeys(r.precision or "fp32" for r in measured.ok if r.model == model):
                 kinds[f"roofline-{prec}"] = lambda res, m, path, prec=prec: roofline(res, m, precision=prec, path=path)
-        served = [r for r in results.ok if r.model == model and r.serving is not None]
+        served = [r for r in results.ok if r.model == model and r.is_serving]
         if served:
             busiest = max(served, key=lambda r: (r.serving["scenario"] != "offline", r.serving["valid"],
                                                  r.throughput_items_per_s or 0))

@@ -76,6 +76,11 @@ class Row:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @property
+    def is_serving(self) -> bool:
+        """The row of a serving run (mode ``serve:...``), answered or failed."""
+        return self.mode.startswith("serve:")
+
     @classmethod
     def measured(cls, m: Measurement, *, model: str, config: str, batch_size: int, mode: str,
                  **facts: Any) -> Row:
@@ -157,7 +162,7 @@ class Row:
         return cls(**d)
 
 
-# The naive baseline's executor path (gpuopt.serve.NaiveBatcher.path, a layer above this one).
+# The naive baseline's executor path (gpuopt.serving.NaiveBatcher.path, a layer above this one).
 NAIVE_PATH = "naive-python"
 
 

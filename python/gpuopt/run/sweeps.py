@@ -50,7 +50,7 @@ MODEL_KEYS = {"name", "input_shape", "batch_sizes"}
 @dataclass
 class SectionCell:
     """A cell of a spec section that an engine above this layer runs (``serve:``, registered by
-    gpuopt.serve): the key of its row, what the sweep's fingerprint records of it, and ``run``, which
+    gpuopt.serving): the key of its row, what the sweep's fingerprint records of it, and ``run``, which
     returns its row; an exception there becomes :meth:`failed`'s row and the sweep goes on."""
 
     key: Key
@@ -429,8 +429,9 @@ def sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *, resu
     reference fails; after an out-of-memory error the CUDA caching allocator is emptied. A bad spec
     raises ValueError or TypeError before anything runs (see :func:`plan_sweep`).
 
-    Spec keys: name, models, configs, batch_sizes, modes, parity, train, device, measure. Example
-    (TOML)::
+    Spec keys: name, models, configs, batch_sizes, modes, parity, train, device, measure, and the
+    sections of engines above ``run``: ``serve`` (serving runs, see :mod:`gpuopt.serving.cells`;
+    a spec of serving runs alone needs no models). Example (TOML)::
 
         models = ["resnet50", "vit_b_16"]
         configs = ["fp32", "fp16-amp", "fp16-amp+channels_last"]

@@ -114,4 +114,4 @@ def _cell(entry: dict[str, Any], device: torch.device) -> SectionCell:
 
 
 register_section("serve", Section("serving runs: a list of {model, config, batcher, scenario, rate, slo_ms, ...} "
-                                  "tables (gpuopt.serve.cells)", plan_cells))
+                                  "tables (gpuopt.serving.cells)", plan_cells))
