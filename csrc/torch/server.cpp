@@ -431,7 +431,9 @@ void Server::run_instance(std::size_t instance) {
              waited, -1, 0);
     }
     if (!batch) {
-      if (queue_.closed()) break;  // closed and drained, or closed without draining (shutdown cancels)
+      // nullopt also follows expiries; stop once closed and empty (shutdown cancels what a closing
+      // without drain leaves).
+      if (queue_.closed() && queue_.waiting() == 0) break;
       continue;
     }
     run_batch(instance, *batch, copy_stream);

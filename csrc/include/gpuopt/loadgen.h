@@ -105,7 +105,7 @@ struct LoadOptions {
   std::int64_t samples_per_query = 8;    // multi-stream (>= 1)
   std::int64_t sample_count = 1;         // distinct samples (>= 1); each query draws one uniformly
   std::vector<double> priority_weights;  // relative frequency of priority 0, 1, ...; empty: all 0
-  std::int64_t min_queries = 100;        // >= 1
+  std::int64_t min_queries = 100;        // >= 1 (multi-stream: query groups; offline: the queries issued)
   std::int64_t max_queries = 0;          // 0: no cap; else >= min_queries
   double min_duration_s = 0;             // >= 0
   double max_duration_s = 0;             // 0: no cap; else >= min_duration_s
@@ -139,16 +139,18 @@ struct Percentiles {  // milliseconds over the ok queries (NaN when none)
 
 struct LoadResult {
   Scenario scenario = Scenario::kServer;
+  // Per record (multi-stream: per sample).
   std::int64_t issued = 0, ok = 0, failed = 0, rejected = 0, timed_out = 0, cancelled = 0, lost = 0;
   std::int64_t duplicated = 0;  // completions beyond the first for a query
   std::int64_t unknown = 0;     // completions for ids never issued
   double duration_s = 0;        // first scheduled time -> last completion
   double issue_span_s = 0;      // first -> last issue
-  double target_rate = 0;       // server: the arrival process' rate; 0 otherwise
+  double target_rate = 0;       // server: the arrival process' rate (ramp, spike: its mean over the
+                                // schedule; trace: over its cycle); 0 otherwise
   double scheduled_rate = 0;    // queries scheduled per second over the schedule's span (server)
   double throughput = 0;        // ok queries (samples for multi-stream) per second of duration_s
   Percentiles latency;          // end to end from the scheduled time (multi-stream: per query group)
-  Percentiles queue, compute;   // what the target reported
+  Percentiles queue, compute;   // what the target reported (ok queries that reported it)
   double issue_lag_p99_ms = 0;  // issued - scheduled
   EarlyStop early_stop;         // of `latency` at options.percentile
   bool valid = true;
@@ -173,15 +175,38 @@ class LoadGenerator {
   std::vector<QueryRecord> records() const;
 
  private:
-  // Implementation state is the implementer's; keep the public surface above.
-  struct State;
+  struct Draws;  // sample and priority of each query (seeded; run()'s thread only)
+  // Appends the record of one query (under mu_) and returns what issue() receives.
+  Query admit_locked(Draws& draws, double scheduled_s, Clock::time_point scheduled, std::int64_t group,
+                     Clock::time_point now);
+  // The stop rule of every scenario, for the unit (query; multi-stream: group) about to be issued.
+  bool done(std::int64_t units, double elapsed_s) const;
+  // Calls the target without holding mu_ (it may complete() synchronously).
+  void issue_unlocked(std::unique_lock<std::mutex>& lock, const std::vector<Query>& batch);
+  // Waits (bounded by `until`) for stop(); true when stop() was called.
+  bool stopped_by(std::unique_lock<std::mutex>& lock, Clock::time_point until);
+  std::int64_t issue_server(std::unique_lock<std::mutex>& lock, Draws& draws);
+  std::int64_t issue_closed_loop(std::unique_lock<std::mutex>& lock, Draws& draws, std::int64_t clients,
+                                 std::int64_t group_size);
+  std::int64_t issue_offline(std::unique_lock<std::mutex>& lock, Draws& draws);
+  void drain_locked(std::unique_lock<std::mutex>& lock, Clock::time_point deadline);
+  LoadResult summarize_locked(std::int64_t units) const;
+
   LoadOptions options_;
   Target& target_;
   mutable std::mutex mu_;
   std::condition_variable changed_;
-  std::deque<QueryRecord> records_;
+  std::deque<QueryRecord> records_;              // indexed by id
+  std::deque<std::int64_t> group_left_;          // closed loops: samples of each group not yet answered
+  std::deque<Clock::time_point> free_since_;     // closed loops: when each idle client became free
+  std::vector<std::string> errors_;
+  std::vector<std::string> first_error_;         // by QueryStatus: the first message seen
+  std::int64_t duplicated_ = 0, unknown_ = 0;
   Clock::time_point start_{};
   std::int64_t outstanding_ = 0;  // issued, not yet completed
+  bool closed_loop_ = false;
+  bool stalled_ = false;          // a closed loop saw no completion for drain_timeout_s
+  bool stopped_ = false;          // stop() ended the issuing
   bool draining_done_ = false;
   std::atomic<bool> stop_{false};
   bool ran_ = false;
