@@ -11,8 +11,8 @@ import gpuopt
 from gpuopt import Results
 from gpuopt.cli import main
 
-# Small runs: at least 200 queries, no minimum duration, 8 distinct samples.
-QUICK = ["tiny-cnn", "--device", "cpu", "--min-queries", "200", "--duration-s", "0", "--samples", "8",
+# Small runs: 500 queries (p99 needs 459 for its early-stopping bound), no minimum duration, 8 samples.
+QUICK = ["tiny-cnn", "--device", "cpu", "--min-queries", "500", "--duration-s", "0", "--samples", "8",
          "--max-batch-size", "8"]
 
 
@@ -26,7 +26,7 @@ def test_a_closed_loop_run_prints_its_summary_and_writes_results(tmp_path, capsy
     assert row.ok and row.mode == "serve:closed-loop @4 clients" and row.batch_size == 8
     assert row.item_unit == "requests" and row.device == "cpu"
     s = row.serving
-    assert s["counts"]["ok"] == s["counts"]["issued"] >= 200 and s["valid"]
+    assert s["counts"]["ok"] == s["counts"]["issued"] >= 500 and s["valid"]
     assert s["settings"]["max_queue_delay_us"] == 200 and s["settings"]["path"] == "python"
     # every answered request rode in a batch of 1 to 8
     counts = s["batch_size_counts"]
@@ -39,10 +39,10 @@ def test_a_closed_loop_run_prints_its_summary_and_writes_results(tmp_path, capsy
 
 
 def test_a_curve_of_rates_is_a_row_per_rate_and_the_naive_baseline_says_so(tmp_path, capsys):
-    assert main(["serve", *QUICK, "--curve", "100", "300", "--slo-ms", "1000", "--output", str(tmp_path / "a")]) == 0
+    assert main(["serve", *QUICK, "--curve", "500", "1000", "--slo-ms", "1000", "--output", str(tmp_path / "a")]) == 0
     rows = Results.load(tmp_path / "a" / "results.json").rows
-    assert [r.mode for r in rows] == ["serve:server @100/s", "serve:server @300/s"]
-    assert [r.serving["target_rate"] for r in rows] == [100, 300]
+    assert [r.mode for r in rows] == ["serve:server @500/s", "serve:server @1000/s"]
+    assert [r.serving["target_rate"] for r in rows] == [500, 1000]
     assert all(r.serving["load"]["slo_ms"] == 1000 for r in rows)
     out = capsys.readouterr().out
     assert out.count("tiny-cnn fp32 [python] server:") == 2
@@ -75,7 +75,7 @@ def test_no_rate_under_the_slo_is_exit_1_and_names_the_closest(tmp_path, monkeyp
     real = gpuopt.serving.max_rate
 
     def one_failed_step(target, *, slo_ms, model_name, **load):
-        step = target.run_load(model_name=model_name, scenario="server", rate=50.0, slo_ms=slo_ms, **load)
+        step = target.run_load(model_name=model_name, scenario="server", rate=1000.0, slo_ms=slo_ms, **load)
         assert not step.valid
         return RateSearch(slo_ms, None, [step])
 

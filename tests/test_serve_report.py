@@ -14,7 +14,7 @@ from gpuopt import Results, benchmark
 from gpuopt.report.results import Row, serving_mode
 from gpuopt.serving import build
 
-LOAD = {"min_queries": 200, "duration_s": 0.0}
+LOAD = {"min_queries": 500, "duration_s": 0.0}  # p99 needs 459 queries for its bound
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +24,9 @@ def runs():
     server, name = build("tiny-cnn", "fp32", device="cpu", samples=8, max_batch_size=8, max_queue_delay_us=500)
     try:
         out = {
-            "slow": server.run_load(scenario="server", rate=100.0, slo_ms=1000.0, model_name=name, **LOAD),
-            "fast": server.run_load(scenario="server", rate=400.0, slo_ms=1000.0, model_name=name, **LOAD),
-            "missed": server.run_load(scenario="server", rate=200.0, slo_ms=1e-4, model_name=name, **LOAD),
+            "slow": server.run_load(scenario="server", rate=500.0, slo_ms=1000.0, model_name=name, **LOAD),
+            "fast": server.run_load(scenario="server", rate=1000.0, slo_ms=1000.0, model_name=name, **LOAD),
+            "missed": server.run_load(scenario="server", rate=800.0, slo_ms=1e-4, model_name=name, **LOAD),
             "offline": server.run_load(scenario="offline", model_name=name, **LOAD),
         }
     finally:
@@ -42,14 +42,14 @@ def results(runs):
 
 
 def test_rows_are_keyed_by_load_point_and_batcher(runs, results):
-    assert [r.mode for r in results.rows] == ["serve:server @100/s", "serve:server @400/s", "serve:server @200/s",
+    assert [r.mode for r in results.rows] == ["serve:server @500/s", "serve:server @1000/s", "serve:server @800/s",
                                               "serve:offline", "serve:closed-loop @2 clients naive"]
     assert all(r.ok and r.item_unit == "requests" and r.batch_size == 8 and r.device == "cpu" for r in results.rows)
     assert runs["slow"].valid and runs["fast"].valid and not runs["missed"].valid
     missed = results.rows[2]
     assert missed.warnings == [f"invalid run: {x}" for x in runs["missed"].invalid_reasons] and missed.warnings
     # A label tells apart runs at the same point, e.g. two batcher settings.
-    assert runs["slow"].row(label="delay=500us").mode == "serve:server @100/s delay=500us"
+    assert runs["slow"].row(label="delay=500us").mode == "serve:server @500/s delay=500us"
     gamma = {"scenario": "server", "rate": 1234.5678, "arrival": "gamma"}
     assert serving_mode(gamma) == "serve:server @1234.57/s gamma"
     assert serving_mode({"scenario": "server", "arrival": "trace"}) == "serve:server @trace"
@@ -66,7 +66,7 @@ def test_serving_rows_round_trip_through_json_and_csv(results, tmp_path):
         assert float(line["p99_ms"]) == pytest.approx(row.latency_ms["p99"])
         assert float(line["p99_9_ms"]) == pytest.approx(row.latency_ms["p99.9"])
         assert line["valid"] == str(row.serving["valid"]) and line["item_unit"] == "requests"
-    assert [line["offered_rate_per_s"] for line in rows] == ["100.0", "400.0", "200.0", "", ""]
+    assert [line["offered_rate_per_s"] for line in rows] == ["500.0", "1000.0", "800.0", "", ""]
     pd = pytest.importorskip("pandas")
     df = results.to_dataframe()
     assert df["valid"].dtype == pd.BooleanDtype() and df["valid"].tolist() == [True, True, False, True, True]
@@ -85,8 +85,11 @@ def test_markdown_has_a_serving_table_beside_the_measured_tables(results, tmp_pa
     serving = md.split("## Serving")[1].split("\n## ")[0]
     lines = [line for line in serving.splitlines() if line.startswith("| tiny-cnn")]
     assert len(lines) == 6
-    assert lines[0].startswith("| tiny-cnn | fp32 | python, max 8, delay 500 us, 2 inst. | server @100/s | 100 |")
-    assert lines[0].endswith("| yes |") and "| no: " in lines[2] and "SLO" in lines[2]
+    assert lines[0].startswith("| tiny-cnn | fp32 | python, max 8, delay 500 us, 2 inst. | server @500/s | 500 |")
+    slow = results.rows[0]
+    figures = [f"{slow.throughput_items_per_s:,.0f}", *(f"{slow.latency_ms[k]:.3g}" for k in ("p50", "p90", "p99"))]
+    assert f"| {' | '.join(figures)} |" in lines[0] and lines[0].endswith("| 500/500 | yes |")
+    assert "| 500/500 | no: p99 estimate " in lines[2] and lines[2].endswith(" ms > slo 0.0001 ms |")
     assert "| offline | - |" in lines[3] and "naive-python, max 8, wait 1 ms" in lines[4]
     assert lines[5].endswith("| failed: RuntimeError: boom \\| twice |")
     assert "## Failed cells" in md and "## Environment" in md
@@ -106,14 +109,15 @@ def test_latency_vs_rate_draws_each_batcher_with_the_slo_and_marks_invalid_runs(
                           "fp32 [naive-python] p50", "SLO 20 ms"]  # offline left out
         p99 = a.get_lines()[0]
         want = sorted((r.throughput, r.latency_ms["p99"]) for r in (runs["slow"], runs["fast"], runs["missed"]))
-        assert list(zip(p99.get_xdata(), p99.get_ydata())) == pytest.approx(want)
+        assert list(p99.get_xdata()) == pytest.approx([w[0] for w in want])
+        assert list(p99.get_ydata()) == pytest.approx([w[1] for w in want])
         assert a.get_lines()[-1].get_ydata()[0] == 20.0
         (crosses,) = a.collections
         assert crosses.get_label() == "invalid run"
         assert crosses.get_offsets().tolist() == [[runs["missed"].throughput, runs["missed"].latency_ms["p99"]]]
         # ServeResults, offered rate on x, the p99.9, and the SLO the runs share
         gpuopt.plot.latency_vs_rate([runs["slow"], runs["fast"]], percentile="p99.9", x="rate", ax=b)
-        assert b.get_lines()[0].get_xdata().tolist() == [100.0, 400.0]
+        assert b.get_lines()[0].get_xdata().tolist() == [500.0, 1000.0]
         assert b.get_lines()[-1].get_label() == "SLO 1000 ms"
         assert b.get_xlabel() == "offered rate (requests/s)"
     finally:

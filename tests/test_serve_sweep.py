@@ -11,7 +11,7 @@ import pytest
 import gpuopt
 from gpuopt import Results, sweep
 
-LOAD = {"min_queries": 200, "duration_s": 0.0, "samples": 8, "max_batch_size": 8}
+LOAD = {"min_queries": 500, "duration_s": 0.0, "samples": 8, "max_batch_size": 8}
 
 
 def _spec(serve, **kw):
@@ -20,14 +20,14 @@ def _spec(serve, **kw):
 
 def test_serve_cells_expand_lists_record_failures_and_resume(tmp_path, monkeypatch):
     spec = _spec([
-        {"model": "tiny-cnn", "batcher": ["gpuopt", "naive"], "rate": [100, 300], "slo_ms": 1000, **LOAD},
+        {"model": "tiny-cnn", "batcher": ["gpuopt", "naive"], "rate": [500, 1000], "slo_ms": 1000, **LOAD},
         {"model": "tiny-cnn", "config": "fp32+cudagraph", "rate": 100, **LOAD},  # no CUDA here: fails
         {"model": "tiny-cnn", "scenario": "closed-loop", "concurrency": 2, "max_queue_delay_us": [0, 500], **LOAD},
     ])
     res = sweep(spec, tmp_path, progress=False)
     assert [(r.config, r.mode, r.status) for r in res.rows] == [
-        ("fp32", "serve:server @100/s", "ok"), ("fp32", "serve:server @300/s", "ok"),
-        ("fp32", "serve:server @100/s naive", "ok"), ("fp32", "serve:server @300/s naive", "ok"),
+        ("fp32", "serve:server @500/s", "ok"), ("fp32", "serve:server @1000/s", "ok"),
+        ("fp32", "serve:server @500/s naive", "ok"), ("fp32", "serve:server @1000/s naive", "ok"),
         ("fp32+cudagraph", "serve:server @100/s", "failed"),
         ("fp32", "serve:closed-loop @2 clients max_queue_delay_us=0", "ok"),
         ("fp32", "serve:closed-loop @2 clients max_queue_delay_us=500", "ok"),
@@ -42,7 +42,7 @@ def test_serve_cells_expand_lists_record_failures_and_resume(tmp_path, monkeypat
     assert "## Serving" in (tmp_path / "report.md").read_text()
     assert (tmp_path / "tiny-cnn-latency-rate.png").exists()
     fingerprint = json.loads((tmp_path / "sweep.json").read_text())["fingerprint"]
-    assert len(fingerprint["serve"]) == 7 and fingerprint["serve"][0]["load"]["rate"] == 100
+    assert len(fingerprint["serve"]) == 7 and fingerprint["serve"][0]["load"]["rate"] == 500
 
     # Resumed: every cell is in cells.jsonl, the failed one included; nothing runs again.
     def never(*args, **kwargs):

@@ -486,12 +486,12 @@ def _serve_plan(args: argparse.Namespace):
         zoo.spec(args.model)
         config = Config.parse(args.config)
         device = resolve_device(args.device)
-        probe = dict(load)
-        if args.curve:
+        probe = {"scenario": args.scenario, "rate": 1.0 if args.find_max_rate else args.rate, "slo_ms": args.slo_ms,
+                 **load}
+        if args.curve:  # its first point stands for all
             probe["rate" if args.scenario == "server" else "concurrency"] = (
                 args.curve[0] if args.scenario == "server" else int(args.curve[0]))
-        LoadSpec(scenario=args.scenario, rate=1.0 if args.find_max_rate else args.rate, slo_ms=args.slo_ms,
-                 **probe).options()
+        LoadSpec(**probe).options()
         delay = args.max_queue_delay_us
         batcher_options(max_queue_delay_us=0 if delay is None else delay, timeout_action="reject", priority_levels=1,
                         **{k: v for k, v in server_kw.items() if k != "instances"})
@@ -536,15 +536,15 @@ def _run_serve(args: argparse.Namespace) -> int:
                                     **load)]
             print(runs[0].summary())
     except KeyboardInterrupt:
-        print(f"\ngpuopt serve: interrupted; {len(runs)} runs", file=sys.stderr)
+        print("\ngpuopt serve: interrupted", file=sys.stderr)
         status = 130
     except Exception as exc:  # noqa: BLE001 - not a usage error: the run had started
+        # The searches return their runs at the end: the row of a run that stopped is the failure itself.
         reason = f"{type(exc).__name__}: {exc}"
         print(f"gpuopt serve: the run stopped: {reason}", file=sys.stderr)
-        if not runs:
-            mode = serving_mode({"scenario": args.scenario, "rate": args.rate, **load}, naive=args.batcher == "naive")
-            results.add(Row.failed(reason, model=args.model, config=config.label, batch_size=args.max_batch_size,
-                                   mode=mode, item_unit="requests", device=str(device), precision=config.precision))
+        mode = serving_mode({"scenario": args.scenario, "rate": args.rate, **load}, naive=args.batcher == "naive")
+        results.add(Row.failed(reason, model=args.model, config=config.label, batch_size=args.max_batch_size,
+                               mode=mode, item_unit="requests", device=str(device), precision=config.precision))
         status = 1
     finally:
         if isinstance(target, Server):

@@ -333,7 +333,8 @@ def batch_size_histogram(source: Any, path=None, ax=None):
     ax.set_ylabel("requests")
     ax.set_xlim(0.4, max(sizes[-1], row.batch_size) + 0.6)
     path_name = row.serving["settings"].get("path", "?")
-    ax.set_title(f"{row.model} {row.config} [{path_name}], {row.mode}: requests per batch size")
+    point = row.mode.removeprefix("serve:")
+    ax.set_title(f"{row.model} {row.config} [{path_name}], {point}: requests per batch size")
     _legend(ax, fontsize=8)
     _save(fig, path)
     return fig
