@@ -12,7 +12,7 @@ import pytest
 import gpuopt
 from gpuopt import Results, benchmark
 from gpuopt.report.results import Row, serving_mode
-from gpuopt.serving import build
+from gpuopt.serving import RateSearch, build
 
 LOAD = {"min_queries": 500, "duration_s": 0.0}  # p99 needs 459 queries for its bound
 
@@ -25,8 +25,8 @@ def runs():
     try:
         out = {
             "slow": server.run_load(scenario="server", rate=500.0, slo_ms=1000.0, model_name=name, **LOAD),
-            "fast": server.run_load(scenario="server", rate=1000.0, slo_ms=1000.0, model_name=name, **LOAD),
-            "missed": server.run_load(scenario="server", rate=800.0, slo_ms=1e-4, model_name=name, **LOAD),
+            "fast": server.run_load(scenario="server", rate=800.0, slo_ms=1000.0, model_name=name, **LOAD),
+            "missed": server.run_load(scenario="server", rate=600.0, slo_ms=1e-4, model_name=name, **LOAD),
             "offline": server.run_load(scenario="offline", model_name=name, **LOAD),
         }
     finally:
@@ -42,7 +42,7 @@ def results(runs):
 
 
 def test_rows_are_keyed_by_load_point_and_batcher(runs, results):
-    assert [r.mode for r in results.rows] == ["serve:server @500/s", "serve:server @1000/s", "serve:server @800/s",
+    assert [r.mode for r in results.rows] == ["serve:server @500/s", "serve:server @800/s", "serve:server @600/s",
                                               "serve:offline", "serve:closed-loop @2 clients naive"]
     assert all(r.ok and r.item_unit == "requests" and r.batch_size == 8 and r.device == "cpu" for r in results.rows)
     assert runs["slow"].valid and runs["fast"].valid and not runs["missed"].valid
@@ -66,7 +66,7 @@ def test_serving_rows_round_trip_through_json_and_csv(results, tmp_path):
         assert float(line["p99_ms"]) == pytest.approx(row.latency_ms["p99"])
         assert float(line["p99_9_ms"]) == pytest.approx(row.latency_ms["p99.9"])
         assert line["valid"] == str(row.serving["valid"]) and line["item_unit"] == "requests"
-    assert [line["offered_rate_per_s"] for line in rows] == ["500.0", "1000.0", "800.0", "", ""]
+    assert [line["offered_rate_per_s"] for line in rows] == ["500.0", "800.0", "600.0", "", ""]
     pd = pytest.importorskip("pandas")
     df = results.to_dataframe()
     assert df["valid"].dtype == pd.BooleanDtype() and df["valid"].tolist() == [True, True, False, True, True]
@@ -117,9 +117,14 @@ def test_latency_vs_rate_draws_each_batcher_with_the_slo_and_marks_invalid_runs(
         assert crosses.get_offsets().tolist() == [[runs["missed"].throughput, runs["missed"].latency_ms["p99"]]]
         # ServeResults, offered rate on x, the p99.9, and the SLO the runs share
         gpuopt.plot.latency_vs_rate([runs["slow"], runs["fast"]], percentile="p99.9", x="rate", ax=b)
-        assert b.get_lines()[0].get_xdata().tolist() == [500.0, 1000.0]
+        assert b.get_lines()[0].get_xdata().tolist() == [500.0, 800.0]
         assert b.get_lines()[-1].get_label() == "SLO 1000 ms"
         assert b.get_xlabel() == "offered rate (requests/s)"
+        # a max_rate search: its steps, and its SLO
+        b.clear()
+        gpuopt.plot.latency_vs_rate(RateSearch(20.0, runs["slow"], [runs["slow"], runs["missed"]]), ax=b)
+        assert b.get_lines()[0].get_xdata().tolist() == sorted([runs["slow"].throughput, runs["missed"].throughput])
+        assert b.get_lines()[-1].get_label() == "SLO 20 ms"
     finally:
         plt.close(fig)
     with pytest.raises(ValueError, match="percentile must be one of p50, p90, p95, p99, p99.9, got 'p42'"):
