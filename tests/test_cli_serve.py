@@ -24,7 +24,7 @@ def test_a_closed_loop_run_prints_its_summary_and_writes_results(tmp_path, capsy
     assert "tiny-cnn fp32 [python] closed-loop:" in out and f"results: {tmp_path}/" in out
     (row,) = Results.load(tmp_path / "results.json").rows
     assert row.ok and row.mode == "serve:closed-loop @4 clients" and row.batch_size == 8
-    assert row.item_unit == "requests" and row.device == "cpu"
+    assert row.item_unit == "requests" and row.device == "cpu" and row.precision == "fp32"
     s = row.serving
     assert s["counts"]["ok"] == s["counts"]["issued"] >= 500 and s["valid"]
     assert s["settings"]["max_queue_delay_us"] == 200 and s["settings"]["path"] == "python"

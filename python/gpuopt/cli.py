@@ -550,7 +550,7 @@ def _run_serve(args: argparse.Namespace) -> int:
         if isinstance(target, Server):
             target.close(drain=False)
     for r in runs:
-        results.add(r.row())
+        results.add(r.row(precision=config.precision))
     if any(not r.ok for r in results.rows):
         status = status or 1
     if args.output:

@@ -168,8 +168,8 @@ def _serving(rows: list[Row]) -> list[str]:
     header = ["model", "config", "batcher", "scenario", "offered req/s", "req/s", "p50 ms", "p90 ms", "p99 ms",
               "p99.9 ms", "queue / compute p50 ms", "busy", "answered", "valid"]
     return ["## Serving", "", "End-to-end latency counted from each request's scheduled arrival (no coordinated "
-            "omission); a run is valid when it kept up with its rate and its early-stopping percentile met the "
-            "SLO.", ""] + _table(header, table, 4, left_from=len(header) - 1) + [""]
+            "omission). A run is valid when it had the queries its early-stopping percentile needs, that "
+            "percentile met the SLO, it kept up with its rate and every query was answered.", ""] + _table(header, table, 4, left_from=len(header) - 1) + [""]
 
 
 def _largest_batch_rows(results: Results, model: str) -> list[Row]:
