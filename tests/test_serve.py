@@ -233,7 +233,7 @@ def test_serve_scenarios_on_cpu():
     done = rec["completed_s"] - rec["scheduled_s"]
     assert bool((done > 0).all()) and r.latency_ms["p50"] > 0
     row = r.row()
-    assert row.mode == "serve:closed-loop" and row.item_unit == "requests" and row.throughput_items_per_s > 0
+    assert row.mode == "serve:closed-loop @8 clients" and row.item_unit == "requests" and row.throughput_items_per_s > 0
     assert gpuopt.Row.from_dict(row.to_dict()) == row
     single = gpuopt.serve(model, "fp32", sample_fn, scenario="single-stream", min_queries=64, **common)
     assert set(single.result["batch_size_counts"][2:]) <= {0}, "single-stream never batches"

@@ -390,7 +390,177 @@ def _run_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-_SUBCOMMANDS = [_add_env, _add_bench, _add_sweep, _add_report, _add_compare, _add_plot, _add_ceilings, _add_profile]
+def _positive_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        x = 0.0
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {value!r}")
+    return x
+
+
+def _sizes(value: str) -> list[int]:
+    try:
+        out = [int(v) for v in _csv_list(value)]
+    except ValueError:
+        out = [0]
+    if min(out) <= 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {value!r}")
+    return out
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    from .serving import ARRIVALS, BATCHERS, SCENARIOS
+
+    p = sub.add_parser(
+        "serve", help="serve a model with gpuopt's dynamic batcher under a LoadGen-style load",
+        description="One load run, a maximum-rate search under an SLO (--find-max-rate) or a latency curve "
+                    "(--curve). Exit 0 when every run answered its queries (a run that could not keep up is "
+                    "printed INVALID, as LoadGen marks it); 1 when a run failed or no rate met the SLO.")
+    p.add_argument("model", help="a zoo model (gpuopt.zoo.names())")
+    p.add_argument("--config", default="fp32", help="config string (default fp32), e.g. fp16+channels_last+cudagraph")
+    p.add_argument("--scenario", choices=SCENARIOS, default="server", help="default server")
+    p.add_argument("--rate", type=_positive_float, help="server: queries per second")
+    p.add_argument("--slo-ms", type=_positive_float, help="latency bound of the reported percentile (p99)")
+    p.add_argument("--batcher", choices=BATCHERS, default="gpuopt", help="gpuopt (default) or naive, the Python "
+                   "baseline")
+    p.add_argument("--max-batch-size", type=_positive_int, default=32)
+    p.add_argument("--max-queue-delay-us", type=int, help="how long a request may wait for a fuller batch "
+                   "(default 0; naive: its gather window, default 1000)")
+    p.add_argument("--preferred-batch-sizes", type=_sizes, help="comma-separated, e.g. 8,16,32")
+    p.add_argument("--buckets", type=_sizes, help="sequence-length buckets, e.g. 32,64,128")
+    p.add_argument("--instances", type=_positive_int, default=2, help="model executors (default 2)")
+    p.add_argument("--max-queue-size", type=int, default=0, help="requests beyond it are rejected (default 0: "
+                   "unbounded)")
+    p.add_argument("--timeout-ms", type=_positive_float, help="a request still queued after it is rejected")
+    p.add_argument("--concurrency", type=_positive_int, help="closed-loop clients")
+    p.add_argument("--arrival", choices=ARRIVALS, help="server arrivals (default poisson; trace with --trace-file)")
+    p.add_argument("--burstiness", type=_positive_float, help="gamma arrivals: squared coefficient of variation")
+    p.add_argument("--trace-file", help="gaps between arrivals in seconds, one per line")
+    p.add_argument("--duration-s", type=float, help="issue for at least this long")
+    p.add_argument("--min-queries", type=_positive_int, help="issue at least this many queries")
+    p.add_argument("--samples", type=_positive_int, default=64, help="distinct request inputs (default 64)")
+    p.add_argument("--device", help="cuda, cuda:1 or cpu")
+    p.add_argument("--find-max-rate", action="store_true",
+                   help="bisect for the highest Poisson rate whose p99 stays under --slo-ms")
+    p.add_argument("--curve", type=_positive_float, nargs="+", metavar="POINT",
+                   help="a run per point: rates (server) or client counts (closed-loop)")
+    p.add_argument("--output", help="results folder (results.json, results.csv, report.md, plots)")
+    p.set_defaults(run=_run_serve)
+
+
+def _serve_plan(args: argparse.Namespace):
+    """Everything checked before the model is prepared: (config, device, load fields, server
+    keywords); UsageError naming the problem."""
+    from .prepare.config import Config
+    from .run import zoo
+    from .run.workload import resolve_device
+    from .serving import LoadSpec
+    from .serving.server import batcher_options
+
+    if args.find_max_rate and args.curve:
+        raise UsageError("--find-max-rate and --curve are two different runs: give one")
+    if args.find_max_rate and (args.slo_ms is None or args.scenario != "server" or args.rate is not None):
+        raise UsageError("--find-max-rate needs --slo-ms, and picks the server scenario's rates itself (no --rate, "
+                         "no other --scenario)")
+    if args.curve:
+        if args.scenario not in ("server", "closed-loop"):
+            raise UsageError(f"--curve gives rates (--scenario server) or client counts (--scenario closed-loop), "
+                             f"not points of {args.scenario!r}")
+        if args.rate is not None or args.concurrency is not None:
+            raise UsageError("--curve gives the rates or client counts: leave out --rate and --concurrency")
+        if args.scenario == "closed-loop" and any(c != int(c) for c in args.curve):
+            raise UsageError(f"closed-loop --curve points are client counts (integers), got {args.curve}")
+        if len(set(args.curve)) != len(args.curve):
+            raise UsageError(f"--curve points must differ, got {args.curve}")
+    load = {k: v for k, v in (("arrival", args.arrival), ("burstiness", args.burstiness),
+                              ("trace_file", args.trace_file), ("duration_s", args.duration_s),
+                              ("min_queries", args.min_queries), ("concurrency", args.concurrency)) if v is not None}
+    if args.trace_file is not None and args.arrival is None:
+        load["arrival"] = "trace"
+    server_kw = {"max_batch_size": args.max_batch_size, "preferred_batch_sizes": args.preferred_batch_sizes,
+                 "buckets": args.buckets, "instances": args.instances, "max_queue_size": args.max_queue_size,
+                 "timeout_ms": args.timeout_ms}
+    try:
+        zoo.spec(args.model)
+        config = Config.parse(args.config)
+        device = resolve_device(args.device)
+        probe = {"scenario": args.scenario, "rate": 1.0 if args.find_max_rate else args.rate, "slo_ms": args.slo_ms,
+                 **load}
+        if args.curve:  # its first point stands for all
+            probe["rate" if args.scenario == "server" else "concurrency"] = (
+                args.curve[0] if args.scenario == "server" else int(args.curve[0]))
+        LoadSpec(**probe).options()
+        delay = args.max_queue_delay_us
+        batcher_options(max_queue_delay_us=0 if delay is None else delay, timeout_action="reject", priority_levels=1,
+                        **{k: v for k, v in server_kw.items() if k != "instances"})
+        if delay is not None:
+            server_kw["naive_max_wait_ms" if args.batcher == "naive" else "max_queue_delay_us"] = (
+                delay / 1e3 if args.batcher == "naive" else delay)
+        if args.output:
+            from ._files import check_writable
+
+            check_writable(args.output)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        raise UsageError(str(exc)) from exc
+    return config, device, load, server_kw
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from .report.results import Results, Row, serving_mode
+    from .serving import Server, build, latency_curve, max_rate
+
+    config, device, load, server_kw = _serve_plan(args)
+    results = Results.new(spec={k: v for k, v in vars(args).items() if k not in ("run", "version")})
+    runs = []
+    status = 0
+    target = None
+    try:
+        target, name = build(args.model, config, batcher=args.batcher, samples=args.samples, device=device,
+                             **server_kw)
+        if args.find_max_rate:
+            search = max_rate(target, slo_ms=args.slo_ms, model_name=name, **load)
+            runs = ([search.offline] if search.offline else []) + search.steps
+            print("\n".join(r.summary() for r in runs))
+            print(search.summary())
+            status = 0 if search.best is not None else 1
+        elif args.curve:
+            points = {"rates": args.curve} if args.scenario == "server" else {
+                "concurrencies": [int(c) for c in args.curve]}
+            runs = latency_curve(target, model_name=name, slo_ms=args.slo_ms, **points,
+                                 **{k: v for k, v in load.items() if k != "concurrency"})
+            print("\n".join(r.summary() for r in runs))
+        else:
+            runs = [target.run_load(model_name=name, scenario=args.scenario, rate=args.rate, slo_ms=args.slo_ms,
+                                    **load)]
+            print(runs[0].summary())
+    except KeyboardInterrupt:
+        print("\ngpuopt serve: interrupted", file=sys.stderr)
+        status = 130
+    except Exception as exc:  # noqa: BLE001 - not a usage error: the run had started
+        # The searches return their runs at the end: the row of a run that stopped is the failure itself.
+        reason = f"{type(exc).__name__}: {exc}"
+        print(f"gpuopt serve: the run stopped: {reason}", file=sys.stderr)
+        mode = serving_mode({"scenario": args.scenario, "rate": args.rate, **load}, naive=args.batcher == "naive")
+        results.add(Row.failed(reason, model=args.model, config=config.label, batch_size=args.max_batch_size,
+                               mode=mode, item_unit="requests", device=str(device), precision=config.precision))
+        status = 1
+    finally:
+        if isinstance(target, Server):
+            target.close(drain=False)
+    for r in runs:
+        results.add(r.row(precision=config.precision))
+    if any(not r.ok for r in results.rows):
+        status = status or 1
+    if args.output:
+        results.save(args.output)
+        print(f"results: {args.output}/ (results.json, results.csv, report.md, plots)")
+    return status
+
+
+_SUBCOMMANDS = [_add_env, _add_bench, _add_sweep, _add_report, _add_compare, _add_plot, _add_ceilings, _add_profile,
+                _add_serve]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,9 +12,12 @@ if TYPE_CHECKING:
     from .results import Results, Row
 
 
-def _table(header: list[str], rows: list[list[str]], align_right_from: int = 1) -> list[str]:
+def _table(header: list[str], rows: list[list[str]], align_right_from: int = 1,
+           left_from: int | None = None) -> list[str]:
+    """Columns from ``align_right_from`` (up to ``left_from``) are right-aligned: the numbers."""
+    right = range(align_right_from, len(header) if left_from is None else left_from)
     out = ["| " + " | ".join(header) + " |",
-           "|" + "|".join("---" if i < align_right_from else "---:" for i in range(len(header))) + "|"]
+           "|" + "|".join("---:" if i in right else "---" for i in range(len(header))) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return out
 
@@ -64,6 +67,8 @@ def markdown(results: Results, baseline: str | None = None) -> str:
     lines = [f"# gpuopt results on {results.device}", "",
              f"{len(results.rows)} cells ({len(results.failed)} failed), {results.created}.", ""]
     speedups = results.speedups(baseline)
+    served = [r for r in results.rows if r.is_serving]
+    everything, results = results, results.select(lambda r: not r.is_serving) if served else results
     for model in results.models():
         unit = next((r.item_unit for r in results.rows if r.model == model), "items")
         lines += [f"## {model}", ""]
@@ -108,6 +113,9 @@ def markdown(results: Results, baseline: str | None = None) -> str:
             lines += _grid(results, model, "train", lambda r: (
                 f"{format_ms(r.latency_ms['p50'])} / {r.throughput_items_per_s:,.0f}")) + [""]
         lines += _costs(results, model)
+    if served:
+        lines += _serving(served)
+    results = everything
     failed = results.failed
     if failed:
         lines += ["## Failed cells", ""]
@@ -128,6 +136,40 @@ def markdown(results: Results, baseline: str | None = None) -> str:
             lines += [f"### {cell}", "", prof.get("markdown") or f"profiling failed: {prof.get('error')}", ""]
     lines += ["## Environment", ""] + environment_lines(results.env, results.build) + [""]
     return "\n".join(lines)
+
+
+def _serving(rows: list[Row]) -> list[str]:
+    """One table of serving runs: load, batcher, latency percentiles, queue vs compute, validity."""
+    table = []
+    for r in rows:
+        s = r.serving or {}  # a cell that failed before its run has none
+        settings = s.get("settings", {})
+        batcher = f"{settings['path']}, max {settings['max_batch_size']}" if settings else "-"
+        if "max_queue_delay_us" in settings:
+            batcher += f", delay {settings['max_queue_delay_us']} us, {settings.get('instances', 1)} inst."
+        elif "max_wait_ms" in settings:
+            batcher += f", wait {settings['max_wait_ms']:g} ms"
+        counts = s.get("counts")
+        answered = "-" if counts is None else f"{counts['ok']:,}/{counts['issued']:,}" + "".join(
+            f", {counts[k]:,} {k.replace('_', ' ')}" for k in ("failed", "rejected", "timed_out", "lost")
+            if counts.get(k))
+        offered = f"{s['target_rate']:,.0f}" if s.get("target_rate") else "-"
+        if r.ok:
+            lat, q, c = r.latency_ms, s["queue_ms"], s["compute_ms"]
+            figures = [f"{r.throughput_items_per_s:,.0f}", *(f"{lat[k]:.3g}" for k in ("p50", "p90", "p99", "p99.9")),
+                       f"{q['p50']:.3g} / {c['p50']:.3g}",
+                       "-" if s.get("gpu_busy") is None else f"{100 * s['gpu_busy']:.0f}%"]
+            verdict = "yes" if s["valid"] else "no: " + "; ".join(s["invalid_reasons"])
+        else:
+            figures = ["-"] * 7
+            verdict = f"failed: {r.error}"
+        table.append([r.model, r.config, batcher, r.mode.removeprefix("serve:"), offered, *figures, answered,
+                      verdict.replace("|", "\\|").replace("\n", " ")[:300]])
+    header = ["model", "config", "batcher", "scenario", "offered req/s", "req/s", "p50 ms", "p90 ms", "p99 ms",
+              "p99.9 ms", "queue / compute p50 ms", "busy", "answered", "valid"]
+    return ["## Serving", "", "End-to-end latency counted from each request's scheduled arrival (no coordinated "
+            "omission). A run is valid when it had the queries its early-stopping percentile needs, that "
+            "percentile met the SLO, it kept up with its rate and every query was answered.", ""] + _table(header, table, 4, left_from=len(header) - 1) + [""]
 
 
 def _largest_batch_rows(results: Results, model: str) -> list[Row]:

@@ -13,7 +13,7 @@ from .._files import atomic_path
 from ..analysis.roofline import plain_log_ticks
 
 if TYPE_CHECKING:
-    from .results import Results
+    from .results import Results, Row
 
 
 def _plt():
@@ -82,7 +82,11 @@ def _mode(results: Results, model: str, mode: str | None, preferred: tuple[str, 
         if mode not in modes:
             raise ValueError(f"mode {mode!r} is not in these results for {model}; modes: {', '.join(modes)}")
         return mode
-    return next((m for m in preferred if m in modes), modes[0])
+    measured = [m for m in modes if not m.startswith("serve:")]
+    if not measured:
+        raise ValueError(f"{model} has serving runs only in these results: plot them with latency_vs_rate and "
+                         "batch_size_histogram")
+    return next((m for m in preferred if m in measured), measured[0])
 
 
 def _unit(results: Results, model: str) -> str:
@@ -229,21 +233,137 @@ def roofline(results: Results, model: str | None = None, mode: str | None = None
                          title=f"{model}, {precision}, on {results.device} ({mode} mode)", path=path, ax=ax)
 
 
+def _serving_rows(source: Any) -> list[Row]:
+    """The serving rows of Results, a Row, a ServeResult (anything with ``row()``), a RateSearch (its
+    steps) or an iterable of these."""
+    from .results import Results, Row
+
+    if isinstance(source, Results):
+        return [r for r in source.rows if r.serving is not None]
+    if isinstance(source, Row):
+        return [source] if source.serving is not None else []
+    if hasattr(source, "steps") and hasattr(source, "slo_ms"):  # gpuopt.serving.RateSearch
+        return _serving_rows(source.steps)
+    if callable(getattr(source, "row", None)):  # gpuopt.ServeResult
+        return [source.row()]
+    if isinstance(source, (list, tuple)):
+        return [r for item in source for r in _serving_rows(item)]
+    raise TypeError(f"expected Results, a Row, a ServeResult, a RateSearch or a list of them, got "
+                    f"{type(source).__name__}")
+
+
+PERCENTILES = ("p50", "p90", "p95", "p99", "p99.9")
+
+
+def latency_vs_rate(source: Any, slo_ms: float | None = None, percentile: str = "p99", x: str = "throughput",
+                    path=None, ax=None):
+    """Serving runs' latency against load: ``percentile`` (solid) and p50 (dashed) against achieved
+    throughput (``x="throughput"``) or the offered Poisson rate (``x="rate"``, server runs only), a
+    line per model, config and batcher path; runs that LoadGen's rules call invalid (the server fell
+    behind its rate, or the estimate missed the SLO) are crossed out; ``slo_ms`` (default: the runs'
+    own, when they share one) is a horizontal line. ``source``: Results, ServeResults (a
+    latency_curve), a RateSearch, or rows. Offline runs are left out: their latency is queueing of
+    the whole load."""
+    if percentile not in PERCENTILES:
+        raise ValueError(f"percentile must be one of {', '.join(PERCENTILES)}, got {percentile!r}")
+    if x not in ("throughput", "rate"):
+        raise ValueError(f"x must be 'throughput' or 'rate', got {x!r}")
+    if slo_ms is None and hasattr(source, "slo_ms") and hasattr(source, "steps"):
+        slo_ms = source.slo_ms
+    rows = [r for r in _serving_rows(source) if r.ok and r.serving["scenario"] != "offline"
+            and (x == "throughput" or r.serving["scenario"] == "server")]
+    if not rows:
+        raise ValueError("no answered serving run to plot" + (" (x='rate' plots server runs)" if x == "rate" else ""))
+    if slo_ms is None:
+        slos = {r.serving["load"].get("slo_ms") for r in rows}
+        slo_ms = slos.pop() if len(slos) == 1 else None
+    models = list(dict.fromkeys(r.model for r in rows))
+    groups: dict[tuple[str, str, str], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.model, r.config, r.serving["settings"].get("path", "?")), []).append(r)
+    fig, ax = _axes(ax)
+    invalid_label = "invalid run"
+    for i, ((model, cfg, path_name), rs) in enumerate(groups.items()):
+        rs.sort(key=lambda r: _load_x(r, x))
+        xs = [_load_x(r, x) for r in rs]
+        color = f"C{i % 10}"
+        name = f"{cfg} [{path_name}]" if len(models) == 1 else f"{model} {cfg} [{path_name}]"
+        ax.plot(xs, [r.latency_ms[percentile] for r in rs], marker="o", color=color, label=f"{name} {percentile}")
+        ax.plot(xs, [r.latency_ms["p50"] for r in rs], linestyle="--", marker=".", color=color, label=f"{name} p50")
+        bad = [(xv, r.latency_ms[percentile]) for xv, r in zip(xs, rs) if not r.serving["valid"]]
+        if bad:
+            ax.scatter(*zip(*bad), marker="x", s=80, color="black", zorder=3, label=invalid_label)
+            invalid_label = None  # one legend entry
+    if slo_ms is not None:
+        ax.axhline(slo_ms, color="C3", linestyle=":", linewidth=1.5, label=f"SLO {slo_ms:g} ms")
+    ax.set_yscale("log")
+    plain_log_ticks(ax.yaxis)
+    ax.set_xlabel("achieved throughput (requests/s)" if x == "throughput" else "offered rate (requests/s)")
+    ax.set_ylabel("end-to-end latency (ms)")
+    devices = {r.device for r in rows if r.device}
+    on = f" on {devices.pop()}" if len(devices) == 1 else ""
+    ax.set_title(f"{', '.join(models)}: latency vs load{on}")
+    ax.grid(True, alpha=0.3, which="both")
+    _legend(ax, fontsize=7)
+    _save(fig, path)
+    return fig
+
+
+def _load_x(row: Row, x: str) -> float:
+    return float(row.serving["throughput"] if x == "throughput" else row.serving["target_rate"])
+
+
+def batch_size_histogram(source: Any, path=None, ax=None):
+    """Requests per batch size of one serving run (a ServeResult or its Row): how full the batcher's
+    batches were, with the mean batch size a request rode in."""
+    rows = _serving_rows(source)
+    if len(rows) != 1:
+        raise ValueError(f"batch_size_histogram shows one serving run (a ServeResult or a Row), got {len(rows)}")
+    (row,) = rows
+    counts = list(row.serving.get("batch_size_counts") or [])
+    sizes = [b for b, n in enumerate(counts) if n > 0]
+    if not sizes:
+        raise ValueError(f"{row.model} {row.config} {row.mode}: no answered request, no batch sizes to show")
+    fig, ax = _axes(ax)
+    ax.bar(sizes, [counts[b] for b in sizes], width=0.8, color="C0")
+    total = sum(counts[b] for b in sizes)
+    mean = sum(b * counts[b] for b in sizes) / total
+    ax.axvline(mean, color="C3", linestyle="--", linewidth=1, label=f"mean {mean:.1f}")
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("requests")
+    ax.set_xlim(0.4, max(sizes[-1], row.batch_size) + 0.6)
+    path_name = row.serving["settings"].get("path", "?")
+    point = row.mode.removeprefix("serve:")
+    ax.set_title(f"{row.model} {row.config} [{path_name}], {point}: requests per batch size")
+    _legend(ax, fontsize=8)
+    _save(fig, path)
+    return fig
+
+
 def save_all(results: Results, out: str | Path) -> dict[str, Path]:
-    """Every plot of every model into ``out`` (PNG + SVG); returns the PNG paths."""
+    """Every plot of every model into ``out`` (PNG + SVG); returns the PNG paths. Serving runs get the
+    latency-vs-load plot and the batch-size histogram of their busiest valid run; the other plots show
+    the measured cells alone."""
     plt = _plt()
     out = Path(out)
     paths: dict[str, Path] = {}
+    measured = results.select(lambda r: not r.is_serving) if any(r.is_serving for r in results.rows) else results
     for model in results.models():
         kinds: dict[str, Any] = {"throughput": throughput_vs_batch, "latency": latency_vs_batch,
                                  "speedup": speedup_bars, "memory": memory_bars, "distribution": latency_distribution}
-        if results.ceilings:
-            for prec in dict.fromkeys(r.precision or "fp32" for r in results.ok if r.model == model):
+        if measured.ceilings:
+            for prec in dict.fromkeys(r.precision or "fp32" for r in measured.ok if r.model == model):
                 kinds[f"roofline-{prec}"] = lambda res, m, path, prec=prec: roofline(res, m, precision=prec, path=path)
+        served = [r for r in results.ok if r.model == model and r.is_serving]
+        if served:
+            busiest = max(served, key=lambda r: (r.serving["scenario"] != "offline", r.serving["valid"],
+                                                 r.throughput_items_per_s or 0))
+            kinds["latency-rate"] = lambda res, m, path, rows=served: latency_vs_rate(rows, path=path)
+            kinds["batch-sizes"] = lambda res, m, path, row=busiest: batch_size_histogram(row, path=path)
         for kind, fn in kinds.items():
             path = out / f"{model}-{kind}"
             try:
-                fig = fn(results, model, path=path)
+                fig = fn(measured, model, path=path)
             except (ValueError, KeyError):
                 continue
             plt.close(fig)

@@ -9,7 +9,7 @@ import datetime as _dt
 import io
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,11 @@ class Row:
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @property
+    def is_serving(self) -> bool:
+        """The row of a serving run (mode ``serve:...``), answered or failed."""
+        return self.mode.startswith("serve:")
+
     @classmethod
     def measured(cls, m: Measurement, *, model: str, config: str, batch_size: int, mode: str,
                  **facts: Any) -> Row:
@@ -93,13 +98,14 @@ class Row:
             **facts)
 
     @classmethod
-    def served(cls, serving: dict[str, Any], *, model: str, config: str, batch_size: int, **facts: Any) -> Row:
-        """The row of a serving run (``gpuopt.serve``): mode ``serve:<scenario>``, requests per second
-        and end-to-end latency percentiles from the load generator; a run that answered no query is a
-        failed row with the reasons. An invalid run (LoadGen's sense) keeps its figures and says why in
-        ``warnings``."""
+    def served(cls, serving: dict[str, Any], *, model: str, config: str, batch_size: int, label: str | None = None,
+               **facts: Any) -> Row:
+        """The row of a serving run (``gpuopt.serve``): mode ``serve:<scenario>`` and the load point
+        (:func:`serving_mode`), requests per second and end-to-end latency percentiles from the load
+        generator; a run that answered no query is a failed row with the reasons. An invalid run
+        (LoadGen's sense) keeps its figures and says why in ``warnings``."""
         _check_facts(facts)
-        mode = f"serve:{serving['scenario']}"
+        mode = serving_mode(serving["load"], naive=serving["settings"].get("path") == NAIVE_PATH, label=label)
         if serving["counts"]["ok"] == 0:
             reason = "; ".join(serving["invalid_reasons"]) or "no query was answered"
             return cls.failed(reason, model=model, config=config, batch_size=batch_size, mode=mode,
@@ -156,6 +162,37 @@ class Row:
         return cls(**d)
 
 
+# The naive baseline's executor path (gpuopt.serving.NaiveBatcher.path, a layer above this one).
+NAIVE_PATH = "naive-python"
+
+
+def serving_mode(load: dict[str, Any], *, naive: bool = False, label: str | None = None) -> str:
+    """A serving row's mode: ``serve:<scenario>``, then its load point -- ``@1200/s`` (server, with the
+    arrival process unless Poisson: ``@1200/s gamma``, ``@trace``), ``@16 clients`` (closed loop) --
+    then ``naive`` for the naive baseline and the caller's ``label``. Rows are keyed by model, config,
+    batch size and mode, so a latency curve, its naive baseline and differently tuned batchers are
+    rows of one Results.
+
+    >>> serving_mode({"scenario": "server", "rate": 1200.0, "arrival": "poisson"}, naive=True)
+    'serve:server @1200/s naive'
+    """
+    scenario = load["scenario"]
+    parts = [f"serve:{scenario}"]
+    arrival = load.get("arrival", "poisson")
+    if scenario == "server":
+        if arrival == "trace":
+            parts.append("@trace")
+        elif load.get("rate") is not None:
+            parts.append(f"@{load['rate']:.6g}/s" + ("" if arrival == "poisson" else f" {arrival}"))
+    elif scenario == "closed-loop":
+        parts.append(f"@{load.get('concurrency', 1)} clients")
+    if naive:
+        parts.append("naive")
+    if label:
+        parts.append(str(label))
+    return " ".join(parts)
+
+
 _FIELDS = {f.name for f in fields(Row)}
 _MEASURED = {"status", "error", "measurement", "latency_ms", "throughput_items_per_s", "ci95_ms", "ci_rel",
              "peak_memory", "warnings", "diagnosis", "timing"}
@@ -197,13 +234,13 @@ CSV_COLUMNS = [
     "mean_ms", "ci95_low_ms", "ci95_high_ms", "throughput_items_per_s", "item_unit", "ci_rel",
     "peak_allocated_mib", "parity_passed", "parity_worst_rel_l2", "prepare_s", "first_call_ms",
     "runner_overhead_s", "achieved_tflops", "pct_of_compute_ceiling", "achieved_gbps", "bound", "diagnosis",
-    "device",
+    "device", "p90_ms", "p99_9_ms", "offered_rate_per_s", "valid",
 ]
 # The DataFrame's dtypes: numbers stay numbers (NaN where a cell failed or a figure is missing).
 _FLOAT_COLUMNS = [
     "p50_ms", "p95_ms", "p99_ms", "mean_ms", "ci95_low_ms", "ci95_high_ms", "throughput_items_per_s", "ci_rel",
     "peak_allocated_mib", "parity_worst_rel_l2", "prepare_s", "first_call_ms", "runner_overhead_s",
-    "achieved_tflops", "pct_of_compute_ceiling", "achieved_gbps",
+    "achieved_tflops", "pct_of_compute_ceiling", "achieved_gbps", "p90_ms", "p99_9_ms", "offered_rate_per_s",
 ]
 
 
@@ -213,6 +250,7 @@ def _flat(row: Row) -> dict[str, Any]:
     roof = row.roofline or {}
     alloc = (row.peak_memory or {}).get("max_allocated_bytes")
     ci = row.ci95_ms or [None, None]
+    serving = row.serving or {}
     return {
         "model": row.model, "config": row.config, "precision": row.precision, "batch_size": row.batch_size,
         "mode": row.mode, "status": row.status, "error": row.error, "p50_ms": lat.get("p50"),
@@ -224,7 +262,8 @@ def _flat(row: Row) -> dict[str, Any]:
         "first_call_ms": row.first_call_ms, "runner_overhead_s": row.runner_overhead_s,
         "achieved_tflops": roof.get("achieved_tflops"), "pct_of_compute_ceiling": roof.get("pct_of_compute_ceiling"),
         "achieved_gbps": roof.get("achieved_gbps"), "bound": roof.get("bound"), "diagnosis": row.diagnosis,
-        "device": row.device,
+        "device": row.device, "p90_ms": lat.get("p90"), "p99_9_ms": lat.get("p99.9"),
+        "offered_rate_per_s": serving.get("target_rate") or None, "valid": serving.get("valid"),
     }
 
 
@@ -297,6 +336,12 @@ class Results:
 
     def modes(self, model: str | None = None) -> list[str]:
         return list(dict.fromkeys(r.mode for r in self._rows.values() if model is None or r.model == model))
+
+    def select(self, keep: Callable[[Row], bool]) -> Results:
+        """The rows ``keep`` accepts, with this environment: e.g. the serving runs alone,
+        ``results.select(lambda r: r.serving is not None)``."""
+        return Results([r for r in self._rows.values() if keep(r)], env=self.env, build=self.build, spec=self.spec,
+                       created=self.created, profiles=self.profiles, ceilings=self.ceilings)
 
     def find(self, model: str, config: str, batch_size: int, mode: str) -> Row | None:
         """The row of one cell (``config`` is the label the rows show), or None."""
@@ -404,7 +449,7 @@ class Results:
     def to_dataframe(self):
         """A pandas DataFrame with the CSV columns (pandas is an optional dependency): the label in
         ``config`` as in the rows, timings and throughput as float64 (NaN for a failed cell),
-        ``batch_size`` int64, ``parity_passed`` a nullable boolean.
+        ``batch_size`` int64, ``parity_passed`` and ``valid`` (serving rows) nullable booleans.
 
         >>> df = Results.load("results.json").to_dataframe()   # doctest: +SKIP
         >>> df.groupby("config")["throughput_items_per_s"].max()   # doctest: +SKIP
@@ -415,7 +460,7 @@ class Results:
             raise ImportError("Results.to_dataframe needs pandas: pip install pandas") from exc
         df = pd.DataFrame([_flat(r) for r in self._rows.values()], columns=CSV_COLUMNS)
         df[_FLOAT_COLUMNS] = df[_FLOAT_COLUMNS].astype("float64")
-        return df.astype({"batch_size": "int64", "parity_passed": "boolean"})
+        return df.astype({"batch_size": "int64", "parity_passed": "boolean", "valid": "boolean"})
 
     def to_markdown(self, baseline: str | None = None) -> str:
         from .markdown import markdown

@@ -10,7 +10,8 @@ import json
 import os
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,43 @@ SPEC_KEYS = {
     "measure": "options for gpuopt.measure, e.g. {max_time_s = 2}",
 }
 MODEL_KEYS = {"name", "input_shape", "batch_sizes"}
+
+
+@dataclass
+class SectionCell:
+    """A cell of a spec section that an engine above this layer runs (``serve:``, registered by
+    gpuopt.serving): the key of its row, what the sweep's fingerprint records of it, and ``run``, which
+    returns its row; an exception there becomes :meth:`failed`'s row and the sweep goes on."""
+
+    key: Key
+    fingerprint: dict[str, Any]
+    run: Callable[[], Row]
+    facts: dict[str, Any] = field(default_factory=dict)  # of its failed row: item_unit, precision, device
+
+    def failed(self, reason: str) -> Row:
+        model, config, batch_size, mode = self.key
+        return Row.failed(reason, model=model, config=config, batch_size=batch_size, mode=mode, **self.facts)
+
+
+@dataclass(frozen=True)
+class Section:
+    """A spec key whose value an engine turns into cells: ``plan(value, device)`` returns them, or raises
+    ValueError / TypeError naming the bad entry, before anything runs."""
+
+    help: str
+    plan: Callable[[Any, torch.device], list[SectionCell]]
+
+
+# Sections of engines above ``run`` (it cannot import them): each registers itself when imported, and
+# ``import gpuopt`` imports them all.
+SECTIONS: dict[str, Section] = {}
+
+
+def register_section(name: str, section: Section) -> None:
+    """Make ``name`` a sweep spec key run by ``section``."""
+    if name in SPEC_KEYS:
+        raise ValueError(f"{name!r} is a sweep spec key of its own")
+    SECTIONS[name] = section
 
 
 def load_spec(spec: str | os.PathLike | dict) -> dict[str, Any]:
@@ -81,16 +119,20 @@ def load_spec(spec: str | os.PathLike | dict) -> dict[str, Any]:
                 raise ValueError(f"{path}: invalid JSON: {exc.msg}") from exc
         else:
             raise ValueError(f"sweep spec {str(path)!r} must end in .toml, .yaml, .yml or .json")
+    keys = {**SPEC_KEYS, **{name: section.help for name, section in SECTIONS.items()}}
     if not isinstance(doc, dict):
-        raise ValueError(f"a sweep spec is a table of keys ({', '.join(SPEC_KEYS)}), got {type(doc).__name__}")
-    unknown = sorted(set(doc) - set(SPEC_KEYS))
+        raise ValueError(f"a sweep spec is a table of keys ({', '.join(keys)}), got {type(doc).__name__}")
+    unknown = sorted(set(doc) - set(keys))
     if unknown:
-        allowed = "; ".join(f"{k}: {v}" for k, v in SPEC_KEYS.items())
+        allowed = "; ".join(f"{k}: {v}" for k, v in keys.items())
         raise ValueError(f"unknown sweep spec key(s) {', '.join(map(repr, unknown))}; allowed keys -- {allowed}")
     if isinstance(doc.get("models"), (str, dict)):
         doc["models"] = [doc["models"]]  # `models: tiny-cnn` means one model, not the letters of its name
     if not doc.get("models"):
-        raise ValueError("a sweep spec needs models = [...] (zoo names, see gpuopt.zoo.names())")
+        if any(doc.get(name) for name in SECTIONS):
+            doc["models"] = []  # a sweep of serving cells alone
+        else:
+            raise ValueError("a sweep spec needs models = [...] (zoo names, see gpuopt.zoo.names())")
     if not isinstance(doc["models"], list):
         raise ValueError(f"models must be a list of zoo names or tables, got {doc['models']!r}")
     for m in doc["models"]:
@@ -128,10 +170,12 @@ class SweepPlan:
     done: dict[Key, Row] | None  # the cells already in cells.jsonl to resume from; None: start over
     progress: bool
     results: Results | None = None  # the rows so far, once run() started (also after an interrupt)
+    section_cells: list[SectionCell] = field(default_factory=list)  # serve: and other engines' cells
 
     @property
     def total_cells(self) -> int:
-        return sum(len(m.batch_sizes) for m in self.models) * len(self.configs) * len(self.modes)
+        return (sum(len(m.batch_sizes) for m in self.models) * len(self.configs) * len(self.modes)
+                + len(self.section_cells))
 
     @property
     def resume_note(self) -> str | None:
@@ -164,7 +208,8 @@ class SweepPlan:
                                                      indent=1, default=str))
         todo = sum(any((m.name, c.label, b, mode) not in done for mode in self.modes)
                    for m in self.models for b in m.batch_sizes for c in self.configs)
-        bar = ProgressBar(todo, self.progress)  # one step per config and batch size still to run
+        todo += sum(cell.key not in done for cell in self.section_cells)
+        bar = ProgressBar(todo, self.progress)  # one step per config and batch size (or section cell) to run
         cut_short = _ends_without_newline(cells_path)
         with cells_path.open("a") as cells:
             if cut_short:
@@ -191,6 +236,16 @@ class SweepPlan:
                     for b in m.batch_sizes:
                         runner.run_batch(b)
                     del runner, work
+                for cell in self.section_cells:
+                    if cell.key in done:
+                        continue
+                    try:
+                        row = cell.run()
+                    except Exception as exc:  # noqa: BLE001  (a failing cell is recorded with its reason)
+                        row = cell.failed(f"{type(exc).__name__}: {exc}")
+                    record(row)
+                    model, config, batch_size, mode = cell.key
+                    bar("done", f"{model} {config} {mode}" + ("" if row.ok else " (failed)"))
             finally:
                 bar.close()
                 results.save(out)  # also after Ctrl-C: what finished is in the report
@@ -240,15 +295,17 @@ def _ends_without_newline(path: Path) -> bool:
 
 
 def _fingerprint(models: list[SweepModel], configs: list[Config], modes: list[str], parity: bool,
-                 device: torch.device, options: dict[str, Any]) -> dict[str, Any]:
+                 device: torch.device, options: dict[str, Any],
+                 sections: dict[str, list[SectionCell]] | None = None) -> dict[str, Any]:
     """The sweep as it will be measured -- resolved models, configs (label and canonical string),
-    modes, parity, every measure option with its default, the device and its name, gpuopt's and
-    torch's versions -- and nothing else (no times): two sweeps whose fingerprints match measure
-    comparable cells."""
+    modes, parity, every measure option with its default, the cells of sections such as ``serve``,
+    the device and its name, gpuopt's and torch's versions -- and nothing else (no times): two sweeps
+    whose fingerprints match measure comparable cells."""
     from .._ext import build_info
 
     measure = {k: v for k, v in {**measure_defaults(), **options}.items() if k not in ("mode", "inputs", "device")}
     return {
+        **{name: [c.fingerprint for c in cells] for name, cells in (sections or {}).items()},
         "models": [{"name": m.name, "input_shape": list(m.input_shape) if m.input_shape else None,
                     "batch_sizes": m.batch_sizes} for m in models],
         "configs": [[c.label, str(c)] for c in configs],
@@ -336,11 +393,26 @@ def plan_sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *,
                              "shape")
         shape = check_input_shape(m["input_shape"]) if m.get("input_shape") is not None else None
         models.append(SweepModel(m["name"], shape, resolve_batch_sizes(m.get("batch_sizes", default_batches))))
-    fingerprint = _fingerprint(models, configs, modes, parity, device, options)
+    sections: dict[str, list[SectionCell]] = {}
+    for name, section in SECTIONS.items():
+        if name in doc:
+            try:
+                sections[name] = section.plan(doc[name], device)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"{name}: {exc}") from exc
+    cells = [c for cs in sections.values() for c in cs]
+    seen: dict[Key, int] = {}
+    for i, c in enumerate(cells):
+        if c.key in seen:
+            raise ValueError(f"two cells of the sweep would both be the row {c.key} (cells {seen[c.key] + 1} and "
+                             f"{i + 1} of its sections); give them distinct labels")
+        seen[c.key] = i
+    fingerprint = _fingerprint(models, configs, modes, parity, device, options, sections)
     out = Path(output_dir)
     done = _resumable(out, fingerprint) if resume and out.is_dir() else ({} if resume else None)
     check_writable(out)
-    return SweepPlan(doc, out, models, configs, modes, device, parity, options, fingerprint, done, progress)
+    return SweepPlan(doc, out, models, configs, modes, device, parity, options, fingerprint, done, progress,
+                     section_cells=cells)
 
 
 def sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *, resume: bool = True,
@@ -357,8 +429,9 @@ def sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *, resu
     reference fails; after an out-of-memory error the CUDA caching allocator is emptied. A bad spec
     raises ValueError or TypeError before anything runs (see :func:`plan_sweep`).
 
-    Spec keys: name, models, configs, batch_sizes, modes, parity, train, device, measure. Example
-    (TOML)::
+    Spec keys: name, models, configs, batch_sizes, modes, parity, train, device, measure, and the
+    sections of engines above ``run``: ``serve`` (serving runs, see :mod:`gpuopt.serving.cells`;
+    a spec of serving runs alone needs no models). Example (TOML)::
 
         models = ["resnet50", "vit_b_16"]
         configs = ["fp32", "fp16-amp", "fp16-amp+channels_last"]

@@ -227,11 +227,13 @@ class ServeResult:
             "verification": self.verification,
         }
 
-    def row(self, *, device: str | None = None, precision: str | None = None) -> Row:
-        """This run as a :class:`~gpuopt.report.results.Row` (``mode`` ``serve:<scenario>``,
-        ``batch_size`` the batcher's maximum), for ``Results``, reports and plots."""
+    def row(self, *, device: str | None = None, precision: str | None = None, label: str | None = None) -> Row:
+        """This run as a :class:`~gpuopt.report.results.Row` (``mode`` ``serve:<scenario>`` and the load
+        point, then ``label`` if given: see :func:`~gpuopt.report.results.serving_mode`; ``batch_size``
+        the batcher's maximum; ``device`` the server's unless given), for ``Results``, reports and plots."""
         return Row.served(self.serving(), model=self.model, config=self.config,
-                          batch_size=int(self.settings.get("max_batch_size", 1)), device=device, precision=precision)
+                          batch_size=int(self.settings.get("max_batch_size", 1)),
+                          device=device or self.settings.get("device"), precision=precision, label=label)
 
     def summary(self) -> str:
         r = self.result
