@@ -71,10 +71,13 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def write(args: argparse.Namespace, results: dict[str, Any], targets: list[Target]) -> int:
+def write(args: argparse.Namespace, results: dict[str, Any], targets: list[Target], *, final: bool = True) -> int:
+    """Writes the JSON record (atomically). ``final=False`` is a checkpoint of a run still going: the
+    file says ``"complete": false`` and nothing is printed, so a run cut short keeps what it measured."""
     env = gpuopt.env()
     device = env["gpus"][0]["name"] if env["gpus"] else "cpu"
     record = {
+        "complete": final,
         "benchmark": args.name,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git_commit(),
@@ -87,6 +90,8 @@ def write(args: argparse.Namespace, results: dict[str, Any], targets: list[Targe
     }
     out = args.out or RESULTS / f"{args.name}-{slug(device)}.json"
     write_atomic(out, json.dumps(record, indent=2, default=float))
+    if not final:
+        return 0
     for t in targets:
         print(t.line())
     applicable = [t for t in targets if t.passed is not None]

@@ -38,55 +38,68 @@ def images(n: int) -> list[torch.Tensor]:
     return [torch.randn(3, 224, 224, generator=g) for _ in range(n)]
 
 
+# Batcher settings searched for the highest rate under the SLO (what Triton's model analyzer varies):
+# (instances, max_queue_delay_us). A delay lets batches grow: greedy small batches saturate the GPU at
+# a fraction of its offline throughput (ResNet-50 b4 takes about as long as b1 here).
+SETTINGS = [(2, 0), (1, 0), (2, 1000), (1, 1000), (2, 2500), (1, 2500)]
+
+
 def part_resnet(args, results: dict, targets: list[Target]) -> None:
     model, _ = gpuopt.zoo.get("resnet50")
     cfg = "fp16+channels_last+cudagraph"
     B = args.max_batch
     samples = images(64)
-    r: dict = {"config": cfg, "max_batch_size": B, "slo_ms": args.slo_ms}
+    r: dict = {"config": cfg, "max_batch_size": B, "slo_ms": args.slo_ms, "settings": []}
     results["resnet50"] = r
-    t0 = time.perf_counter()
-    server = Server(model, cfg, samples[0], max_batch_size=B, instances=2, max_queue_delay_us=0)
-    server.add_samples(samples)
-    r["server_setup_s"] = time.perf_counter() - t0
-    r["graph_sizes"] = server.graph_sizes
-    try:
-        off = server.run_load(scenario="offline", min_queries=B * (40 if args.quick else 200), duration_s=0.0,
-                              model_name="resnet50")
-        r["offline"] = off.serving()
-        print(off.summary())
-        bench = gpuopt.benchmark(model, input_shape=(3, 224, 224), configs=[cfg], batch_sizes=[B],
-                                 modes=("throughput",), parity=False, progress=False)
-        brow = bench.ok[0]
-        r["benchmark_throughput"] = brow.throughput_items_per_s
-        print(f"gpuopt.benchmark {cfg} b{B} throughput: {brow.throughput_items_per_s:,.0f} img/s")
-        targets.append(Target("resnet50: batcher offline / gpuopt.benchmark throughput at the same batch",
-                              off.throughput / brow.throughput_items_per_s, ">=", 0.9, "x",
-                              f"gpuopt.benchmark {cfg} b{B}"))
-
-        search = gpuopt.max_rate(server, slo_ms=args.slo_ms, duration_s=1.0 if args.quick else 2.0,
-                                 min_queries=2000, max_steps=6 if args.quick else 9, model_name="resnet50")
-        r["max_rate"] = search.max_rate
-        r["max_rate_steps"] = [s.serving() for s in search.steps]
-        print(search.summary())
-        for s in search.steps:
-            print("  ", s.summary())
-        if search.max_rate is not None:
-            targets.append(Target(f"resnet50: max rate at p99 <= {args.slo_ms} ms / batcher offline throughput",
-                                  search.max_rate / off.throughput, ">=", 0.8, "x", "batcher offline, same run"))
-
-        single = server.run_load(scenario="single-stream", min_queries=300 if args.quick else 1000, duration_s=0.0,
-                                 model_name="resnet50")
-        r["single_stream"] = single.serving()
-        print(single.summary())
-        prepared = gpuopt.Config.parse(cfg).apply(model, torch.randn(1, 3, 224, 224))
-        m = gpuopt.measure(prepared.runner(torch.randn(1, 3, 224, 224)), mode="latency")
-        r["latency_mode_b1_ms"] = {"p50": m.p50, "mean": m.mean}
-        print(f"latency mode b1: p50 {m.p50:.3f} ms")
-        targets.append(Target("resnet50: single-stream p50 through the batcher / latency-mode p50 at batch 1",
-                              single.latency_ms["p50"] / m.p50, "<=", 1.10, "x", "gpuopt.measure latency mode b1"))
-    finally:
-        server.close(drain=False)
+    bench = gpuopt.benchmark(model, input_shape=(3, 224, 224), configs=[cfg], batch_sizes=[B],
+                             modes=("throughput",), parity=False, progress=False)
+    r["benchmark_throughput"] = bench_tput = bench.ok[0].throughput_items_per_s
+    print(f"gpuopt.benchmark {cfg} b{B} throughput: {bench_tput:,.0f} img/s")
+    best = None
+    settings = SETTINGS[:2] if args.quick else SETTINGS
+    for index, (instances, delay) in enumerate(settings):
+        t0 = time.perf_counter()
+        server = Server(model, cfg, samples[0], max_batch_size=B, instances=instances, max_queue_delay_us=delay)
+        server.add_samples(samples)
+        cell: dict = {"instances": instances, "max_queue_delay_us": delay, "setup_s": time.perf_counter() - t0,
+                      "graph_sizes": server.graph_sizes}
+        r["settings"].append(cell)
+        try:
+            off = server.run_load(scenario="offline", min_queries=B * (40 if args.quick else 150), duration_s=0.0,
+                                  model_name="resnet50")
+            cell["offline"] = off.serving()
+            print(off.summary())
+            if index == 0:
+                targets.append(Target("resnet50: batcher offline / gpuopt.benchmark throughput at the same batch",
+                                      off.throughput / bench_tput, ">=", 0.9, "x", f"gpuopt.benchmark {cfg} b{B}"))
+                single = server.run_load(scenario="single-stream", min_queries=300 if args.quick else 1000,
+                                         duration_s=0.0, model_name="resnet50")
+                r["single_stream"] = single.serving()
+                print(single.summary())
+            search = gpuopt.max_rate(server, slo_ms=args.slo_ms, duration_s=1.0 if args.quick else 1.5,
+                                     min_queries=2000, max_steps=5 if args.quick else 6,
+                                     high=off.throughput * 1.05, model_name="resnet50")
+            cell["max_rate"] = search.max_rate
+            cell["steps"] = [st.serving() for st in search.steps]
+            print(f"instances={instances} max_queue_delay_us={delay}:", search.summary())
+            if search.max_rate is not None and (best is None or search.max_rate > best[0]):
+                best = (search.max_rate, off.throughput, instances, delay)
+        finally:
+            server.close(drain=False)
+            torch.cuda.empty_cache()
+    prepared = gpuopt.Config.parse(cfg).apply(model, torch.randn(1, 3, 224, 224))
+    m = gpuopt.measure(prepared.runner(torch.randn(1, 3, 224, 224)), mode="latency")
+    r["latency_mode_b1_ms"] = {"p50": m.p50, "mean": m.mean}
+    print(f"latency mode b1: p50 {m.p50:.3f} ms")
+    targets.append(Target("resnet50: single-stream p50 through the batcher / latency-mode p50 at batch 1",
+                          r["single_stream"]["latency_ms"]["p50"] / m.p50, "<=", 1.10, "x",
+                          "gpuopt.measure latency mode b1"))
+    if best is not None:
+        r["max_rate"], r["max_rate_offline"], r["best_instances"], r["best_max_queue_delay_us"] = best
+        targets.append(Target(f"resnet50: max rate at p99 <= {args.slo_ms} ms (best of {len(settings)} batcher "
+                              f"settings) / that server's offline throughput", best[0] / best[1], ">=", 0.8, "x",
+                              "batcher offline, same run"))
+    del prepared
 
     naive_cfg = "fp16+channels_last"
     prepared = gpuopt.Config.parse(naive_cfg).apply(model, torch.randn(1, 3, 224, 224))
@@ -97,10 +110,10 @@ def part_resnet(args, results: dict, targets: list[Target]) -> None:
                             model_name="resnet50")
     r["naive_closed_loop_16"] = closed.serving()
     print(closed.summary())
-    nsearch = gpuopt.max_rate(naive, slo_ms=args.slo_ms, duration_s=2.0, min_queries=1000, max_steps=7,
-                              model_name="resnet50")
+    nsearch = gpuopt.max_rate(naive, slo_ms=args.slo_ms, duration_s=1.5, min_queries=600, max_steps=6,
+                              high=closed.throughput * 1.5, model_name="resnet50")
     r["naive_max_rate"] = nsearch.max_rate
-    r["naive_steps"] = [s.serving() for s in nsearch.steps]
+    r["naive_steps"] = [st.serving() for st in nsearch.steps]
     print("naive:", nsearch.summary())
     if r.get("max_rate") and nsearch.max_rate:
         targets.append(Target(f"resnet50: max rate at p99 <= {args.slo_ms} ms, gpuopt batcher / naive Python batcher",
@@ -132,8 +145,9 @@ def part_bert(args, results: dict, targets: list[Target]) -> None:
             if label == "bucketed":
                 direct = s._python_fn()
                 worst = 0.0
-                for i in range(8):
-                    out = s.infer(samples[i])
+                futures = [s.submit(samples[i]) for i in range(32)]  # together: mixed lengths share batches
+                for i, f in enumerate(futures):
+                    out = f.result(60)
                     with torch.inference_mode():
                         ref = direct(*(t.unsqueeze(0).cuda() for t in samples[i].values()))[0].float().cpu()
                     worst = max(worst, float((out.float() - ref).abs().max() / ref.abs().max()))
@@ -148,6 +162,9 @@ def part_bert(args, results: dict, targets: list[Target]) -> None:
     targets.append(Target("bert-base bucketed: answers whose checksum differs from a direct unpadded call",
                           b["verification"]["mismatched"] + b["verification"]["lost"], "<=", 0, "",
                           "direct call per sample"))
+    targets.append(Target("bert-base: closest two samples' checksums apart, relative (> 2 rtol: a swap would show)",
+                          b["verification"]["separation"], ">=", 2 * b["verification"]["rtol"], "",
+                          "the verification's tolerance"))
     targets.append(Target("bert-base bucketed: full outputs, max |served - direct| / max |direct|",
                           r["full_output_max_rel_error"], "<=", 2e-2, "", "direct unpadded fp16 call"))
 
@@ -178,17 +195,13 @@ def part_soak(args, results: dict, targets: list[Target]) -> None:
     finally:
         s.close(drain=False)
     v = res.verification
-    sums = s.expected_checksums()[0]
-    gaps = (sums[:, None] - sums[None, :]).abs() + torch.eye(len(sums), dtype=torch.float64) * 1e30
-    scale = s.expected_checksums()[1]
-    separation = float((gaps.min(dim=1).values / scale).min())
-    print(res.summary(), v, f"wall {wall:.1f}s, min sample separation {separation:.3g} (rtol {v['rtol']})")
-    results["soak"] = res.serving() | {"wall_s": wall, "min_separation_rel": separation}
+    print(res.summary(), v, f"wall {wall:.1f}s")
+    results["soak"] = res.serving() | {"wall_s": wall}
     targets.append(Target(f"soak {n:,} requests: lost + duplicated + mismatched + not ok",
                           v["lost"] + v["duplicated"] + v["mismatched"] + (n - v["answered"]), "<=", 0, "",
                           "each answer's checksum vs its sample's direct call"))
-    targets.append(Target("soak: closest two samples' checksums apart, relative (> rtol: a swap would show)",
-                          separation, ">=", v["rtol"], "", "the verification's tolerance"))
+    targets.append(Target("soak: closest two samples' checksums apart, relative (> 2 rtol: a swap would show)",
+                          v["separation"], ">=", 2 * v["rtol"], "", "the verification's tolerance"))
 
 
 def main() -> int:
@@ -205,6 +218,7 @@ def main() -> int:
             results["errors"][name] = f"{type(exc).__name__}: {exc}"
             targets.append(Target(f"{name}: ran without error", 0.0, ">=", 1.0, "", str(exc)[:200]))
         torch.cuda.empty_cache()
+        write(args, results, targets, final=False)  # a run cut short keeps the parts it finished
     return write(args, results, targets)
 
 

@@ -265,20 +265,25 @@ def test_server_scenario_counts_from_schedule():
     assert r.latency_ms["p99"] > 400, "the last queries waited behind the backlog since their arrival"
 
 
-def test_verify_checksums_catches_a_wrong_answer():
-    model = torch.nn.Linear(16, 4)
-    r = gpuopt.serve(model, "fp32", lambda i: torch.randn(16) * (i + 1), device="cpu", scenario="offline",
-                     min_queries=400, duration_s=0.0, samples=32, max_batch_size=8, verify=True, records=True)
+def test_verify_checksums_catches_a_swapped_answer(rng):
+    """Outputs of a LayerNorm sum to zero whatever the input: a plain sum could not tell samples apart,
+    the weighted checksum does; two answers swapped between samples show as exactly two mismatches."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.LayerNorm(8))
+    samples = [torch.randn(16, generator=rng) for _ in range(32)]
+    with Server(model, "fp32", samples[0], device="cpu", max_batch_size=8, checksums=True) as s:
+        s.add_samples(samples)
+        r = s.run_load(scenario="offline", min_queries=400, duration_s=0.0, verify=True, records=True)
+        expected = s.expected_checksums()
     v = r.verification
     assert v["answered"] == 400 and v["mismatched"] == 0 and v["lost"] == 0 and v["duplicated"] == 0, v
+    assert v["conclusive"] and v["separation"] > 2 * v["rtol"], v
+    assert float(expected[0].abs().max()) > 1e-3, "the weighted checksum of a zero-sum output is not zero"
     recs = dict(r.records)
-    s = Server(model, "fp32", torch.randn(16), device="cpu", checksums=True)
-    s.add_samples([torch.randn(16) * (i + 1) for i in range(32)])
+    a = 0
+    b = int((recs["sample"] != recs["sample"][a]).nonzero()[0])
     recs["checksum"] = recs["checksum"].clone()
-    recs["checksum"][7] += 1.0  # another sample's answer, or a corrupted one
-    planted = verify_checksums(recs, s.expected_checksums(), "fp32")
-    s.close()
-    assert planted["mismatched"] >= 1
+    recs["checksum"][[a, b]] = recs["checksum"][[b, a]]
+    assert verify_checksums(recs, expected, "fp32")["mismatched"] == 2
 
 
 def test_max_rate_finds_a_valid_rate_on_cpu():

@@ -635,6 +635,11 @@ void LoadGenerator::complete(std::uint64_t id, const Completion& c) {
   if (wake) changed_.notify_all();
 }
 
+bool LoadGenerator::finished() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return draining_done_;
+}
+
 void LoadGenerator::stop() {
   std::lock_guard<std::mutex> lock(mu_);  // a waiter between its check and its wait cannot miss it
   stop_ = true;

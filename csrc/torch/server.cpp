@@ -39,31 +39,34 @@ std::vector<std::int64_t> row_strides(at::IntArrayRef shape, at::MemoryFormat fo
   return std::vector<std::int64_t>(meta.strides().begin() + 1, meta.strides().end());
 }
 
-double row_checksum(const void* data, std::int64_t numel, at::ScalarType dtype) {
+// The weight of element k in an output checksum: a fixed pseudo-random value in [-1, 1), so outputs
+// that sum to about zero (a LayerNorm's) or differ by a permutation still get distinct checksums.
+// gpuopt.serving.load.checksum_weights computes the same weights for the direct-call reference.
+double checksum_weight(std::int64_t k) {
+  const auto h = static_cast<std::uint64_t>(k) * 2654435761ULL % 4294967296ULL;
+  return static_cast<double>(h) / 4294967296.0 * 2.0 - 1.0;
+}
+
+template <typename T>
+double weighted_sum(const void* data, std::int64_t numel) {
   double sum = 0;
+  for (std::int64_t i = 0; i < numel; ++i) {
+    sum += checksum_weight(i) * static_cast<double>(static_cast<float>(static_cast<const T*>(data)[i]));
+  }
+  return sum;
+}
+
+double row_checksum(const void* data, std::int64_t numel, at::ScalarType dtype) {
   switch (dtype) {
-    case at::kFloat:
-      for (std::int64_t i = 0; i < numel; ++i) sum += static_cast<const float*>(data)[i];
+    case at::kFloat: return weighted_sum<float>(data, numel);
+    case at::kHalf: return weighted_sum<c10::Half>(data, numel);
+    case at::kBFloat16: return weighted_sum<c10::BFloat16>(data, numel);
+    case at::kDouble: {
+      double sum = 0;
+      for (std::int64_t i = 0; i < numel; ++i) sum += checksum_weight(i) * static_cast<const double*>(data)[i];
       return sum;
-    case at::kDouble:
-      for (std::int64_t i = 0; i < numel; ++i) sum += static_cast<const double*>(data)[i];
-      return sum;
-    case at::kHalf:
-      for (std::int64_t i = 0; i < numel; ++i) sum += static_cast<float>(static_cast<const c10::Half*>(data)[i]);
-      return sum;
-    case at::kBFloat16:
-      for (std::int64_t i = 0; i < numel; ++i) {
-        sum += static_cast<float>(static_cast<const c10::BFloat16*>(data)[i]);
-      }
-      return sum;
-    case at::kLong:
-      for (std::int64_t i = 0; i < numel; ++i) sum += static_cast<double>(static_cast<const std::int64_t*>(data)[i]);
-      return sum;
-    case at::kInt:
-      for (std::int64_t i = 0; i < numel; ++i) sum += static_cast<const std::int32_t*>(data)[i];
-      return sum;
-    default:
-      return std::nan("");
+    }
+    default: return std::nan("");
   }
 }
 
@@ -148,7 +151,9 @@ std::string Future::error() const {
 }
 at::Tensor Future::output() const {
   const std::lock_guard<std::mutex> lock(mu_);
-  return output_;
+  // A tensor of its own: a Python object tied to output_ would make the executor thread that drops
+  // the future free a Python object.
+  return output_.defined() ? output_.detach() : output_;
 }
 double Future::queue_us() const {
   const std::lock_guard<std::mutex> lock(mu_);
@@ -352,6 +357,7 @@ QueryStatus Server::enqueue(Request request, std::int64_t priority, std::int64_t
   {
     const std::lock_guard<std::mutex> lock(requests_mu_);
     auto it = requests_.find(q.id);
+    if (it == requests_.end()) return QueryStatus::kCancelled;  // shutdown took it and answered it
     r = std::move(it->second);
     requests_.erase(it);
   }
@@ -442,18 +448,30 @@ void Server::run_instance(std::size_t instance) {
 
 void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHandle copy_stream) {
   const Clock::time_point start = Clock::now();
-  const auto n = static_cast<std::int64_t>(batch.requests.size());
   std::vector<Request> reqs;
+  std::vector<serve::QueuedRequest> queued;  // parallel to reqs
   reqs.reserve(batch.requests.size());
+  std::int64_t dropped = 0;
   {
     const std::lock_guard<std::mutex> lock(requests_mu_);
     for (const serve::QueuedRequest& q : batch.requests) {
       auto it = requests_.find(q.id);
-      GPUOPT_CHECK(it != requests_.end(), "Server: request ", q.id, " left the queue but is unknown");
-      reqs.push_back(std::move(it->second));
+      if (it == requests_.end()) continue;  // answered by shutdown already
+      if (it->second.load && it->second.load->finished()) {
+        ++dropped;  // its load run is over (counted lost there): serving it would load the next run
+      } else {
+        reqs.push_back(std::move(it->second));
+        queued.push_back(q);
+      }
       requests_.erase(it);
     }
   }
+  if (dropped > 0) {
+    const std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_.cancelled += dropped;
+  }
+  const auto n = static_cast<std::int64_t>(reqs.size());
+  if (n == 0) return;
   const std::int64_t padded = options_.batcher.buckets.empty() ? 0 : batch.padded_length;
   Executor& exec = *executors_[instance];
   busy_begin();
@@ -508,7 +526,8 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
       copied = cuda::acquire_event(static_cast<int>(options_.device));
       cuda::record_event(copied, copy_stream);
       cuda::stream_wait_event(exec_stream, copied);
-      cuda::release_event(static_cast<int>(options_.device), copied);  // recycled once complete
+      // Recycled at once: cudaStreamWaitEvent took its snapshot, a later record does not change it.
+      cuda::release_event(static_cast<int>(options_.device), copied);
     }
 #endif
     dst.clear();
@@ -579,7 +598,7 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
   if (!error.empty()) {
     const std::string message = detail::cat("the model failed on a batch of ", n, ": ", error);
     for (std::size_t i = 0; i < reqs.size(); ++i) {
-      answer(reqs[i], QueryStatus::kFailed, message, us_between(batch.requests[i].enqueued, start), compute_us, n);
+      answer(reqs[i], QueryStatus::kFailed, message, us_between(queued[i].enqueued, start), compute_us, n);
     }
     return;
   }
@@ -591,15 +610,22 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
     const char* row = base + static_cast<std::int64_t>(i) * row_numel * elem;
     const std::vector<std::int64_t> shape = output_row_shape(shape_probe, padded, r.length);
     const std::int64_t numel = product(shape);
-    const double queue_us = us_between(batch.requests[i].enqueued, start);
+    const double queue_us = us_between(queued[i].enqueued, start);
+    if (r.future) {
+      at::Tensor copy;
+      try {
+        copy = at::empty(shape, at::TensorOptions().dtype(out_dtype));
+      } catch (const std::exception& e) {  // out of host memory: this request fails, the others go on
+        answer(r, QueryStatus::kFailed, detail::cat("its output could not be returned: ", e.what()), queue_us,
+               compute_us, n);
+        continue;
+      }
+      std::memcpy(copy.data_ptr(), row, static_cast<std::size_t>(numel * elem));
+      r.future->set(QueryStatus::kOk, "", std::move(copy), queue_us, compute_us, n);
+    }
     {
       const std::lock_guard<std::mutex> lock(stats_mu_);
       ++stats_.ok;
-    }
-    if (r.future) {
-      at::Tensor copy = at::empty(shape, at::TensorOptions().dtype(out_dtype));
-      std::memcpy(copy.data_ptr(), row, static_cast<std::size_t>(numel * elem));
-      r.future->set(QueryStatus::kOk, "", std::move(copy), queue_us, compute_us, n);
     }
     if (r.load) {
       serve::Completion c;

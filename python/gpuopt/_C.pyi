@@ -1,5 +1,6 @@
 # Type stubs of gpuopt's compiled core. Public names are re-exported by gpuopt/__init__.py.
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -157,3 +158,93 @@ class InputPipeline:
 
 # ceilings
 def kernel_ceilings(device: int = 0, quick: bool = False) -> dict[str, float]: ...
+
+# serving (csrc/core/batcher.cpp, loadgen.cpp; csrc/torch/server.cpp; csrc/python/bind_serve.cpp)
+class BatcherOptions:
+    max_batch_size: int
+    max_queue_delay_us: int
+    preferred_batch_sizes: list[int]
+    buckets: list[int]
+    max_queue_size: int
+    priority_levels: int
+    default_timeout_us: int
+    timeout_action: str  # "reject" | "delay"
+    def __init__(self) -> None: ...
+    def validate(self) -> None: ...
+    def bucket_for(self, length: int) -> int: ...
+
+class LoadOptions:
+    scenario: str  # "single-stream" | "multi-stream" | "server" | "offline" | "closed-loop"
+    arrival: str  # "constant" | "poisson" | "gamma" | "ramp" | "spike" | "trace"
+    rate: float
+    burstiness: float
+    ramp_to_rate: float
+    ramp_duration_s: float
+    spike_rate: float
+    spike_start_s: float
+    spike_duration_s: float
+    intervals_s: list[float]
+    concurrency: int
+    samples_per_query: int
+    sample_count: int
+    priority_weights: list[float]
+    min_queries: int
+    max_queries: int
+    min_duration_s: float
+    max_duration_s: float
+    percentile: float
+    confidence: float
+    slo_ms: float
+    drain_timeout_s: float
+    seed: int
+    def __init__(self) -> None: ...
+    def validate(self) -> None: ...
+
+def arrival_offsets_s(options: LoadOptions, count: int, seed: int = 0) -> list[float]: ...
+def early_stop_min_queries(percentile: float, confidence: float) -> int: ...
+def early_stop(values: list[float], percentile: float, confidence: float) -> dict[str, Any]: ...
+
+class ServeFuture:
+    def wait(self, timeout_s: float) -> bool: ...
+    @property
+    def done(self) -> bool: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def error(self) -> str: ...
+    @property
+    def output(self) -> torch.Tensor: ...
+    @property
+    def queue_us(self) -> float: ...
+    @property
+    def compute_us(self) -> float: ...
+    @property
+    def batch_size(self) -> int: ...
+
+class Server:
+    def __init__(
+        self, batcher: BatcherOptions, device: int, inputs: list[tuple[torch.dtype, list[int], str]],
+        instances: int = 1, fn: Callable[..., torch.Tensor] | None = None,
+        graphs: list[list[tuple[int, int, int, list[torch.Tensor], torch.Tensor]]] | None = None,
+        checksums: bool = False, name: str = "Server", *, pinned_pool: TensorPool,
+    ) -> None: ...
+    def submit(self, inputs: list[torch.Tensor], priority: int = 0, timeout_us: int = -1) -> ServeFuture: ...
+    def add_sample(self, inputs: list[torch.Tensor]) -> int: ...
+    @property
+    def sample_count(self) -> int: ...
+    @property
+    def instances(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    def run_load(self, options: LoadOptions, records: bool = False) -> dict[str, Any]: ...
+    def close(self, drain: bool = True, timeout_s: float = 30.0) -> None: ...
+    def stats(self) -> dict[str, Any]: ...
+
+class LoadGenerator:
+    def __init__(self, options: LoadOptions, issue: Callable[[list[int], list[int], list[int]], None]) -> None: ...
+    def run(self, records: bool = False) -> dict[str, Any]: ...
+    def complete(
+        self, id: int, status: str = "ok", queue_us: float = -1.0, compute_us: float = -1.0, batch_size: int = 0,
+        error: str = "", checksum: float = ...,
+    ) -> None: ...
+    def stop(self) -> None: ...

@@ -36,7 +36,17 @@ from .prepare import (
 from .report import Results, Row
 from .report import plots as plot
 from .run import benchmark, sweep, zoo
-from .serving import LoadSpec, NaiveBatcher, QueueFullError, RequestFailed, ServeResult, Server, latency_curve, max_rate, serve
+from .serving import (
+    LoadSpec,
+    NaiveBatcher,
+    QueueFullError,
+    RequestFailed,
+    Server,
+    ServeResult,
+    latency_curve,
+    max_rate,
+    serve,
+)
 from .timing import Comparison, Measurement, RunToRun, calibrate, compare, env, measure
 
 __version__ = build_info()["gpuopt_version"]

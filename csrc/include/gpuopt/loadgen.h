@@ -171,6 +171,9 @@ class LoadGenerator {
   void complete(std::uint64_t id, const Completion& completion);
   // Stops issuing early (thread-safe); run() then drains and returns, marked invalid ("stopped").
   void stop();
+  // True once the run's drain ended: later completions are ignored, so a target may drop what it still
+  // holds of this run instead of serving it (thread-safe).
+  bool finished() const;
   // Every query's record (after run()).
   std::vector<QueryRecord> records() const;
 

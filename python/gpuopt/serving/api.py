@@ -43,7 +43,7 @@ def _model_and_samples(model: Any, sample_fn: Any) -> tuple[torch.nn.Module, Cal
         raise TypeError(f"model must be a torch.nn.Module or a zoo name (gpuopt.zoo names), got {type(model).__name__}")
     if sample_fn is None:
         raise ValueError("sample_fn is required for a module: sample_fn(i) returns request i's inputs (no batch axis)")
-    if isinstance(sample_fn, torch.Tensor) or isinstance(sample_fn, (tuple, dict)):
+    if isinstance(sample_fn, (torch.Tensor, tuple, dict)):
         fixed = sample_fn
         sample_fn = lambda i: fixed  # noqa: E731 - one sample for every request
     if not callable(sample_fn):
@@ -208,6 +208,10 @@ def latency_curve(target: Server | NaiveBatcher, *, rates: Sequence[float] | Non
         else:
             spec = LoadSpec(scenario="closed-loop", concurrency=int(p), duration_s=duration_s,
                             min_queries=min_queries, **load)
-        out.append(target.run_load(spec, model_name=model_name))
+        try:
+            out.append(target.run_load(spec, model_name=model_name))
+        except Exception as exc:  # noqa: BLE001 - recorded with its reason; the curve goes on
+            out.append(ServeResult.failed(f"{type(exc).__name__}: {exc}", model=model_name,
+                                          config=target.prepared.label, load=spec, settings=target.describe()))
     return out
 

@@ -180,6 +180,21 @@ class ServeResult:
     records: dict[str, Any] | None = field(default=None, repr=False)
     verification: dict[str, Any] | None = None
 
+    @classmethod
+    def failed(cls, reason: str, *, model: str, config: str, load: LoadSpec, settings: dict[str, Any]) -> ServeResult:
+        """A run that could not happen (the target raised): no query answered, the reason kept, so a
+        curve or a sweep records it and goes on."""
+        nan = float("nan")
+        empty = {"n": 0, "mean": nan, "p50": nan, "p90": nan, "p95": nan, "p99": nan, "p99.9": nan, "max": nan}
+        result = {"scenario": load.scenario, "issued": 0, "ok": 0, "failed": 0, "rejected": 0, "timed_out": 0,
+                  "cancelled": 0, "lost": 0, "duplicated": 0, "unknown": 0, "duration_s": 0.0, "issue_span_s": 0.0,
+                  "target_rate": float(load.rate or 0.0), "scheduled_rate": 0.0, "throughput": 0.0,
+                  "latency_ms": empty, "queue_ms": dict(empty), "compute_ms": dict(empty), "issue_lag_p99_ms": 0.0,
+                  "early_stop": {"percentile": load.percentile or 0.99, "confidence": load.confidence, "queries": 0,
+                                 "min_queries": 0, "enough": False, "order": 0, "estimate_ms": None},
+                  "valid": False, "invalid_reasons": [reason], "batch_size_counts": [], "errors": [reason]}
+        return cls(model=model, config=config, load=load, settings=dict(settings), result=result)
+
     @property
     def scenario(self) -> str:
         return self.result["scenario"]
@@ -269,9 +284,21 @@ def load_spec(spec: LoadSpec | None, fields: dict[str, Any]) -> LoadSpec:
 CHECKSUM_RTOL = {"fp32": 1e-4, "tf32": 1e-2, "fp16-amp": 2e-2, "bf16-amp": 5e-2, "fp16": 2e-2, "bf16": 5e-2}
 
 
+def checksum_weights(numel: int) -> Any:
+    """The weight of each output element in an answer's checksum (float64, in [-1, 1)): the C++ server's
+    ``checksum_weight`` (``csrc/torch/server.cpp``), so outputs that sum to about zero (a LayerNorm's)
+    or are permutations of each other still get distinct checksums."""
+    import torch
+
+    k = torch.arange(numel, dtype=torch.int64)
+    return ((k * 2654435761) % 4294967296).double() / 4294967296.0 * 2.0 - 1.0
+
+
 def verify_checksums(records: dict[str, Any], expected: tuple[Any, Any], precision: str) -> dict[str, Any]:
     """Every answered query's output checksum against its sample's direct-call checksum: counts of
-    answered, mismatched, lost and duplicated queries, and the worst relative error."""
+    answered, mismatched, lost and duplicated queries, and the worst relative error. ``conclusive`` is
+    False when two samples' expected checksums lie within twice the tolerance of each other (an answer
+    swapped between them might not show); ``separation`` is the smallest such gap, relative."""
     import torch
 
     sums, mags = expected
@@ -283,10 +310,14 @@ def verify_checksums(records: dict[str, Any], expected: tuple[Any, Any], precisi
     err = (got - want).abs() / scale.clamp_min(1e-30)
     rtol = CHECKSUM_RTOL.get(precision, 2e-2)
     bad = ~(err <= rtol)  # NaN counts as a mismatch
+    order = torch.argsort(sums)
+    s_sorted, m_sorted = sums[order], mags[order]
+    gaps = (s_sorted[1:] - s_sorted[:-1]).abs() / torch.maximum(m_sorted[1:], m_sorted[:-1]).clamp_min(1e-30)
+    separation = float(gaps.min()) if gaps.numel() else float("inf")
     return {
         "answered": int(ok.sum()), "mismatched": int(bad.sum()), "rtol": rtol,
         "max_rel_error": float(err.max()) if err.numel() else None,
         "lost": int((status == STATUS_NAMES.index("lost")).sum()),
         "duplicated": int((records["completions"] > 1).sum()),
-        "ids_unique": bool(torch.unique(records["id"]).numel() == records["id"].numel()),
+        "separation": separation, "conclusive": separation > 2 * rtol,
     }

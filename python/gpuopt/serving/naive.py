@@ -77,7 +77,7 @@ class NaiveBatcher:
                 columns = list(zip(*(self._samples[s] for _, s, _ in items)))
                 batch = [torch.stack(col).to(dev) for col in columns]
                 with cfg.guard(dev.type):
-                    out = _first_tensor(self.layout.call(self.module, batch)).cpu()
+                    _first_tensor(self.layout.call(self.module, batch)).cpu()  # answers back on the host
                 error = ""
             except Exception as exc:  # noqa: BLE001 - the batch's requests fail with the reason
                 error = f"{type(exc).__name__}: {exc}"
@@ -114,6 +114,11 @@ class NaiveBatcher:
         try:
             run = generator.run(records)
         finally:
+            while True:  # what the run left unanswered must not be served into the next run
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    break
             q.put(_STOP)
             worker.join(timeout=spec.drain_timeout_s)
         run["wall_s"] = time.perf_counter() - t0

@@ -23,7 +23,8 @@ import torch
 from .._ext import _C
 from ..memory.pools import PinnedPool
 from ..prepare.config import Config, Prepared
-from .load import LoadSpec, ServeResult, load_spec as _load_spec, verify_checksums
+from .load import LoadSpec, ServeResult, checksum_weights, verify_checksums
+from .load import load_spec as _load_spec
 
 TIMEOUT_ACTIONS = ("reject", "delay")
 
@@ -233,6 +234,9 @@ class Server:
         self.notes: list[str] = list(self.prepared.notes)
         self.path = self._choose_path(executor, cfg)
         self._pool = PinnedPool(name=f"{name} pinned")
+        # Before _graphs: attributes are released in this order when the server is dropped unclosed, so
+        # the C++ server (its deleter stops the executors) goes before the graphs it replays.
+        self._native: Any = None
         self._graphs: list[Any] = []  # kept alive while C++ replays them
         dev = self.device.index if self.device.type == "cuda" else -1
         if dev is None:
@@ -247,7 +251,7 @@ class Server:
                 max_batch_size, self.options.preferred_batch_sizes)
             if self.graph_sizes[-1] != max_batch_size:
                 raise ValueError(f"graph_sizes must include max_batch_size={max_batch_size}, got {self.graph_sizes}")
-            kwargs["graphs"] = self._capture_all(tensors)
+            kwargs["graphs"] = self._capture_all()
         else:
             self.graph_sizes = []
             kwargs["fn"] = self._python_fn()
@@ -306,7 +310,7 @@ class Server:
 
         return run
 
-    def _capture_all(self, tensors: list[torch.Tensor]) -> list[list[tuple]]:
+    def _capture_all(self) -> list[list[tuple]]:
         """Per instance, per bucket: static inputs for the largest graph batch, and one graph per graph
         batch size on views of them, sharing the instance's memory pool (never replayed concurrently)."""
         module, layout, cfg = self._module(), self.layout, self.prepared.config
@@ -322,7 +326,7 @@ class Server:
             entries: list[tuple] = []
             for b_index, length in enumerate(buckets):
                 static = []
-                for (dtype, shape, fmt), t in zip(self._specs, tensors):
+                for dtype, shape, fmt in self._specs:
                     full = [self.graph_sizes[-1], *shape]
                     if length is not None:
                         full[1] = length
@@ -393,6 +397,10 @@ class Server:
         keywords) over the samples added with :meth:`add_samples`. ``verify`` (needs ``checksums=True``)
         compares every answer's output checksum with a direct model call on its sample."""
         spec = _load_spec(spec, load)
+        weights = spec.priority_weights or []
+        if len(weights) > self.options.priority_levels:
+            raise ValueError(f"priority_weights has {len(weights)} levels but the server has priority_levels="
+                             f"{self.options.priority_levels}")
         if verify and not self._checksums:
             raise ValueError("verify=True needs a server built with checksums=True")
         run = self._native.run_load(spec.options(), records or verify)
@@ -404,8 +412,9 @@ class Server:
         return result
 
     def expected_checksums(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per added sample: the sum and the sum of magnitudes of a direct model call's output on it
-        (batch of one, the config's eager module), as the server sums its answers."""
+        """Per added sample: the weighted sum (:func:`~gpuopt.serving.load.checksum_weights`) and the
+        weighted sum of magnitudes of a direct model call's output on it (batch of one, the config's
+        eager module), as the server sums its answers."""
         if self._expected is None:
             fn = self._python_fn()
             sums, mags = [], []
@@ -415,8 +424,9 @@ class Server:
                     batch = [b.contiguous(memory_format=torch.channels_last) if fmt == "channels_last" else b
                              for b, (_, _, fmt) in zip(batch, self._specs)]
                     out = fn(*batch)[0].double()
-                    sums.append(out.sum().item())
-                    mags.append(out.abs().sum().item())
+                    w = checksum_weights(out.numel()).view(out.shape)
+                    sums.append((w * out).sum().item())
+                    mags.append((w * out).abs().sum().item())
             self._expected = (torch.tensor(sums, dtype=torch.float64), torch.tensor(mags, dtype=torch.float64))
         return self._expected
 
