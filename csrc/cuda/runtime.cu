@@ -1,4 +1,6 @@
 // CUDA runtime helpers: events, versions, timed copies.
+#include <chrono>
+#include <thread>
 #include <utility>
 
 #include "gpuopt/cuda.h"
@@ -40,6 +42,25 @@ void graph_launch(cudaGraphExec_t exec, cudaStream_t stream) {
 }
 
 void synchronize_event(cudaEvent_t event) { GPUOPT_CHECK_CUDA(cudaEventSynchronize(event)); }
+
+bool wait_event(cudaEvent_t event, double timeout_s) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  const auto deadline = start + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout_s));
+  for (;;) {
+    const cudaError_t status = cudaEventQuery(event);
+    if (status == cudaSuccess) return true;
+    if (status != cudaErrorNotReady) GPUOPT_CHECK_CUDA(status);
+    (void)cudaGetLastError();  // not-ready is not sticky; keep the slot clean
+    const auto now = clock::now();
+    if (now >= deadline) return false;
+    if (now - start < std::chrono::milliseconds(5)) {
+      std::this_thread::yield();  // a batch usually finishes within milliseconds: stay responsive
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
 
 Event::Event() { GPUOPT_CHECK_CUDA(cudaEventCreate(&event_)); }
 

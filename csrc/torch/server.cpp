@@ -21,6 +21,9 @@
 namespace gpuopt::torch_ext {
 namespace {
 
+// The longest a batch may run on the GPU before it is failed (a hung kernel, a GPU deadlock).
+constexpr double kBatchTimeoutS = 120.0;
+
 double us_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double, std::micro>(b - a).count();
 }
@@ -552,7 +555,10 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
       cuda::EventHandle finished = cuda::acquire_event(dev);
       try {
         cuda::record_event(finished, exec_stream);
-        cuda::synchronize_event(finished);
+        // Bounded: a hung kernel fails its batch instead of hanging the server. What the batch used
+        // stays safe: pool blocks are fenced on this stream, static buffers belong to the executor.
+        TORCH_CHECK(cuda::wait_event(finished, kBatchTimeoutS), options_.name, ": the batch of ", n,
+                    " did not finish on the GPU within ", kBatchTimeoutS, " s");
       } catch (...) {
         cuda::release_event(dev, finished);
         throw;

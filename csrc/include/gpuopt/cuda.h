@@ -43,6 +43,9 @@ void memset_async(void* dst, int value, std::size_t bytes, cudaStream_t stream);
 void graph_launch(cudaGraphExec_t exec, cudaStream_t stream);
 // Blocks until the work before `event`'s record has completed.
 void synchronize_event(cudaEvent_t event);
+// Waits up to timeout_s for the work before `event`'s record (polling: yields for the first
+// 5 ms, then sleeps 50 us at a time); false when it has not completed by then.
+bool wait_event(cudaEvent_t event, double timeout_s);
 
 // A CUDA event with timing enabled, destroyed with its owner.
 class Event {
