@@ -143,7 +143,7 @@ def part_bert(args, results: dict, targets: list[Target]) -> None:
             print(res.summary(), res.verification)
             r[label] = res.serving() | {"setup_s": setup, "buckets": buckets}
             if label == "bucketed":
-                direct = s._python_fn()
+                direct = s.direct_fn()
                 worst = 0.0
                 futures = [s.submit(samples[i]) for i in range(32)]  # together: mixed lengths share batches
                 for i, f in enumerate(futures):

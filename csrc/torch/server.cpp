@@ -75,8 +75,9 @@ double row_checksum(const void* data, std::int64_t numel, at::ScalarType dtype) 
 
 }  // namespace
 
-std::vector<std::int64_t> output_row_shape(const at::Tensor& out, std::int64_t padded_length, std::int64_t length) {
-  std::vector<std::int64_t> shape(out.sizes().begin() + 1, out.sizes().end());
+std::vector<std::int64_t> output_row_shape(at::IntArrayRef out_shape, std::int64_t padded_length,
+                                           std::int64_t length) {
+  std::vector<std::int64_t> shape(out_shape.begin() + 1, out_shape.end());
   if (padded_length > 0 && !shape.empty() && shape[0] == padded_length) shape[0] = length;
   return shape;
 }
@@ -202,8 +203,7 @@ class Server::LoadTarget final : public serve::Target {
       r.length = server_.sample_lengths_[static_cast<std::size_t>(q.sample)];
       r.load = generator;
       r.load_id = q.id;
-      std::string error;
-      server_.enqueue(std::move(r), q.priority, -1, &error);  // a refusal is answered inside
+      server_.enqueue(std::move(r), q.priority, -1);  // a refusal is answered inside
     }
   }
 
@@ -288,7 +288,7 @@ std::int64_t Server::checked_length(const std::vector<at::Tensor>& inputs, const
   return length;
 }
 
-std::vector<at::Tensor> Server::to_rows(const std::vector<at::Tensor>& inputs, const char* what) {
+std::vector<at::Tensor> Server::to_rows(const std::vector<at::Tensor>& inputs) {
   std::vector<at::Tensor> rows;
   rows.reserve(inputs.size());
   for (std::size_t k = 0; k < inputs.size(); ++k) {
@@ -299,7 +299,6 @@ std::vector<at::Tensor> Server::to_rows(const std::vector<at::Tensor>& inputs, c
     row.copy_(t);  // casts to the server's dtype
     rows.push_back(std::move(row));
   }
-  (void)what;
   return rows;
 }
 
@@ -309,17 +308,16 @@ std::shared_ptr<Future> Server::submit(const std::vector<at::Tensor>& inputs, st
   Request r;
   r.length = checked_length(inputs, "submit");
   if (r.length > 0) serve::bucket_for(options_.batcher, r.length);  // a ValueError naming the length, up front
-  r.inputs = to_rows(inputs, "submit");
+  r.inputs = to_rows(inputs);
   r.future = future;
-  std::string error;
-  enqueue(std::move(r), priority, timeout_us, &error);
+  enqueue(std::move(r), priority, timeout_us);
   return future;
 }
 
 std::int64_t Server::add_sample(const std::vector<at::Tensor>& inputs) {
   const std::int64_t length = checked_length(inputs, "add_sample");
   if (length > 0) serve::bucket_for(options_.batcher, length);
-  std::vector<at::Tensor> rows = to_rows(inputs, "add_sample");
+  std::vector<at::Tensor> rows = to_rows(inputs);
   const std::lock_guard<std::mutex> lock(requests_mu_);
   samples_.push_back(std::move(rows));
   sample_lengths_.push_back(length);
@@ -331,7 +329,7 @@ std::int64_t Server::sample_count() const {
   return static_cast<std::int64_t>(samples_.size());
 }
 
-QueryStatus Server::enqueue(Request request, std::int64_t priority, std::int64_t timeout_us, std::string* error) {
+QueryStatus Server::enqueue(Request request, std::int64_t priority, std::int64_t timeout_us) {
   serve::QueuedRequest q;
   q.length = request.length;
   q.priority = priority;
@@ -365,16 +363,16 @@ QueryStatus Server::enqueue(Request request, std::int64_t priority, std::int64_t
     requests_.erase(it);
   }
   const bool full = status == serve::EnqueueStatus::kQueueFull;
-  *error = full ? detail::cat(options_.name, ": queue full (max_queue_size=", options_.batcher.max_queue_size,
+  const std::string error = full ? detail::cat(options_.name, ": queue full (max_queue_size=", options_.batcher.max_queue_size,
                               " requests waiting); request rejected")
                 : detail::cat(options_.name, " is closed; request not accepted");
   const QueryStatus s = full ? QueryStatus::kRejected : QueryStatus::kCancelled;
-  answer(r, s, *error, -1, -1, 0);
+  answer(r, s, error, -1, -1, 0);
   return s;
 }
 
 void Server::answer(Request& r, QueryStatus status, const std::string& error, double queue_us, double compute_us,
-                    std::int64_t batch_size) {
+                    std::int64_t batch_size, at::Tensor output, double checksum) {
   {
     const std::lock_guard<std::mutex> lock(stats_mu_);
     switch (status) {
@@ -385,13 +383,14 @@ void Server::answer(Request& r, QueryStatus status, const std::string& error, do
       default: ++stats_.cancelled; break;
     }
   }
-  if (r.future) r.future->set(status, error, at::Tensor(), queue_us, compute_us, batch_size);
+  if (r.future) r.future->set(status, error, std::move(output), queue_us, compute_us, batch_size);
   if (r.load) {
     serve::Completion c;
     c.status = status;
     c.queue_us = queue_us;
     c.compute_us = compute_us;
     c.batch_size = batch_size;
+    c.checksum = checksum;
     c.error = error;
     r.load->complete(r.load_id, c);
   }
@@ -610,15 +609,14 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
   }
   const std::int64_t elem = static_cast<std::int64_t>(c10::elementSize(out_dtype));
   const auto* base = static_cast<const char*>(host_out.data_ptr());
-  at::Tensor shape_probe = at::empty(out_shape, at::TensorOptions().device(at::kMeta).dtype(out_dtype));
   for (std::size_t i = 0; i < reqs.size(); ++i) {
     Request& r = reqs[i];
     const char* row = base + static_cast<std::int64_t>(i) * row_numel * elem;
-    const std::vector<std::int64_t> shape = output_row_shape(shape_probe, padded, r.length);
+    const std::vector<std::int64_t> shape = output_row_shape(out_shape, padded, r.length);
     const std::int64_t numel = product(shape);
     const double queue_us = us_between(queued[i].enqueued, start);
+    at::Tensor copy;
     if (r.future) {
-      at::Tensor copy;
       try {
         copy = at::empty(shape, at::TensorOptions().dtype(out_dtype));
       } catch (const std::exception& e) {  // out of host memory: this request fails, the others go on
@@ -627,21 +625,9 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
         continue;
       }
       std::memcpy(copy.data_ptr(), row, static_cast<std::size_t>(numel * elem));
-      r.future->set(QueryStatus::kOk, "", std::move(copy), queue_us, compute_us, n);
     }
-    {
-      const std::lock_guard<std::mutex> lock(stats_mu_);
-      ++stats_.ok;
-    }
-    if (r.load) {
-      serve::Completion c;
-      c.status = QueryStatus::kOk;
-      c.queue_us = queue_us;
-      c.compute_us = compute_us;
-      c.batch_size = n;
-      if (options_.checksums) c.checksum = row_checksum(row, numel, out_dtype);
-      r.load->complete(r.load_id, c);
-    }
+    const double checksum = r.load && options_.checksums ? row_checksum(row, numel, out_dtype) : std::nan("");
+    answer(r, QueryStatus::kOk, "", queue_us, compute_us, n, std::move(copy), checksum);
   }
 }
 

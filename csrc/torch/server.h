@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -176,11 +177,12 @@ class Server {
   class LoadTarget;
 
   std::int64_t checked_length(const std::vector<at::Tensor>& inputs, const char* what) const;
-  std::vector<at::Tensor> to_rows(const std::vector<at::Tensor>& inputs, const char* what);
-  QueryStatus enqueue(Request request, std::int64_t priority, std::int64_t timeout_us, std::string* error);
-  // Answers a request that was not served (rejected, timed out, failed, cancelled).
+  std::vector<at::Tensor> to_rows(const std::vector<at::Tensor>& inputs);
+  // Queues a request; a refusal (full, closed) is answered here and returned.
+  QueryStatus enqueue(Request request, std::int64_t priority, std::int64_t timeout_us);
+  // The one place a request is answered (its future and/or its load generator), and counted.
   void answer(Request& r, QueryStatus status, const std::string& error, double queue_us, double compute_us,
-              std::int64_t batch_size);
+              std::int64_t batch_size, at::Tensor output = {}, double checksum = std::nan(""));
   void run_instance(std::size_t instance);
   void run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHandle copy_stream);
   void busy_begin();
@@ -210,6 +212,6 @@ class Server {
 
 // The output row shape of a request: the batch output's shape past the batch axis, its sequence axis
 // cut to `length` when the output carries the padded sequence (out.size(1) == padded_length).
-std::vector<std::int64_t> output_row_shape(const at::Tensor& out, std::int64_t padded_length, std::int64_t length);
+std::vector<std::int64_t> output_row_shape(at::IntArrayRef out_shape, std::int64_t padded_length, std::int64_t length);
 
 }  // namespace gpuopt::torch_ext

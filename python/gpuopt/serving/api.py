@@ -66,7 +66,7 @@ def build(model: Any, config: str | Config = "fp32", sample_fn: Any = None, *, b
                     max_queue_delay_us=max_queue_delay_us, **server_kw)
     if batcher == "naive":
         naive = NaiveBatcher(server.prepared, server.layout, max_batch_size=max_batch_size,
-                             max_wait_ms=naive_max_wait_ms, specs=server._specs)
+                             max_wait_ms=naive_max_wait_ms, specs=server.input_specs)
         server.close(drain=False)
         naive.add_samples(data)
         return naive, name

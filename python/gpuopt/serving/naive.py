@@ -14,8 +14,9 @@ import torch
 
 from .._ext import _C
 from ..prepare.config import Prepared
+from ..report.results import NAIVE_PATH
 from .load import LoadSpec, ServeResult, load_spec
-from .server import SampleLayout, _first_tensor
+from .server import SampleLayout, output_tensor
 
 _STOP = object()
 
@@ -24,7 +25,7 @@ class NaiveBatcher:
     """The baseline. ``prepared`` runs eagerly (a ``cudagraph`` config's eager module) under its
     config's guard; samples are stacked on the host and copied with ``.to(device)``."""
 
-    path = "naive-python"
+    path = NAIVE_PATH
 
     def __init__(self, prepared: Prepared, layout: SampleLayout, *, max_batch_size: int = 32, max_wait_ms: float = 1.0,
                  specs: list[tuple] | None = None):
@@ -77,7 +78,7 @@ class NaiveBatcher:
                 columns = list(zip(*(self._samples[s] for _, s, _ in items)))
                 batch = [torch.stack(col).to(dev) for col in columns]
                 with cfg.guard(dev.type):
-                    _first_tensor(self.layout.call(self.module, batch)).cpu()  # answers back on the host
+                    output_tensor(self.layout.call(self.module, batch)).cpu()  # answers back on the host
                 error = ""
             except Exception as exc:  # noqa: BLE001 - the batch's requests fail with the reason
                 error = f"{type(exc).__name__}: {exc}"

@@ -37,7 +37,7 @@ class RequestFailed(RuntimeError):
     """The batch this request rode in failed (the model's error), or the server shut down first."""
 
 
-def _first_tensor(out: Any) -> torch.Tensor:
+def output_tensor(out: Any) -> torch.Tensor:
     """The tensor a served model answers with: the output itself, the first of a tuple/list, or the first
     tensor value of a dict or a Hugging Face ModelOutput (``logits``, ``last_hidden_state``, ...)."""
     if isinstance(out, torch.Tensor):
@@ -230,7 +230,8 @@ class Server:
         self.device = self.prepared.device
         cfg = self.prepared.config
         self.config = cfg
-        self._specs = [self._spec(t, cfg) for t in tensors]
+        # (dtype, sample shape, memory format) of each input, as requests are staged.
+        self.input_specs = [self._spec(t, cfg) for t in tensors]
         self.notes: list[str] = list(self.prepared.notes)
         self.path = self._choose_path(executor, cfg)
         self._pool = PinnedPool(name=f"{name} pinned")
@@ -244,7 +245,7 @@ class Server:
         self._samples: list[list[torch.Tensor]] = []
         self._expected: tuple[torch.Tensor, torch.Tensor] | None = None
         self._checksums = bool(checksums)
-        kwargs: dict[str, Any] = dict(batcher=self.options, device=dev, inputs=self._specs, checksums=checksums,
+        kwargs: dict[str, Any] = dict(batcher=self.options, device=dev, inputs=self.input_specs, checksums=checksums,
                                       name=name, pinned_pool=self._pool._native)
         if self.path == "cuda-graph":
             self.graph_sizes = _sizes("graph_sizes", graph_sizes, max_batch_size) or graph_batch_sizes(
@@ -254,7 +255,7 @@ class Server:
             kwargs["graphs"] = self._capture_all()
         else:
             self.graph_sizes = []
-            kwargs["fn"] = self._python_fn()
+            kwargs["fn"] = self.direct_fn()
             kwargs["instances"] = self.instances
         self._native = _C.Server(**kwargs)
 
@@ -301,12 +302,15 @@ class Server:
         p = self.prepared
         return p.eager_module if p.config.backend == "cudagraph" else p.module
 
-    def _python_fn(self) -> Callable[..., torch.Tensor]:
+    def direct_fn(self) -> Callable[..., torch.Tensor]:
+        """The model as one call on a batch already on the device (the config's guard, the eager or
+        compiled module): what the Python executor runs, what graphs are captured from, and the direct
+        call answers are verified against."""
         module, layout, cfg, device_type = self._module(), self.layout, self.prepared.config, self.device.type
 
         def run(*batch: torch.Tensor) -> torch.Tensor:
             with cfg.guard(device_type):  # one guard per call: instances run this on several threads
-                return _first_tensor(layout.call(module, batch))
+                return output_tensor(layout.call(module, batch))
 
         return run
 
@@ -326,7 +330,7 @@ class Server:
             entries: list[tuple] = []
             for b_index, length in enumerate(buckets):
                 static = []
-                for dtype, shape, fmt in self._specs:
+                for dtype, shape, fmt in self.input_specs:
                     full = [self.graph_sizes[-1], *shape]
                     if length is not None:
                         full[1] = length
@@ -346,11 +350,11 @@ class Server:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream), cfg.guard(self.device.type, capture=True):
             for _ in range(2):  # lazy initialisation, cuDNN autotuning: outside the capture
-                _first_tensor(layout.call(module, views))
+                output_tensor(layout.call(module, views))
         torch.cuda.current_stream(self.device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with cfg.guard(self.device.type, capture=True), torch.cuda.graph(graph, pool=pool, stream=stream):
-            out = _first_tensor(layout.call(module, views)).contiguous()
+            out = output_tensor(layout.call(module, views)).contiguous()
         return graph, out
 
     # ---- requests ------------------------------------------------------------------------------------------
@@ -416,13 +420,13 @@ class Server:
         weighted sum of magnitudes of a direct model call's output on it (batch of one, the config's
         eager module), as the server sums its answers."""
         if self._expected is None:
-            fn = self._python_fn()
+            fn = self.direct_fn()
             sums, mags = [], []
             with torch.inference_mode():
                 for tensors in self._samples:
-                    batch = [t.unsqueeze(0).to(self.device, dtype) for t, (dtype, _, _) in zip(tensors, self._specs)]
+                    batch = [t.unsqueeze(0).to(self.device, dtype) for t, (dtype, _, _) in zip(tensors, self.input_specs)]
                     batch = [b.contiguous(memory_format=torch.channels_last) if fmt == "channels_last" else b
-                             for b, (_, _, fmt) in zip(batch, self._specs)]
+                             for b, (_, _, fmt) in zip(batch, self.input_specs)]
                     out = fn(*batch)[0].double()
                     w = checksum_weights(out.numel()).view(out.shape)
                     sums.append((w * out).sum().item())
