@@ -276,14 +276,33 @@ def test_verify_checksums_catches_a_swapped_answer(rng):
         expected = s.expected_checksums()
     v = r.verification
     assert v["answered"] == 400 and v["mismatched"] == 0 and v["lost"] == 0 and v["duplicated"] == 0, v
-    assert v["conclusive"] and v["separation"] > 2 * v["rtol"], v
+    assert v["conclusive"] and v["swap_detection"] >= 0.99, v
     assert float(expected[0].abs().max()) > 1e-3, "the weighted checksum of a zero-sum output is not zero"
     recs = dict(r.records)
+    sums, mags = expected
     a = 0
-    b = int((recs["sample"] != recs["sample"][a]).nonzero()[0])
+    sa = int(recs["sample"][a])
+    apart = (sums[recs["sample"]] - sums[sa]).abs() > 2 * v["rtol"] * torch.maximum(mags[recs["sample"]], mags[sa])
+    b = int(apart.nonzero()[0])
     recs["checksum"] = recs["checksum"].clone()
     recs["checksum"][[a, b]] = recs["checksum"][[b, a]]
     assert verify_checksums(recs, expected, "fp32")["mismatched"] == 2
+
+
+def test_swap_detection_counts_pairs_within_the_tolerance():
+    from gpuopt.serving.load import _ambiguous_pairs
+
+    sums = torch.tensor([0.0, 1.0, 1.00001, 5.0, 5.0, 5.0], dtype=torch.float64)
+    mags = torch.ones(6, dtype=torch.float64)
+    # pairs within 1e-3: (1, 1.00001) and the three pairs among the 5.0s; 15 pairs in all
+    assert _ambiguous_pairs(sums, mags, 1e-3) == (4, 15)
+    assert _ambiguous_pairs(sums, mags * 1e-9, 1e-3) == (3, 15)  # 1e-5 apart is far at this magnitude
+    assert _ambiguous_pairs(sums[:1], mags[:1], 1e-3) == (0, 0)
+    n = 2000
+    brute = torch.randn(n, dtype=torch.float64)
+    m = torch.rand(n, dtype=torch.float64) + 0.5
+    d = (brute[:, None] - brute[None, :]).abs() <= 1e-3 * torch.maximum(m[:, None], m[None, :])
+    assert _ambiguous_pairs(brute, m, 1e-3) == ((int(d.sum()) - n) // 2, n * (n - 1) // 2)
 
 
 def test_max_rate_finds_a_valid_rate_on_cpu():

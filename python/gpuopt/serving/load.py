@@ -296,10 +296,12 @@ def checksum_weights(numel: int) -> Any:
 
 def verify_checksums(records: dict[str, Any], expected: tuple[Any, Any], precision: str) -> dict[str, Any]:
     """Every answered query's output checksum against its sample's direct-call checksum: counts of
-    answered, mismatched, lost and duplicated queries, and the worst relative error. ``conclusive`` is
-    False when two samples' expected checksums lie within twice the tolerance of each other (an answer
-    swapped between them might not show); ``separation`` is the smallest such gap, relative."""
-    import torch
+    answered, mismatched, lost and duplicated queries, and the worst relative error.
+
+    An answer swapped between two samples shows only when their expected checksums differ by more than
+    the tolerance: ``swap_detection`` is the fraction of sample pairs that differ by more than twice
+    ``rtol`` (the chance a swap between two random samples is caught), ``ambiguous_pairs`` the pairs
+    that do not, and ``conclusive`` is True when ``swap_detection`` is at least 0.99."""
 
     sums, mags = expected
     status = records["status"]
@@ -310,14 +312,32 @@ def verify_checksums(records: dict[str, Any], expected: tuple[Any, Any], precisi
     err = (got - want).abs() / scale.clamp_min(1e-30)
     rtol = CHECKSUM_RTOL.get(precision, 2e-2)
     bad = ~(err <= rtol)  # NaN counts as a mismatch
-    order = torch.argsort(sums)
-    s_sorted, m_sorted = sums[order], mags[order]
-    gaps = (s_sorted[1:] - s_sorted[:-1]).abs() / torch.maximum(m_sorted[1:], m_sorted[:-1]).clamp_min(1e-30)
-    separation = float(gaps.min()) if gaps.numel() else float("inf")
+    ambiguous, pairs = _ambiguous_pairs(sums, mags, 2 * rtol)
+    detection = 1.0 - ambiguous / pairs if pairs else 1.0
     return {
         "answered": int(ok.sum()), "mismatched": int(bad.sum()), "rtol": rtol,
         "max_rel_error": float(err.max()) if err.numel() else None,
         "lost": int((status == STATUS_NAMES.index("lost")).sum()),
         "duplicated": int((records["completions"] > 1).sum()),
-        "separation": separation, "conclusive": separation > 2 * rtol,
+        "ambiguous_pairs": ambiguous, "swap_detection": detection, "conclusive": detection >= 0.99,
     }
+
+
+def _ambiguous_pairs(sums: Any, mags: Any, tol: float) -> tuple[int, int]:
+    """Pairs (i < j) of samples whose checksums lie within ``tol`` x the larger magnitude of each other,
+    and the number of pairs in all. Sorted once; a window search per sample, so 10^5 samples are cheap."""
+    import torch
+
+    n = int(sums.numel())
+    if n < 2:
+        return 0, 0
+    order = torch.argsort(sums)
+    s, m = sums[order], mags[order]
+    # j > i is ambiguous with i when s[j] - s[i] <= tol * max(m[i], m[j]); bound the window by the
+    # largest magnitude, then check each candidate exactly (windows are short unless most pairs clash).
+    hi = torch.searchsorted(s, s + tol * float(m.max()), right=True)
+    ambiguous = 0
+    for i in torch.nonzero(hi - torch.arange(n) > 1).flatten().tolist():
+        j = torch.arange(i + 1, int(hi[i]))
+        ambiguous += int(((s[j] - s[i]) <= tol * torch.maximum(m[j], m[i])).sum())
+    return ambiguous, n * (n - 1) // 2
