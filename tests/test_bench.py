@@ -652,7 +652,7 @@ def test_a_hugging_face_model_saved_to_a_folder_is_benchmarked_with_its_weights(
             assert torch.equal(model.state_dict()[k], v), k
         x = make_inputs(3)
         assert set(x) == {"input_ids", "attention_mask"}
-        assert x["input_ids"].shape == (3, 40) and 0 <= int(x["input_ids"].min()) and int(x["input_ids"].max()) < 97
+        assert x["input_ids"].shape == (3, 40) and int(x["input_ids"].min()) >= 0 and int(x["input_ids"].max()) < 97
     res = benchmark(f"hf:{folder}", configs=["fp32", "fp32+torchscript"], batch_sizes=[2], modes=["latency"],
                     device="cpu", **FAST)
     assert not res.failed and res.models() == [f"hf:{folder}"]

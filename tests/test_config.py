@@ -11,7 +11,13 @@ import torch
 import gpuopt
 from gpuopt import Config, parity
 from gpuopt._ext import _C
-from gpuopt.prepare.config import BACKENDS, COMPILE_MODES, MEMORY_FORMATS, PRECISIONS, default_preset
+from gpuopt.prepare.config import (
+    BACKENDS,
+    COMPILE_MODES,
+    MEMORY_FORMATS,
+    PRECISIONS,
+    default_preset,
+)
 
 
 def small_cnn() -> torch.nn.Module:

@@ -15,9 +15,9 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 
-def test_there_are_four_notebooks_and_they_are_stripped():
+def test_there_are_five_notebooks_and_they_are_stripped():
     assert [p.name for p in NOTEBOOKS] == ["01_quickstart.ipynb", "02_batch_sweep_and_report.ipynb",
-                                           "03_training.ipynb", "04_serving.ipynb"]
+                                           "03_training.ipynb", "04_serving.ipynb", "05_llm_decode.ipynb"]
     for p in NOTEBOOKS:
         for cell in json.loads(p.read_text())["cells"]:
             assert not cell.get("outputs") and not cell.get("execution_count"), p.name

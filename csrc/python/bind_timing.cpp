@@ -7,26 +7,9 @@
 
 #include "../torch/timing.h"
 #include "bindings.h"
+#include "measure_options.h"
 
 namespace gpuopt::python {
-namespace {
-
-struct PyOptions {
-  std::string mode;
-  std::int64_t warmup;
-  double warmup_s;
-  std::optional<std::int64_t> iters;
-  std::int64_t min_iters;
-  std::int64_t max_iters;
-  double min_time_s;
-  double max_time_s;
-  double target_rel_ci;
-  double confidence;
-  bool flush_l2;
-  std::int64_t device;
-  std::optional<std::int64_t> calls_per_sample;
-  double block_target_ms;
-};
 
 torch_ext::MeasureOptions to_options(const PyOptions& p) {
   TORCH_CHECK_VALUE(!p.iters || *p.iters > 0, "iters must be a positive count (or None to stop "
@@ -70,6 +53,8 @@ py::dict to_dict(const torch_ext::MeasureResult& r) {
   d["flush_bytes"] = r.flush_bytes;
   return d;
 }
+
+namespace {
 
 // Python calls fn(*args, **kwargs) for argument sets rotated by call index. The caller holds the GIL
 // across the whole timed loop. Released between calls, the GIL would go to any other Python thread

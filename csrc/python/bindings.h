@@ -16,5 +16,6 @@ void bind_monitor(py::module_& m);
 void bind_config(py::module_& m);
 void bind_memory(py::module_& m);
 void bind_serve(py::module_& m);
+void bind_llm(py::module_& m);
 
 }  // namespace gpuopt::python

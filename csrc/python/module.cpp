@@ -57,4 +57,5 @@ PYBIND11_MODULE(_C, m) {
   gpuopt::python::bind_config(m);
   gpuopt::python::bind_memory(m);
   gpuopt::python::bind_serve(m);
+  gpuopt::python::bind_llm(m);
 }

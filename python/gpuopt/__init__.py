@@ -20,6 +20,7 @@ import torch  # noqa: F401  (first: the extension links against the libtorch it 
 
 from ._ext import build_info  # noqa: I001  (after torch)
 from .analysis import ProfileSummary, ceilings, datasheet, profile, roofline
+from .llm import decode_sweep, measure_decode
 from .memory import DevicePool, InputPipeline, PinnedPool
 from .prepare import (
     Config,
@@ -60,3 +61,4 @@ __all__ = [
 __all__ += ["RunToRun", "calibrate"]  # cross-run comparisons
 __all__ += ["LoadSpec", "NaiveBatcher", "QueueFullError", "RequestFailed", "ServeResult", "Server", "latency_curve",
             "max_rate", "serve"]  # serving
+__all__ += ["decode_sweep", "measure_decode"]  # LLM prefill/decode

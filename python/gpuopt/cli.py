@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -559,8 +560,113 @@ def _run_serve(args: argparse.Namespace) -> int:
     return status
 
 
+def _add_llm(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "llm", help="LLM prefill/decode: TTFT, TPOT, tokens/s and bandwidth per decode path, precision and shape",
+        description="Measures every combination of models, paths, precisions, batch sizes, prompt lengths and "
+                    "new tokens (random prompts, greedy decoding, random weights: nothing is downloaded), each "
+                    "cell checked against the fp32 reference's tokens and logits. Prints a line per cell as it "
+                    "goes and a table at the end, and writes results.json, results.csv, report.md and plots to "
+                    "--out. Exit 0 when every cell ran; 1 when a cell failed (the results are written); 2 for a "
+                    "usage error, found before anything runs.")
+    p.add_argument("models", nargs="*", metavar="MODEL", help="built-in causal LMs (--list-models lists them)")
+    p.add_argument("--paths", type=_csv_list,
+                   help="decode paths (default hf-generate,static-graph on a GPU, hf-generate,static on a CPU)")
+    p.add_argument("--precisions", type=_csv_list, default=["fp16"], help="fp32, fp16, bf16, int8wo (default fp16)")
+    p.add_argument("--batch-sizes", type=_sizes, default=[1, 8, 32], help="comma-separated (default 1,8,32)")
+    p.add_argument("--prompt", type=_sizes, default=[128], metavar="TOKENS",
+                   help="prompt lengths, comma-separated (default 128)")
+    p.add_argument("--new-tokens", type=_sizes, default=[128], metavar="TOKENS",
+                   help="tokens generated per request, comma-separated (default 128)")
+    p.add_argument("--device", help="cuda, cuda:N or cpu (default cuda when visible)")
+    p.add_argument("--out", "--output", dest="out",
+                   help="results folder (default gpuopt-results/llm-<model>-<time>); results.json is written "
+                        "after each cell")
+    p.add_argument("--max-time-s", type=_positive_float,
+                   help="sampling budget per cell, in seconds of whole requests (default 10)")
+    p.add_argument("--no-parity", action="store_true", help="skip the parity check against the fp32 reference")
+    p.add_argument("--parity-tokens", type=_positive_int, default=32,
+                   help="generated tokens compared with the reference per cell (default 32)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompts (default 0)")
+    p.add_argument("--list-models", action="store_true", help="list the built-in models, paths and precisions")
+    p.set_defaults(run=_run_llm)
+
+
+def _list_llm_models() -> str:
+    from .llm import PATHS, PRECISIONS, describe_models
+    from .report.table import text_table
+
+    table = text_table(["model", "what it is"], [[k, v] for k, v in describe_models().items()])
+    return f"{table}\n\npaths: {', '.join(PATHS)}\nprecisions: {', '.join(PRECISIONS)}"
+
+
+def _check_out(path: str) -> None:
+    """UsageError when ``path`` cannot become a results folder; creates nothing (a later usage error
+    leaves no empty folder behind)."""
+    import os
+
+    p = Path(path).absolute()
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"--out {path!r} exists and is not a folder")
+    parent = next(a for a in [p, *p.parents] if a.exists())
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {path!r}: {str(parent)!r} is not writable")
+
+
+def _run_llm(args: argparse.Namespace) -> int:
+    from .llm import decode_sweep
+    from .report.llm_report import llm_text_table
+    from .report.results import Results
+    from .run.workload import resolve_device
+
+    if args.list_models:
+        if args.models:
+            raise UsageError("--list-models lists the built-in models: give no MODEL with it")
+        print(_list_llm_models())
+        return 0
+    if not args.models:
+        raise UsageError("give at least one MODEL (gpuopt llm --list-models lists them)")
+    try:
+        device = resolve_device(args.device)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(str(exc)) from exc
+    gpu = device.type == "cuda"
+    paths = args.paths or (["hf-generate", "static-graph"] if gpu else ["hf-generate", "static"])
+    out = args.out or _default_output(f"llm-{args.models[0]}")
+    _check_out(out)
+    options = {} if args.max_time_s is None else {"max_time_s": args.max_time_s}
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    try:
+        results = decode_sweep(args.models, paths=paths, precisions=args.precisions, batch_sizes=args.batch_sizes,
+                               prompt_lens=args.prompt, new_tokens=args.new_tokens, device=device, seed=args.seed,
+                               parity=not args.no_parity, parity_tokens=args.parity_tokens, out=out, progress=say,
+                               **options)
+    except (ValueError, TypeError, ImportError) as exc:
+        # decode_sweep checks every name, length and option before the first cell, and records what
+        # fails in a cell as a failed row: what it raises is a usage error.
+        raise UsageError(str(exc)) from exc
+    except KeyboardInterrupt:
+        saved = Path(out) / "results.json"
+        if saved.exists():
+            Results.load(saved).save(out, plots=False)
+        print(f"\ngpuopt llm: interrupted; the cells finished so far are in {out}/", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - not a usage error: the run had started
+        print(f"gpuopt llm: the run stopped: {type(exc).__name__}: {exc}\nresults so far: {out}/results.json",
+              file=sys.stderr)
+        return 1
+    results.save(out)
+    print()
+    print(llm_text_table(results))
+    print(f"\nresults: {out}/ (results.json, results.csv, report.md, plots)")
+    return 1 if results.failed else 0
+
+
 _SUBCOMMANDS = [_add_env, _add_bench, _add_sweep, _add_report, _add_compare, _add_plot, _add_ceilings, _add_profile,
-                _add_serve]
+                _add_serve, _add_llm]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -147,6 +147,32 @@ class DeviceAllocator final : public gpuopt::RawAllocator {
 // results are checkable exactly on the host. Also what flush_l2 writes (every byte is stored).
 void fill_pattern(std::uint32_t* out, std::int64_t n, std::uint32_t seed, cudaStream_t stream);
 
+// ---- int8 weight-only linear for decode-sized batches: out[m, n] = (sum_k x[m, k] * w[n, k]) *
+// scales[n] + bias[n], accumulated in fp32, written in x's type. Bandwidth-bound: one warp per
+// output column streams weight row n once with 16-byte loads, for all rows of x. Capturable (no
+// allocation, no synchronization).
+enum class ActivationType { kFloat32, kFloat16, kBFloat16 };
+
+struct Int8LinearParams {
+  ActivationType type = ActivationType::kFloat32;  // of x, bias and out
+  const void* x = nullptr;                         // [rows, k], contiguous
+  const std::int8_t* weight = nullptr;             // [n, k], contiguous
+  const void* scales = nullptr;                    // [n], per output channel
+  bool scales_fp32 = true;                         // scales are float32 (else of `type`)
+  const void* bias = nullptr;                      // [n] of `type`, or nullptr
+  void* out = nullptr;                             // [rows, n], contiguous
+  std::int64_t rows = 0, n = 0, k = 0;
+};
+
+// The most rows int8_linear takes: past that the GEMM is no longer bandwidth-bound, and a
+// dequantized cuBLAS GEMM wins.
+constexpr std::int64_t kInt8LinearMaxRows = 16;
+// Whether int8_linear takes these arguments: 1 <= rows <= kInt8LinearMaxRows, n >= 1, k a positive
+// multiple of 16, and x and weight 16-byte aligned (so that every row starts aligned).
+bool int8_linear_supported(const Int8LinearParams& p);
+// GPUOPT_CHECK_VALUE unless int8_linear_supported(p).
+void int8_linear(const Int8LinearParams& p, cudaStream_t stream);
+
 // A single-thread kernel that spins for `ns` nanoseconds of %globaltimer. Queued before a timed
 // region it keeps the GPU busy while the host enqueues the region, so launch gaps stay out of
 // device-time measurements.

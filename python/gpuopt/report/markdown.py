@@ -1,12 +1,13 @@
 """Markdown reports of Results: tables like the seeds' (latency, throughput and memory per
-configuration and batch size, and the speedups), then roofline, training, failures and the
-environment."""
+configuration and batch size, and the speedups), then serving, LLM decode, roofline, training,
+failures and the environment."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from ..timing.measurement import format_ms
+from .llm_report import llm_markdown
 
 if TYPE_CHECKING:
     from .results import Results, Row
@@ -68,7 +69,11 @@ def markdown(results: Results, baseline: str | None = None) -> str:
              f"{len(results.rows)} cells ({len(results.failed)} failed), {results.created}.", ""]
     speedups = results.speedups(baseline)
     served = [r for r in results.rows if r.is_serving]
-    everything, results = results, results.select(lambda r: not r.is_serving) if served else results
+    decoded = [r for r in results.rows if r.is_llm]
+    everything = results
+    if served or decoded:  # their own sections: the per-model tables are for measured cells
+        results = results.select(lambda r: not r.is_serving and not r.is_llm)
+    measured = results
     for model in results.models():
         unit = next((r.item_unit for r in results.rows if r.model == model), "items")
         lines += [f"## {model}", ""]
@@ -115,6 +120,8 @@ def markdown(results: Results, baseline: str | None = None) -> str:
         lines += _costs(results, model)
     if served:
         lines += _serving(served)
+    if decoded:
+        lines += llm_markdown(decoded)
     results = everything
     failed = results.failed
     if failed:
@@ -125,7 +132,7 @@ def markdown(results: Results, baseline: str | None = None) -> str:
     warned = results.warning_lines()
     if warned:
         lines += ["## Warnings", ""] + [f"- {w}" for w in warned] + [""]
-    placed = [r.to_dict() for model in results.models() for r in _largest_batch_rows(results, model) if r.roofline]
+    placed = [r.to_dict() for model in measured.models() for r in _largest_batch_rows(measured, model) if r.roofline]
     if placed:
         from ..analysis.roofline import roofline_markdown
 

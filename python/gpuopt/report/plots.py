@@ -65,6 +65,19 @@ def _legend(ax, **kw) -> None:
         ax.legend(**kw)
 
 
+def _style(i: int) -> dict[str, str]:
+    """Line i's colour, and a dash pattern once the ten colours repeat."""
+    return {"color": f"C{i % 10}", "linestyle": ("-", "--", ":", "-.")[i // 10 % 4]}
+
+
+def _many_lines_legend(ax) -> None:
+    """The legend inside the axes for a few lines, beside them for many (it would cover the data)."""
+    if len(ax.get_legend_handles_labels()[0]) > 6:
+        _legend(ax, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    else:
+        _legend(ax, fontsize=7)
+
+
 def _model(results: Results, model: str | None) -> str:
     models = results.models()
     if model is None:
@@ -82,10 +95,11 @@ def _mode(results: Results, model: str, mode: str | None, preferred: tuple[str, 
         if mode not in modes:
             raise ValueError(f"mode {mode!r} is not in these results for {model}; modes: {', '.join(modes)}")
         return mode
-    measured = [m for m in modes if not m.startswith("serve:")]
+    measured = [m for m in modes if not m.startswith(("serve:", "llm:"))]
     if not measured:
-        raise ValueError(f"{model} has serving runs only in these results: plot them with latency_vs_rate and "
-                         "batch_size_histogram")
+        raise ValueError(f"{model} has serving runs or LLM decode cells only in these results: plot them with "
+                         "latency_vs_rate and batch_size_histogram, or tokens_vs_batch, tpot_vs_context and "
+                         "llm_roofline")
     return next((m for m in preferred if m in measured), measured[0])
 
 
@@ -340,14 +354,158 @@ def batch_size_histogram(source: Any, path=None, ax=None):
     return fig
 
 
+def _llm_rows(source: Any) -> list[Row]:
+    """The LLM decode rows of Results, a Row, a DecodeResult (anything with ``llm_dict()`` and
+    ``to_row()``) or an iterable of these."""
+    from .results import Results, Row
+
+    if isinstance(source, Results):
+        return [r for r in source.rows if r.is_llm]
+    if isinstance(source, Row):
+        return [source] if source.is_llm else []
+    if callable(getattr(source, "llm_dict", None)) and callable(getattr(source, "to_row", None)):
+        return [source.to_row()]  # gpuopt.llm.DecodeResult
+    if isinstance(source, (list, tuple)):
+        return [r for item in source for r in _llm_rows(item)]
+    raise TypeError(f"expected Results, a Row, a DecodeResult or a list of them, got {type(source).__name__}")
+
+
+def _measured_llm_rows(source: Any) -> list[Row]:
+    rows = [r for r in _llm_rows(source) if r.ok and r.llm]
+    if not rows:
+        raise ValueError("no measured LLM decode cell to plot (gpuopt.decode_sweep / measure_decode rows)")
+    return rows
+
+
+def _on_device(rows: list[Row]) -> str:
+    devices = {r.device for r in rows if r.device}
+    return f" on {devices.pop()}" if len(devices) == 1 else ""
+
+
+def _llm_shape(row: Row) -> str:
+    return f"p{row.llm['prompt_len']}+n{row.llm['new_tokens']}"
+
+
+TOKEN_RATES = {"decode": ("decode_tokens_per_s", "decode tokens/s (batch / mean TPOT)"),
+               "output": ("output_tokens_per_s", "output tokens/s (batch x new tokens / mean end-to-end)")}
+
+
+def tokens_vs_batch(source: Any, rate: str = "decode", path=None, ax=None):
+    """LLM tokens/s against batch size: a line per model, config (precision + path) and prompt/new
+    tokens; ``rate="decode"`` (batch / mean TPOT, the decode steps alone) or ``"output"`` (every
+    generated token over the whole request, prefill included). ``source``: Results, DecodeResults
+    or rows."""
+    if rate not in TOKEN_RATES:
+        raise ValueError(f"rate must be one of {', '.join(TOKEN_RATES)}, got {rate!r}")
+    key, label = TOKEN_RATES[rate]
+    rows = _measured_llm_rows(source)
+    models = list(dict.fromkeys(r.model for r in rows))
+    groups: dict[tuple[str, str, str], list[Row]] = {}
+    for r in rows:
+        if r.llm.get(key):
+            groups.setdefault((r.model, r.config, _llm_shape(r)), []).append(r)
+    if not groups:
+        raise ValueError(f"no LLM decode cell has {key} (one new token has no decode step)")
+    fig, ax = _axes(ax)
+    for i, ((model, cfg, shape), rs) in enumerate(groups.items()):
+        rs.sort(key=lambda r: r.batch_size)
+        name = f"{cfg} {shape}" if len(models) == 1 else f"{model} {cfg} {shape}"
+        ax.plot([r.batch_size for r in rs], [r.llm[key] for r in rs], marker="o", label=name, **_style(i))
+    ax.set_yscale("log")
+    plain_log_ticks(ax.yaxis)
+    _batch_axis(ax, sorted({r.batch_size for rs in groups.values() for r in rs}))
+    ax.set_ylabel(label)
+    ax.set_title(f"{', '.join(models)}: {rate} throughput vs batch size{_on_device(rows)}")
+    ax.grid(True, alpha=0.3, which="both")
+    _many_lines_legend(ax)
+    _save(fig, path)
+    return fig
+
+
+TPOT_PERCENTILES = ("p50", "p90", "p99", "mean")
+
+
+def tpot_vs_context(source: Any, percentile: str = "p50", path=None, ax=None):
+    """Time per output token against the context a decode step attends to (prompt + new tokens / 2,
+    the mean over the steps): a line per model, config and batch size. ``source``: Results,
+    DecodeResults or rows."""
+    if percentile not in TPOT_PERCENTILES:
+        raise ValueError(f"percentile must be one of {', '.join(TPOT_PERCENTILES)}, got {percentile!r}")
+    rows = [r for r in _measured_llm_rows(source) if r.llm.get("tpot_ms")]
+    if not rows:
+        raise ValueError("no LLM decode cell has a TPOT (one new token has no decode step)")
+    models = list(dict.fromkeys(r.model for r in rows))
+    groups: dict[tuple[str, str, int], list[Row]] = {}
+    for r in rows:
+        groups.setdefault((r.model, r.config, r.batch_size), []).append(r)
+    fig, ax = _axes(ax)
+    for i, ((model, cfg, b), rs) in enumerate(groups.items()):
+        pts = sorted((_context(r), r.llm["tpot_ms"][percentile]) for r in rs)
+        name = f"{cfg} bs{b}" if len(models) == 1 else f"{model} {cfg} bs{b}"
+        ax.plot(*zip(*pts), marker="o", label=name, **_style(i))
+    contexts = sorted({_context(r) for r in rows})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(contexts, [f"{c:g}" for c in contexts])
+    ax.minorticks_off()
+    ax.set_yscale("log")
+    plain_log_ticks(ax.yaxis)
+    ax.set_xlabel("context (prompt + new tokens / 2: the mean a decode step attends to)")
+    ax.set_ylabel(f"TPOT {percentile} (ms per output token)")
+    ax.set_title(f"{', '.join(models)}: time per output token vs context{_on_device(rows)}")
+    ax.grid(True, alpha=0.3, which="both")
+    _many_lines_legend(ax)
+    _save(fig, path)
+    return fig
+
+
+def _context(row: Row) -> float:
+    return row.llm["prompt_len"] + row.llm["new_tokens"] / 2
+
+
+def llm_roofline(source: Any, precision: str | None = None, ceilings: dict | None = None, path=None, ax=None):
+    """Prefill and decode of LLM decode cells on the device's roofline: a prefill point (the whole
+    prompt, once per request) and a decode point (one step: weights and the KV cache read for each
+    token) per cell, of one roofline precision (default: the first; int8wo computes in fp16).
+    ``ceilings``: default the Results' own, else the datasheet of the rows' device."""
+    from ..analysis.roofline import plot_roofline
+
+    _plt()  # the plots' one message when matplotlib is missing
+    rows = _measured_llm_rows(source)
+    placed = [(r, phase, r.llm[f"{phase}_roofline"]) for r in rows for phase in ("prefill", "decode")
+              if r.llm.get(f"{phase}_roofline")]
+    if not placed:
+        raise ValueError("no LLM decode cell carries a roofline placement (CPU runs have none)")
+    precisions = list(dict.fromkeys(p["precision"] for _, _, p in placed))
+    precision = precision or precisions[0]
+    if precision not in precisions:
+        raise ValueError(f"no LLM decode cell is placed on the {precision} roofline; placed: {', '.join(precisions)}")
+    models = list(dict.fromkeys(r.model for r, _, _ in placed))
+    points = [{"label": f"{'' if len(models) == 1 else r.model + ' '}{r.config} bs{r.batch_size} {_llm_shape(r)} "
+                        f"{phase}",
+               "arithmetic_intensity": p.get("arithmetic_intensity"), "achieved_tflops": p.get("achieved_tflops")}
+              for r, phase, p in placed if p["precision"] == precision]
+    if ceilings is None:
+        from .results import Results
+
+        ceilings = source.ceilings if isinstance(source, Results) else None
+        if not ceilings:
+            device = next((r.device for r, _, _ in placed if r.device), None)
+            ceilings = {"device": device} if device else None
+    device = (ceilings or {}).get("device") or next((r.device for r in rows if r.device), "unknown device")
+    return plot_roofline(points, ceilings, precision,
+                         title=f"{', '.join(models)}: prefill and decode, {precision}, on {device}", path=path, ax=ax)
+
+
 def save_all(results: Results, out: str | Path) -> dict[str, Path]:
     """Every plot of every model into ``out`` (PNG + SVG); returns the PNG paths. Serving runs get the
-    latency-vs-load plot and the batch-size histogram of their busiest valid run; the other plots show
-    the measured cells alone."""
+    latency-vs-load plot and the batch-size histogram of their busiest valid run; LLM decode cells
+    (all models in one figure each) tokens/s vs batch size, TPOT vs context and the prefill/decode
+    roofline per precision; the other plots show the measured cells alone."""
     plt = _plt()
     out = Path(out)
     paths: dict[str, Path] = {}
-    measured = results.select(lambda r: not r.is_serving) if any(r.is_serving for r in results.rows) else results
+    special = any(r.is_serving or r.is_llm for r in results.rows)
+    measured = results.select(lambda r: not r.is_serving and not r.is_llm) if special else results
     for model in results.models():
         kinds: dict[str, Any] = {"throughput": throughput_vs_batch, "latency": latency_vs_batch,
                                  "speedup": speedup_bars, "memory": memory_bars, "distribution": latency_distribution}
@@ -368,4 +526,19 @@ def save_all(results: Results, out: str | Path) -> dict[str, Path]:
                 continue
             plt.close(fig)
             paths[f"{model}-{kind}"] = path.with_suffix(".png")
+    decoded = [r for r in results.ok if r.is_llm and r.llm]
+    if decoded:
+        kinds = {"llm-tokens-vs-batch": lambda path: tokens_vs_batch(results, path=path),
+                 "llm-tpot-vs-context": lambda path: tpot_vs_context(results, path=path)}
+        for prec in dict.fromkeys(p["precision"] for r in decoded for phase in ("prefill", "decode")
+                                  if (p := r.llm.get(f"{phase}_roofline"))):
+            kinds[f"llm-roofline-{prec}"] = lambda path, prec=prec: llm_roofline(results, precision=prec, path=path)
+        for kind, fn in kinds.items():
+            path = out / kind
+            try:
+                fig = fn(path)
+            except (ValueError, KeyError):
+                continue
+            plt.close(fig)
+            paths[kind] = path.with_suffix(".png")
     return paths

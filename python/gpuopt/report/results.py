@@ -10,7 +10,7 @@ import io
 import json
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,9 @@ class Row:
     roofline: dict[str, Any] | None = None  # analysis.roofline.place() of the throughput
     # A serving run (mode "serve:<scenario>"): load, batcher settings, counts, latency split, validity.
     serving: dict[str, Any] | None = None
+    # An LLM decode cell (mode "llm:p<prompt>+n<new tokens>"): TTFT, TPOT, ITL, tokens/s, bytes and
+    # bandwidth, the prefill's roofline placement (gpuopt.llm.DecodeResult.llm_dict()).
+    llm: dict[str, Any] | None = None
 
     @property
     def key(self) -> Key:
@@ -80,6 +83,11 @@ class Row:
     def is_serving(self) -> bool:
         """The row of a serving run (mode ``serve:...``), answered or failed."""
         return self.mode.startswith("serve:")
+
+    @property
+    def is_llm(self) -> bool:
+        """The row of an LLM decode cell (mode ``llm:...``), measured or failed."""
+        return self.mode.startswith("llm:")
 
     @classmethod
     def measured(cls, m: Measurement, *, model: str, config: str, batch_size: int, mode: str,
@@ -116,6 +124,20 @@ class Row:
                    throughput_items_per_s=serving["throughput"],
                    warnings=[] if serving["valid"] else [f"invalid run: {r}" for r in serving["invalid_reasons"]],
                    serving=serving, **facts)
+
+    @classmethod
+    def decoded(cls, m: Measurement, llm: dict[str, Any], *, model: str, config: str, batch_size: int,
+                **facts: Any) -> Row:
+        """The row of an LLM decode cell (``gpuopt.llm.measure_decode``): mode ``llm:p<prompt>+n<new>``
+        (:func:`llm_mode`), latency = time per output token (TPOT) percentiles, throughput = tokens/s
+        while decoding (batch / mean TPOT); ``measurement`` holds whole requests, ``llm`` the rest
+        (TTFT, inter-token latency, bytes, bandwidth, the prefill's roofline)."""
+        row = cls.measured(m, model=model, config=config, batch_size=batch_size,
+                           mode=llm_mode(llm["prompt_len"], llm["new_tokens"]), item_unit="tokens", llm=llm, **facts)
+        tpot = llm.get("tpot_ms")
+        return replace(row, latency_ms={k: tpot[k] for k in ("p50", "p90", "p95", "p99", "mean", "min") if k in tpot}
+                       if tpot else None,
+                       throughput_items_per_s=llm.get("decode_tokens_per_s"))
 
     @classmethod
     def failed(cls, reason: str, *, model: str, config: str, batch_size: int, mode: str, **facts: Any) -> Row:
@@ -164,6 +186,15 @@ class Row:
 
 # The naive baseline's executor path (gpuopt.serving.NaiveBatcher.path, a layer above this one).
 NAIVE_PATH = "naive-python"
+
+
+def llm_mode(prompt_len: int, new_tokens: int) -> str:
+    """An LLM decode row's mode: ``llm:p128+n256`` (prompt tokens, generated tokens).
+
+    >>> llm_mode(128, 256)
+    'llm:p128+n256'
+    """
+    return f"llm:p{int(prompt_len)}+n{int(new_tokens)}"
 
 
 def serving_mode(load: dict[str, Any], *, naive: bool = False, label: str | None = None) -> str:
@@ -234,13 +265,14 @@ CSV_COLUMNS = [
     "mean_ms", "ci95_low_ms", "ci95_high_ms", "throughput_items_per_s", "item_unit", "ci_rel",
     "peak_allocated_mib", "parity_passed", "parity_worst_rel_l2", "prepare_s", "first_call_ms",
     "runner_overhead_s", "achieved_tflops", "pct_of_compute_ceiling", "achieved_gbps", "bound", "diagnosis",
-    "device", "p90_ms", "p99_9_ms", "offered_rate_per_s", "valid",
+    "device", "p90_ms", "p99_9_ms", "offered_rate_per_s", "valid", "ttft_p50_ms", "tpot_p50_ms", "pct_of_hbm_read",
 ]
 # The DataFrame's dtypes: numbers stay numbers (NaN where a cell failed or a figure is missing).
 _FLOAT_COLUMNS = [
     "p50_ms", "p95_ms", "p99_ms", "mean_ms", "ci95_low_ms", "ci95_high_ms", "throughput_items_per_s", "ci_rel",
     "peak_allocated_mib", "parity_worst_rel_l2", "prepare_s", "first_call_ms", "runner_overhead_s",
     "achieved_tflops", "pct_of_compute_ceiling", "achieved_gbps", "p90_ms", "p99_9_ms", "offered_rate_per_s",
+    "ttft_p50_ms", "tpot_p50_ms", "pct_of_hbm_read",
 ]
 
 
@@ -251,6 +283,7 @@ def _flat(row: Row) -> dict[str, Any]:
     alloc = (row.peak_memory or {}).get("max_allocated_bytes")
     ci = row.ci95_ms or [None, None]
     serving = row.serving or {}
+    llm = row.llm or {}
     return {
         "model": row.model, "config": row.config, "precision": row.precision, "batch_size": row.batch_size,
         "mode": row.mode, "status": row.status, "error": row.error, "p50_ms": lat.get("p50"),
@@ -261,9 +294,11 @@ def _flat(row: Row) -> dict[str, Any]:
         "parity_worst_rel_l2": par.get("worst_rel_l2"), "prepare_s": row.prepare_s,
         "first_call_ms": row.first_call_ms, "runner_overhead_s": row.runner_overhead_s,
         "achieved_tflops": roof.get("achieved_tflops"), "pct_of_compute_ceiling": roof.get("pct_of_compute_ceiling"),
-        "achieved_gbps": roof.get("achieved_gbps"), "bound": roof.get("bound"), "diagnosis": row.diagnosis,
-        "device": row.device, "p90_ms": lat.get("p90"), "p99_9_ms": lat.get("p99.9"),
+        "achieved_gbps": roof.get("achieved_gbps", llm.get("achieved_gbps")), "bound": roof.get("bound"),
+        "diagnosis": row.diagnosis, "device": row.device, "p90_ms": lat.get("p90"), "p99_9_ms": lat.get("p99.9"),
         "offered_rate_per_s": serving.get("target_rate") or None, "valid": serving.get("valid"),
+        "ttft_p50_ms": (llm.get("ttft_ms") or {}).get("p50"), "tpot_p50_ms": (llm.get("tpot_ms") or {}).get("p50"),
+        "pct_of_hbm_read": llm.get("pct_of_hbm_read"),
     }
 
 

@@ -441,8 +441,9 @@ def measure(fn: Callable[..., Any], *, label: str | None = None, **options: Any)
       NVML library is present; read by a C++ thread].
 
     A Python ``fn`` runs with the GIL held across the whole timed loop, so no other Python thread
-    takes turns between calls (gpuopt starts none). A TorchScript module with tensor inputs is timed
-    entirely in C++, without the GIL.
+    takes turns between calls (gpuopt starts none). A TorchScript module with tensor inputs, and a
+    :class:`gpuopt._C.TokenLoop` (LLM decoding's CUDA-graph token loop), are timed entirely in C++,
+    without the GIL.
 
     >>> import torch, gpuopt
     >>> x = torch.randn(256, 256)
@@ -450,14 +451,17 @@ def measure(fn: Callable[..., Any], *, label: str | None = None, **options: Any)
     >>> m.p50 > 0
     True
     """
-    if not callable(fn):
+    loop = isinstance(fn, _C.TokenLoop)
+    if not (callable(fn) or loop):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     run = _setup(options)
     script = isinstance(fn, torch.jit.ScriptModule) and all(
         not kw and all(isinstance(a, torch.Tensor) for a in args) for args, kw in run.calls
     )
     with run.monitor or contextlib.nullcontext():
-        if script:
+        if loop:
+            raw = _C.measure_token_loop(fn, run.options)
+        elif script:
             raw = _C.measure_script(fn._c, [list(args) for args, _ in run.calls], run.options)
         else:
             raw = _C.measure_callable(fn, run.calls, run.options)

@@ -1,0 +1,59 @@
+#include <cstdint>
+
+#include "gpuopt/cuda.h"
+#include "int8_linear_kernels.cuh"
+
+namespace gpuopt::cuda {
+namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+template <typename T, int kRows>
+void launch(const Int8LinearParams& p, cudaStream_t stream) {
+  constexpr int kWarps = kernels::kInt8LinearWarps;
+  const auto blocks = static_cast<unsigned>((p.n + kWarps - 1) / kWarps);
+  kernels::int8_linear<T, kRows><<<blocks, kWarps * 32, 0, stream>>>(
+      static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32, static_cast<const T*>(p.bias),
+      static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
+  GPUOPT_CHECK_LAUNCH();
+}
+
+// The smallest row tile that holds p.rows: five instantiations per type instead of sixteen.
+template <typename T>
+void launch_rows(const Int8LinearParams& p, cudaStream_t stream) {
+  if (p.rows <= 1) {
+    launch<T, 1>(p, stream);
+  } else if (p.rows <= 2) {
+    launch<T, 2>(p, stream);
+  } else if (p.rows <= 4) {
+    launch<T, 4>(p, stream);
+  } else if (p.rows <= 8) {
+    launch<T, 8>(p, stream);
+  } else {
+    static_assert(kInt8LinearMaxRows == 16, "the largest tile must hold kInt8LinearMaxRows rows");
+    launch<T, 16>(p, stream);
+  }
+}
+
+}  // namespace
+
+bool int8_linear_supported(const Int8LinearParams& p) {
+  return p.rows >= 1 && p.rows <= kInt8LinearMaxRows && p.n >= 1 && p.k > 0 && p.k % 16 == 0 &&
+         aligned16(p.x) && aligned16(p.weight);
+}
+
+void int8_linear(const Int8LinearParams& p, cudaStream_t stream) {
+  GPUOPT_CHECK_VALUE(
+      int8_linear_supported(p), "int8_linear: needs 1 <= rows <= ", kInt8LinearMaxRows,
+      ", n >= 1, k a positive multiple of 16 and 16-byte aligned x and weight; got rows=", p.rows,
+      ", n=", p.n, ", k=", p.k, ", x at ", p.x, ", weight at ", static_cast<const void*>(p.weight));
+  GPUOPT_CHECK_VALUE(p.scales != nullptr && p.out != nullptr,
+                     "int8_linear: scales and out must not be null");
+  switch (p.type) {
+    case ActivationType::kFloat32: launch_rows<float>(p, stream); break;
+    case ActivationType::kFloat16: launch_rows<__half>(p, stream); break;
+    case ActivationType::kBFloat16: launch_rows<__nv_bfloat16>(p, stream); break;
+  }
+}
+
+}  // namespace gpuopt::cuda

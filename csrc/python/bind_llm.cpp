@@ -1,0 +1,78 @@
+// LLM decode measurement: the per-token clock, the C++ token loop over captured prefill/decode
+// graphs, and the timing engine driving that loop without the GIL.
+#include <pybind11/stl.h>
+
+#include <cstdint>
+
+#include "../torch/decode.h"
+#include "../torch/timing.h"
+#include "bindings.h"
+#include "measure_options.h"
+
+namespace gpuopt::python {
+
+using torch_ext::StepClock;
+using torch_ext::TokenLoop;
+using torch_ext::TokenTimes;
+
+void bind_llm(py::module_& m) {
+  py::class_<StepClock>(m, "StepClock")
+      .def(py::init<std::int64_t, std::int64_t>(), py::arg("device"), py::arg("max_tokens"))
+      .def("begin", &StepClock::begin, py::call_guard<py::gil_scoped_release>())
+      .def("mark", &StepClock::mark, py::call_guard<py::gil_scoped_release>())
+      .def("collect", &StepClock::collect, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "requests",
+          [](StepClock& clock) {
+            TokenTimes t;
+            {
+              py::gil_scoped_release nogil;
+              t = clock.requests();
+            }
+            py::dict d;
+            d["ttft_ms"] = t.ttft_ms;
+            d["e2e_ms"] = t.e2e_ms;
+            d["tokens"] = t.tokens;
+            d["itl_ms"] = t.itl_ms;
+            return d;
+          },
+          "Collects the pending request, then {ttft_ms, e2e_ms, tokens: one per request; itl_ms: "
+          "every gap between consecutive marks, all requests pooled, in order}.")
+      .def("clear", &StepClock::clear, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("n", &StepClock::n)
+      .def_property_readonly("device", &StepClock::device)
+      .def_property_readonly("max_tokens", &StepClock::max_tokens);
+
+  py::class_<TokenLoop>(m, "TokenLoop")
+      .def(py::init<std::uintptr_t, std::uintptr_t, std::int64_t, std::int64_t, StepClock*>(),
+           py::arg("prefill_exec"), py::arg("decode_exec"), py::arg("device"),
+           py::arg("new_tokens"), py::arg("clock") = py::none(),
+           py::keep_alive<1, 6>())  // the loop keeps its clock alive
+      .def("run", &TokenLoop::run, py::call_guard<py::gil_scoped_release>())
+      .def("run_many", &TokenLoop::run_many, py::arg("n"), py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("device", &TokenLoop::device)
+      .def_property_readonly("new_tokens", &TokenLoop::new_tokens);
+
+  m.def(
+      "measure_token_loop",
+      [](TokenLoop& loop, const PyOptions& options) {
+        const torch_ext::MeasureOptions o = to_options(options);
+        TORCH_CHECK_VALUE(o.device == loop.device(), "measure_token_loop: options.device (",
+                          o.device, ") must be the loop's device (", loop.device(), ")");
+        TORCH_CHECK_VALUE(!(loop.has_clock() && o.mode == "graph"),
+                          "measure_token_loop: mode=\"graph\" would capture the loop's StepClock; "
+                          "give a TokenLoop without a clock, or another mode");
+        const torch_ext::Callable call = [&loop](std::int64_t) { loop.run(); };
+        // No Python runs in the loop, so other Python threads may.
+        torch_ext::MeasureResult result;
+        {
+          py::gil_scoped_release nogil;
+          result = torch_ext::measure(call, o);
+        }
+        return to_dict(result);
+      },
+      py::arg("loop"), py::arg("options"),
+      "Times loop.run() (one request) entirely in C++, without the GIL; measure_callable's dict.");
+}
+
+}  // namespace gpuopt::python

@@ -1,0 +1,305 @@
+"""Decode paths: how one request (prefill, then one token at a time, greedy) is run.
+
+- ``hf-generate``: transformers' ``generate`` with its dynamic cache, greedy -- the baseline users run.
+- ``hf-static-compile``: ``generate`` with transformers' static cache and ``torch.compile(model.forward,
+  mode="reduce-overhead", fullgraph=True)``, the recipe transformers' docs give.
+- ``static``: gpuopt's decode step on a preallocated static KV cache, driven token by token from Python
+  (eager): the same work as the graph paths, with the host's launch cost in full view.
+- ``static-graph``: that step and the prefill captured as CUDA graphs; the token loop (graph replay,
+  greedy argmax on the device, the next input and position written in place) runs in C++
+  (``gpuopt._C.TokenLoop``), so no Python runs per token.
+- ``static-graph-compile``: as ``static-graph``, with the step compiled by ``torch.compile`` first
+  (gpt-fast's recipe; the CUDA graph is gpuopt's own).
+
+Every path marks each token's completion on a :class:`gpuopt._C.StepClock` (CUDA events on the GPU, the
+host clock on CPU), from which TTFT, TPOT and inter-token latencies follow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+from typing import Any
+
+import torch
+
+from .._ext import _C
+
+PATHS: tuple[str, ...] = ("hf-generate", "hf-static-compile", "static", "static-graph", "static-graph-compile")
+GRAPH_PATHS = ("static-graph", "static-graph-compile")
+COMPILE_PATHS = ("hf-static-compile", "static-graph-compile")
+
+
+def check_path(path: Any, on_gpu: bool) -> str:
+    if not isinstance(path, str) or path not in PATHS:
+        raise ValueError(f"path must be one of {', '.join(PATHS)}, got {path!r}")
+    if path in GRAPH_PATHS and not on_gpu:
+        raise ValueError(f"path {path!r} replays CUDA graphs and needs a CUDA device; on CPU use 'static' or "
+                         "'hf-generate'")
+    return path
+
+
+def static_cache(model: torch.nn.Module, batch_size: int, max_cache_len: int, device: torch.device,
+                 dtype: torch.dtype) -> Any:
+    """transformers' StaticCache for this model, across the signatures of transformers 4.4x and 5.x."""
+    from transformers import StaticCache
+
+    params = inspect.signature(StaticCache.__init__).parameters
+    kwargs: dict[str, Any] = {"config": model.config, "max_cache_len": max_cache_len}
+    if "max_batch_size" in params:
+        kwargs["max_batch_size"] = batch_size
+    elif "batch_size" in params:
+        kwargs["batch_size"] = batch_size
+    if "device" in params:
+        kwargs["device"] = device
+    if "dtype" in params:
+        kwargs["dtype"] = dtype
+    return StaticCache(**kwargs)
+
+
+def cache_tensors(cache: Any) -> list[torch.Tensor]:
+    """The key and value tensors a cache holds (allocated ones only)."""
+    out: list[torch.Tensor] = []
+    for layer in getattr(cache, "layers", None) or []:
+        out += [t for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor)]
+    for name in ("key_cache", "value_cache"):
+        out += [t for t in getattr(cache, name, None) or [] if isinstance(t, torch.Tensor)]
+    return out
+
+
+def _accepts(model: torch.nn.Module, name: str) -> bool:
+    return name in inspect.signature(model.forward).parameters
+
+
+class _Marker:
+    """A transformers LogitsProcessor that marks the clock each time a token's logits are ready."""
+
+    def __init__(self, clock: Any):
+        self.clock = clock
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self.clock.mark()
+        return scores
+
+
+class Decoder:
+    """One decode path for one shape (batch, prompt length, new tokens) of one model.
+
+    ``request()`` runs a whole request (for the graph paths, :attr:`loop` is the C++ token loop that
+    does the same without Python); ``tokens()`` are the greedy tokens of the last request [batch,
+    new_tokens]; ``forced_logits(ref_tokens, n)`` the logits of the first ``n`` steps when each step is
+    fed the reference's previous token (static paths) -- the captured graphs themselves are replayed.
+    """
+
+    def __init__(self, model: torch.nn.Module, path: str, prompt: torch.Tensor, new_tokens: int, clock: Any,
+                 dtype: torch.dtype):
+        self.model, self.path, self.prompt, self.new_tokens, self.clock = model, path, prompt, new_tokens, clock
+        self.device = prompt.device
+        self.batch_size, self.prompt_len = prompt.shape
+        self.dtype = dtype
+        self.loop: Any = None
+        self._last: torch.Tensor | None = None
+        self._graphs: list[Any] = []
+        if path.startswith("hf-"):
+            self._setup_generate()
+        else:
+            self._setup_static()
+
+    # -- transformers' generate -------------------------------------------------------------------
+    def _setup_generate(self) -> None:
+        from transformers import LogitsProcessorList
+
+        gen = copy.deepcopy(self.model.generation_config)
+        gen.do_sample, gen.num_beams, gen.eos_token_id = False, 1, None
+        gen.max_new_tokens = gen.min_new_tokens = self.new_tokens
+        gen.pad_token_id = 0 if gen.pad_token_id is None else gen.pad_token_id
+        if hasattr(gen, "disable_compile"):
+            gen.disable_compile = True  # generate's own automatic compile: the paths compile explicitly
+        self._compiled = None
+        if self.path == "hf-static-compile":
+            gen.cache_implementation = "static"
+            self._compiled = torch.compile(self.model.forward, mode="reduce-overhead", fullgraph=True)
+        self._gen = gen
+        self._processors = LogitsProcessorList([_Marker(self.clock)])
+        self._mask = torch.ones_like(self.prompt)
+
+    @contextlib.contextmanager
+    def _forward(self):
+        if self._compiled is None:
+            yield
+            return
+        self.model.forward = self._compiled
+        try:
+            yield
+        finally:
+            del self.model.forward  # the class's forward again
+
+    def _generate(self, **extra: Any) -> Any:
+        with torch.inference_mode(), self._forward():
+            return self.model.generate(input_ids=self.prompt, attention_mask=self._mask, generation_config=self._gen,
+                                       logits_processor=self._processors, **extra)
+
+    # -- gpuopt's static-cache step -----------------------------------------------------------------
+    def _setup_static(self) -> None:
+        b, p, n, dev = self.batch_size, self.prompt_len, self.new_tokens, self.device
+        self.cache = static_cache(self.model, b, p + n, dev, self.dtype)
+        self._prefill_pos = torch.arange(p, device=dev)
+        self._ids = torch.zeros(b, 1, dtype=torch.long, device=dev)
+        self._pos = torch.full((1,), p, dtype=torch.long, device=dev)
+        self._col = torch.ones(1, dtype=torch.long, device=dev)
+        self._tokens = torch.zeros(b, n, dtype=torch.long, device=dev)
+        # Positions and an all-ones padding mask over the whole cache, passed explicitly: a model that
+        # derives them from the cache's fill level (OPT sizes a mask by get_seq_length()) would read a
+        # device value on the host, which a CUDA graph capture cannot do.
+        self._mask = torch.ones(b, p + n, dtype=torch.long, device=dev)
+        # The prefill needs the last position's logits only (transformers >= 4.45 can skip the rest).
+        keep = next((k for k in ("logits_to_keep", "num_logits_to_keep") if _accepts(self.model, k)), None)
+        self._keep = {keep: 1} if keep else {}
+        self._fill_levels: list[torch.Tensor] = []
+        prefill, decode = self._prefill_step, self._decode_step
+        if self.path == "static-graph-compile":
+            prefill = torch.compile(prefill, fullgraph=True, dynamic=False)
+            decode = torch.compile(decode, fullgraph=True, dynamic=False)
+        self._prefill, self._decode = prefill, decode
+        with torch.inference_mode():
+            # Warm-up: allocates the cache's lazily created tensors, loads kernels (CUDA lazy loading
+            # synchronizes on a kernel's first launch) and compiles -- all before any capture.
+            side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+            if side is not None:
+                side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                for _ in range(3 if self.path == "static-graph-compile" else 1):
+                    self._prefill()
+                    for _ in range(min(2, n - 1)):
+                        self._decode()
+            if side is not None:
+                torch.cuda.current_stream(dev).wait_stream(side)
+                torch.cuda.synchronize(dev)
+            # Created lazily by the first update: known after the warm-up, zeroed by every prefill after it.
+            self._fill_levels = [t for layer in getattr(self.cache, "layers", None) or []
+                                 if isinstance(t := getattr(layer, "cumulative_length", None), torch.Tensor)]
+            if self.path in GRAPH_PATHS:
+                self._capture()
+
+    def _prefill_step(self) -> torch.Tensor:
+        # A request starts at position 0. transformers >= 5 keeps each static layer's fill level in a
+        # device tensor of its own (older versions write at cache_position): zeroed here, in the graph.
+        # Entries of an earlier request beyond the current position stay, masked until overwritten.
+        for t in self._fill_levels:
+            t.zero_()
+        out = self.model(input_ids=self.prompt, past_key_values=self.cache, cache_position=self._prefill_pos,
+                         position_ids=self._prefill_pos.view(1, -1).expand(self.batch_size, -1),
+                         attention_mask=self._mask, use_cache=True, **self._keep)
+        logits = out.logits[:, -1]
+        nxt = logits.argmax(-1)
+        self._ids.copy_(nxt[:, None])
+        self._tokens[:, 0].copy_(nxt)
+        self._pos.fill_(self.prompt_len)
+        self._col.fill_(1)
+        return logits
+
+    def _decode_step(self) -> torch.Tensor:
+        out = self.model(input_ids=self._ids, past_key_values=self.cache, cache_position=self._pos,
+                         position_ids=self._pos.view(1, 1).expand(self.batch_size, 1), attention_mask=self._mask,
+                         use_cache=True)
+        logits = out.logits[:, -1]
+        nxt = logits.argmax(-1)
+        self._ids.copy_(nxt[:, None])
+        self._tokens.index_copy_(1, self._col.clamp(max=self.new_tokens - 1), nxt[:, None])
+        self._pos.add_(1)
+        self._col.add_(1)
+        return logits
+
+    def _capture(self) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(self.device)
+        graphs, outs = [], []
+        for fn in (self._prefill, self._decode):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool, stream=stream):
+                outs.append(fn())
+            graphs.append(g)
+        self._graphs = graphs
+        self._prefill_logits, self._decode_logits = outs
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        self.loop = _C.TokenLoop(graphs[0].raw_cuda_graph_exec(), graphs[1].raw_cuda_graph_exec(), index,
+                                 self.new_tokens, self.clock)
+
+    def _run_prefill(self) -> torch.Tensor:
+        if self._graphs:
+            self._graphs[0].replay()
+            return self._prefill_logits
+        return self._prefill()
+
+    def _run_decode(self) -> torch.Tensor:
+        if self._graphs:
+            self._graphs[1].replay()
+            return self._decode_logits
+        return self._decode()
+
+    # -- the surface ----------------------------------------------------------------------------------
+    def request(self) -> None:
+        """One request: prefill and ``new_tokens - 1`` decode steps, each token marked on the clock."""
+        if self.loop is not None:
+            self.loop.run()
+            return
+        if self.path.startswith("hf-"):
+            self.clock.begin()
+            self._last = self._generate()
+            return
+        with torch.inference_mode():
+            self.clock.begin()
+            self._prefill()
+            self.clock.mark()
+            for _ in range(self.new_tokens - 1):
+                self._decode()
+                self.clock.mark()
+
+    def timed_fn(self) -> Any:
+        """What measure() times: the C++ token loop where there is one, else :meth:`request`."""
+        return self.loop if self.loop is not None else self.request
+
+    def tokens(self) -> torch.Tensor:
+        """The greedy tokens of the last request, [batch, new_tokens] (synchronizes)."""
+        if self.path.startswith("hf-"):
+            if self._last is None:
+                raise RuntimeError("no request has run yet")
+            return self._last[:, self.prompt_len:].clone()
+        return self._tokens.clone()
+
+    def free_logits(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens [batch, n], logits [n, batch, vocab] in float32) of a free-running greedy request."""
+        if self.path.startswith("hf-"):
+            self.clock.begin()
+            out = self._generate(output_logits=True, return_dict_in_generate=True)
+            self.clock.clear()
+            tokens = out.sequences[:, self.prompt_len:self.prompt_len + n]
+            return tokens, torch.stack([t.float() for t in out.logits[:n]])
+        return self.forced_logits(None, n)
+
+    def forced_logits(self, ref_tokens: torch.Tensor | None, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens [batch, n], logits [n, batch, vocab] float32) of the first ``n`` steps, each step fed
+        ``ref_tokens[:, i - 1]`` (teacher forcing) or, without ``ref_tokens``, its own previous token.
+        Static paths only; the graphs are replayed one step at a time."""
+        if self.path.startswith("hf-"):
+            raise ValueError(f"path {self.path!r} cannot be teacher-forced (generate() picks its own tokens)")
+        logits = []
+        with torch.inference_mode():
+            logits.append(self._run_prefill().float().clone())
+            for i in range(1, n):
+                if ref_tokens is not None:
+                    self._ids.copy_(ref_tokens[:, i - 1:i])
+                logits.append(self._run_decode().float().clone())
+        stacked = torch.stack(logits)
+        return stacked.argmax(-1).t().contiguous(), stacked
+
+    def kv_cache_bytes(self) -> int | None:
+        """Bytes the static cache allocated (None for generate's dynamic cache, which grows)."""
+        if self.path.startswith("hf-"):
+            return None
+        return sum(t.untyped_storage().nbytes() for t in cache_tensors(self.cache))
+
+    def close(self) -> None:
+        self.loop = None
+        self._graphs = []

@@ -1,0 +1,246 @@
+"""gpuopt::int8_weight_only_linear: values against a float64 reference, typed errors naming the argument,
+torch.library.opcheck, torch.compile; on a GPU the CUDA kernel (decode rows) and its dequantized cuBLAS
+path against the reference and the CPU operator, also captured in a CUDA graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gpuopt  # noqa: F401  (loading gpuopt._C registers the operators)
+
+ops = torch.ops.gpuopt
+
+
+def _inputs(
+    lead: tuple[int, ...],
+    n: int,
+    k: int,
+    dtype: torch.dtype,
+    g: torch.Generator,
+    *,
+    bias: bool = True,
+    scales_fp32: bool = True,
+    device: str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Random x [*lead, k], int8 weight [n, k], per-channel scales [n] (like absmax / 127), bias [n]."""
+    x = torch.randn(*lead, k, generator=g).to(dtype)
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8)
+    s = (torch.rand(n, generator=g) * 0.02 + 0.001).to(torch.float32 if scales_fp32 else dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    return x.to(device), w.to(device), s.to(device), None if b is None else b.to(device)
+
+
+def _reference(x, w, s, b) -> torch.Tensor:
+    y = (x.double().cpu() @ w.double().cpu().t()) * s.double().cpu()
+    return y if b is None else y + b.double().cpu()
+
+
+def _allowed_error(x, w, s, b, want: torch.Tensor) -> float:
+    """The largest error allowed against the float64 reference, kept in one place: float32 a small
+    multiple of its rounding; float16/bfloat16 twice PyTorch's own error computing the same product
+    in that dtype (dequantized weight, F.linear), plus one epsilon of the output's magnitude."""
+    scale = float(want.abs().max()) if want.numel() else 0.0
+    if x.dtype == torch.float32:
+        return 1e-5 * scale
+    wd = w.to(x.dtype) * s.to(x.dtype)[:, None]
+    torch_err = float((torch.nn.functional.linear(x, wd, b).double().cpu() - want).abs().max())
+    return 2 * torch_err + torch.finfo(x.dtype).eps * scale
+
+
+def _check(got: torch.Tensor, x, w, s, b) -> None:
+    assert got.dtype == x.dtype and got.device == x.device
+    assert got.shape == (*x.shape[:-1], w.shape[0]) and got.is_contiguous()
+    want = _reference(x, w, s, b)
+    if want.numel() == 0:
+        return
+    err = float((got.double().cpu() - want).abs().max())
+    allowed = _allowed_error(x, w, s, b, want)
+    assert err <= allowed, f"max error {err:.3g} > allowed {allowed:.3g} (|ref| max {float(want.abs().max()):.3g})"
+
+
+SHAPES = [  # (leading dims of x, N, K)
+    ((), 7, 64),
+    ((1,), 3, 64),
+    ((5,), 17, 33),  # odd K
+    ((2, 3), 11, 2056),  # 3-D x, K not a multiple of 16
+    ((4, 1, 2), 5, 48),
+    ((0,), 4, 16),  # no rows
+]
+
+
+@pytest.mark.parametrize("lead,n,k", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("scales_fp32", [True, False])
+def test_values_on_cpu(lead, n, k, dtype, bias, scales_fp32, rng):
+    x, w, s, b = _inputs(lead, n, k, dtype, rng, bias=bias, scales_fp32=scales_fp32)
+    _check(ops.int8_weight_only_linear(x, w, s, b), x, w, s, b)
+
+
+def test_bias_defaults_to_none(rng):
+    x, w, s, _ = _inputs((3,), 5, 32, torch.float32, rng, bias=False)
+    assert torch.equal(ops.int8_weight_only_linear(x, w, s), ops.int8_weight_only_linear(x, w, s, None))
+
+
+def test_non_contiguous_x_is_accepted(rng):
+    x, w, s, b = _inputs((6, 4), 9, 32, torch.float32, rng)
+    xt = x.transpose(0, 1)  # [4, 6, 32], not contiguous
+    _check(ops.int8_weight_only_linear(xt, w, s, b), xt, w, s, b)
+
+
+# Meta runs the same checks as CPU and CUDA, so tracing (FakeTensor, torch.compile) raises what running would.
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_bad_inputs_are_typed_errors_naming_the_argument(device, rng):
+    x, w, s, b = _inputs((2,), 4, 32, torch.bfloat16, rng, device=device)
+    op = ops.int8_weight_only_linear
+    with pytest.raises(TypeError, match="x must be float16, bfloat16 or float32, got int32"):
+        op(torch.ones(2, 32, dtype=torch.int32, device=device), w, s, None)
+    with pytest.raises(TypeError, match="x must be float16, bfloat16 or float32, got float64"):
+        op(x.double(), w, s, None)
+    with pytest.raises(ValueError, match=r"x must have shape \[\.\.\., K\], got a 0-dim tensor"):
+        op(x[0, 0], w, s, b)
+    with pytest.raises(TypeError, match="weight must be int8, got float32"):
+        op(x, w.float(), s, b)
+    with pytest.raises(ValueError, match=r"weight must be 2-D \[N, K\], got sizes \[128\]"):
+        op(x, w.reshape(-1), s, b)
+    with pytest.raises(ValueError, match=r"weight must be contiguous, got sizes \[4, 32\] with strides \[1, 4\]"):
+        op(x, w.t().contiguous().t(), s, b)
+    with pytest.raises(ValueError, match=r"x's last dimension must equal weight's K .* got x sizes \[2, 31\]"):
+        op(x[:, :31], w, s, b)
+    with pytest.raises(TypeError, match=r"scales must be float32 or x's dtype \(bfloat16\), got float16"):
+        op(x, w, s.half(), b)
+    with pytest.raises(ValueError, match=r"scales must have shape \[N\] with N = weight.size\(0\) = 4, got sizes \[3\]"):
+        op(x, w, s[:3], b)
+    with pytest.raises(TypeError, match=r"bias must have x's dtype \(bfloat16\), got float32"):
+        op(x, w, s, b.float())
+    with pytest.raises(ValueError, match=r"bias must have shape \[N\] with N = weight.size\(0\) = 4, got sizes \[1, 4\]"):
+        op(x, w, s, b[None])
+
+
+def test_tensors_on_different_devices_are_a_value_error(rng):
+    x, w, s, b = _inputs((2,), 4, 32, torch.float32, rng)
+    with pytest.raises(ValueError, match=r"weight must be on x's device \(cpu\), got meta"):
+        ops.int8_weight_only_linear(x, w.to("meta"), s, b)
+    with pytest.raises(ValueError, match=r"bias must be on x's device \(meta\), got cpu"):
+        ops.int8_weight_only_linear(x.to("meta"), w.to("meta"), s.to("meta"), b)
+
+
+def test_meta_gives_the_output_shape(rng):
+    x, w, s, b = _inputs((2, 5), 7, 48, torch.float16, rng, device="meta")
+    out = ops.int8_weight_only_linear(x, w, s, b)
+    assert out.device.type == "meta" and out.dtype == torch.float16 and out.shape == (2, 5, 7)
+
+
+def _assert_opcheck_passes(args):
+    result = torch.library.opcheck(ops.int8_weight_only_linear.default, args)
+    assert result and set(result.values()) == {"SUCCESS"}, result
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_opcheck_on_cpu(dtype, bias, rng):
+    _assert_opcheck_passes(_inputs((2, 3), 5, 32, dtype, rng, bias=bias))
+    _assert_opcheck_passes(_inputs((4,), 6, 33, dtype, rng, bias=bias, scales_fp32=False))
+
+
+def test_torch_compile_fullgraph_on_cpu(rng):
+    _, w, s, b = _inputs((3, 2), 6, 64, torch.float32, rng)
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return ops.int8_weight_only_linear(x, w, s, b).relu() * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True)
+    for _ in range(2):
+        x = torch.randn(3, 2, 64, generator=rng)
+        torch.testing.assert_close(compiled(x), fn(x))
+
+
+# ---- CUDA ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("m", [1, 2, 7, 16, 33])
+@pytest.mark.parametrize("k", [64, 2048, 2056])
+@pytest.mark.parametrize("n", [3, 1000])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_matches_the_reference_and_the_cpu_operator(m, k, n, dtype, rng):
+    # Rows 1..16 with K % 16 == 0 take the int8 kernel; 33 rows and K = 2056 the dequantized GEMM.
+    # Bias, fp32 scales and a 3-D x vary with the case, so every path meets each of them.
+    lead = (m,) if k != 2048 else (1, m)
+    x, w, s, b = _inputs(lead, n, k, dtype, rng, bias=m % 2 == 1, scales_fp32=n == 1000, device="cuda")
+    got = ops.int8_weight_only_linear(x, w, s, b)
+    _check(got, x, w, s, b)
+    cpu = ops.int8_weight_only_linear(x.cpu(), w.cpu(), s.cpu(), None if b is None else b.cpu())
+    want = _reference(x, w, s, b)
+    diff = float((got.cpu().double() - cpu.double()).abs().max())
+    assert diff <= 2 * _allowed_error(x, w, s, b, want)
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("lead", [(1,), (5,), (2, 8)])
+@pytest.mark.parametrize("scales_fp32", [True, False])
+def test_float32_activations_on_cuda(lead, scales_fp32, rng):
+    x, w, s, b = _inputs(lead, 77, 128, torch.float32, rng, scales_fp32=scales_fp32, device="cuda")
+    _check(ops.int8_weight_only_linear(x, w, s, b), x, w, s, b)
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_unaligned_x_takes_the_dequantized_path(dtype, rng, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # float32's tolerance is fp32's
+    x, w, s, b = _inputs((3,), 10, 64, dtype, rng, device="cuda")
+    base = torch.empty(3 * 64 + 1, dtype=dtype, device="cuda")
+    xu = base[1:].view(3, 64).copy_(x)  # contiguous, but one element past a 16-byte boundary
+    _check(ops.int8_weight_only_linear(xu, w, s, b), xu, w, s, b)
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("m,kernel", [(1, True), (16, True), (17, False)])
+def test_decode_rows_run_the_int8_kernel(m, kernel, rng):
+    x, w, s, b = _inputs((m,), 256, 512, torch.float16, rng, device="cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        ops.int8_weight_only_linear(x, w, s, b)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    assert any("kernels::int8_linear" in name for name in names) == kernel, names
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_opcheck_on_cuda(dtype, rng):
+    _assert_opcheck_passes(_inputs((2, 3), 40, 64, dtype, rng, device="cuda"))
+    _assert_opcheck_passes(_inputs((33,), 40, 64, dtype, rng, bias=False, scales_fp32=False, device="cuda"))
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("m", [1, 7, 33])
+def test_captured_in_a_cuda_graph_replays_the_same_values(m, rng):
+    x, w, s, b = _inputs((m,), 300, 1024, torch.float16, rng, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture, as torch.cuda.graph's docs advise
+        ops.int8_weight_only_linear(x, w, s, b)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.int8_weight_only_linear(x, w, s, b)
+    for _ in range(2):
+        x.copy_(torch.randn(m, 1024, generator=rng).half())
+        graph.replay()
+        torch.cuda.synchronize()
+        if m <= 16:  # the int8 kernel is deterministic; cuBLAS may pick another algorithm when captured
+            assert torch.equal(out, ops.int8_weight_only_linear(x, w, s, b))
+        _check(out, x, w, s, b)
+
+
+@pytest.mark.gpuopt_gpu
+def test_bad_inputs_on_cuda_are_typed_errors(rng):
+    x, w, s, b = _inputs((2,), 4, 32, torch.float16, rng, device="cuda")
+    with pytest.raises(ValueError, match=r"weight must be on x's device \(cuda:0\), got cpu"):
+        ops.int8_weight_only_linear(x, w.cpu(), s, b)
+    with pytest.raises(ValueError, match=r"scales must be on x's device \(cuda:0\), got cpu"):
+        ops.int8_weight_only_linear(x, w, s.cpu(), b)
+    with pytest.raises(TypeError, match="weight must be int8, got float16"):
+        ops.int8_weight_only_linear(x, w.half(), s, b)
