@@ -10,13 +10,15 @@ transformers' generate, in one run on one device (issue 14 targets):
 - timer check: TPOT from gpuopt's engine within 3% of a plain CUDA-event loop around the same graph
   replays.
 
-Parts (``--parts``): ``opt`` (the batch-1 paths and the timer check), ``batch`` (batch sizes),
-``sweep`` (a Results sweep of the built-in models with plots). A part that fails is recorded with its
-reason and the others still run; the JSON is checkpointed after each part.
+Parts (``--parts``): ``opt`` (hf-generate, static-graph fp16 and int8wo at batch 1, token identity and
+the timer check), ``paths`` (the other paths at batch 1), ``batch`` (batch sizes), ``sweep`` (a Results
+sweep of the built-in models with plots). A part that fails is recorded with its reason and the others
+still run; the JSON is checkpointed after every cell (``"complete": false`` until the end).
 """
 
 from __future__ import annotations
 
+import gc
 import time
 import traceback
 
@@ -25,15 +27,17 @@ from _common import RESULTS, Target, parse_args, require_gpu, slug, write
 
 import gpuopt
 from gpuopt.llm import Models, measure_decode
+from gpuopt.llm.measure import token_times
+from gpuopt.llm.paths import Decoder
 
 
 def _extra(p):
-    p.add_argument("--parts", default="opt,batch,sweep")
+    p.add_argument("--parts", default="opt,paths,batch,sweep")
     p.add_argument("--model", default="opt-1.3b")
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--extra-paths", default="static,hf-static-compile,static-graph-compile",
-                   help="paths measured beside hf-generate and static-graph at batch 1 (comma list, '' for none)")
+                   help="paths of the 'paths' part, at batch 1 in fp16 (comma list)")
 
 
 def _cell(r) -> dict:
@@ -41,6 +45,11 @@ def _cell(r) -> dict:
     d["summary"] = r.summary()
     d["measurement_p50_ms"] = r.measurement.p50
     return d
+
+
+def _release() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def _event_loop_tpot(decoder, reps: int) -> float:
@@ -62,11 +71,10 @@ def _event_loop_tpot(decoder, reps: int) -> float:
     return out[len(out) // 2]
 
 
-def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
-    b, p, n = 1, args.prompt, (32 if args.quick else args.new_tokens)
-    models = Models(args.model, "cuda")
+def _runner(args, ceilings, results: dict, key: str, models, b: int, p: int, n: int, targets: list[Target]):
+    """A function measuring one cell into results[key]["cells"], checkpointing the JSON after it."""
     budget = {"max_time_s": 3.0 if args.quick else 10.0}
-    cells = {}
+    cells = results[key]["cells"]
 
     def run(path, precision, **kw):
         t0 = time.perf_counter()
@@ -76,60 +84,35 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
         except Exception as exc:  # noqa: BLE001 - recorded; the part goes on
             traceback.print_exc()
             cells[f"{precision}+{path}"] = {"error": f"{type(exc).__name__}: {exc}"}
-            return None
-        print(r.summary(), f"[{time.perf_counter() - t0:.0f}s]", flush=True)
-        cells[f"{precision}+{path}"] = _cell(r)
+            r = None
+        else:
+            print(r.summary(), f"[{time.perf_counter() - t0:.0f}s]", flush=True)
+            cells[f"{precision}+{path}"] = _cell(r)
+        _release()
+        write(args, results, targets, final=False)
         return r
 
-    base = run("hf-generate", "fp16")
-    base_tokens = None
-    if base is not None:
-        # generate's greedy tokens of the whole request, fp16 (the same prompt the cells use)
-        from gpuopt.llm.paths import Decoder
+    return run
 
-        d = Decoder(models.candidate("fp16"), "hf-generate", models.prompt(b, p), n, gpuopt._C.StepClock(0, n),
-                    torch.float16)
-        d.request()
-        base_tokens = d.tokens()
+
+def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
+    b, p, n = 1, args.prompt, (32 if args.quick else args.new_tokens)
+    models = Models(args.model, "cuda")
+    results["opt"] = {"model": args.model, "batch_size": b, "prompt_len": p, "new_tokens": n, "cells": {}}
+    run = _runner(args, ceilings, results, "opt", models, b, p, n, targets)
+    base = run("hf-generate", "fp16")
     fast = run("static-graph", "fp16")
     int8 = run("static-graph", "int8wo")
-    for extra in filter(None, args.extra_paths.split(",")):
-        run(extra, "fp16")
-    results["opt"] = {"model": args.model, "batch_size": b, "prompt_len": p, "new_tokens": n, "cells": cells}
 
     if fast is not None:
+        floor = (f"floor {fast.floor_tpot_ms:.3f} ms/token at {fast.hbm_read_gbps:.0f} GB/s ({fast.hbm_read_source})"
+                 if fast.floor_tpot_ms is not None else "no HBM read figure (ceilings or datasheet)")
         targets.append(Target(f"{args.model} fp16 bs1 static-graph: share of the measured HBM read bandwidth",
-                              fast.pct_of_hbm_read or 0.0, ">=", 70.0, "%",
-                              f"floor {fast.floor_tpot_ms:.3f} ms/token at {fast.hbm_read_gbps:.0f} GB/s "
-                              f"({fast.hbm_read_source})"))
+                              fast.pct_of_hbm_read or 0.0, ">=", 70.0, "%", floor))
         if base is not None:
             targets.append(Target(f"{args.model} fp16 bs1: hf-generate TPOT / static-graph TPOT",
                                   base.tpot_ms["mean"] / fast.tpot_ms["mean"], ">=", 7.0, "x",
                                   "hf-generate, same run"))
-        # The fast path's own greedy tokens of a whole request, against generate's.
-        dec = _decoder_tokens(models, b, p, n)
-        if base_tokens is not None and dec is not None:
-            same = dec.eq(base_tokens.to(dec.device))
-            first = int((~same.all(0)).nonzero()[0]) if not bool(same.all()) else None
-            results["opt"]["fast_vs_generate_tokens"] = {"equal": int(same.sum()), "compared": same.numel(),
-                                                         "first_difference": first}
-            targets.append(Target(f"{args.model} fp16 bs1: static-graph tokens equal to hf-generate's "
-                                  f"(of {same.numel()})", float(same.sum()), ">=", float(same.numel()), "",
-                                  "fp16 hf-generate, same prompt" + (f"; first difference at token {first}"
-                                                                      if first is not None else "")))
-        reps = 5 if args.quick else 20
-        dec_graph = _graph_decoder(models, b, p, n)
-        event_tpot = _event_loop_tpot(dec_graph, reps)
-        engine = measure_decode(models, path="static-graph", precision="fp16", batch_size=b, prompt_len=p,
-                                new_tokens=n, ceilings=ceilings, parity=False, **budget)
-        event_tpot2 = _event_loop_tpot(dec_graph, reps)
-        plain = (event_tpot + event_tpot2) / 2
-        results["opt"]["timer_check"] = {"engine_tpot_ms": engine.tpot_ms["p50"], "event_loop_tpot_ms": plain,
-                                         "event_loop_runs_ms": [event_tpot, event_tpot2]}
-        targets.append(Target("timer: |engine TPOT / plain CUDA-event loop TPOT - 1|",
-                              abs(engine.tpot_ms["p50"] / plain - 1.0), "<=", 0.03, "",
-                              "CUDA events around the same graph replays, before and after"))
-        dec_graph.close()
     if fast is not None and int8 is not None:
         targets.append(Target(f"{args.model} bs1: int8wo static-graph speed-up over fp16 static-graph",
                               fast.tpot_ms["mean"] / int8.tpot_ms["mean"], ">=", 1.5, "x",
@@ -139,23 +122,80 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
         targets.append(Target(f"{args.model} fp16 static-graph: parity with the fp32 reference "
                               f"({fast.parity.steps} tokens, teacher-forced)", float(fast.parity.passed), ">=", 1.0,
                               "", fast.parity.summary()))
+    checks = [(_timer_check, fast is not None), (_token_identity, fast is not None and base is not None)]
+    for check, applies in checks:
+        if not applies:
+            continue
+        try:
+            check(args, models, b, p, n, results, targets)
+        except Exception as exc:  # noqa: BLE001 - recorded; the other check still runs
+            traceback.print_exc()
+            results["errors"][check.__name__.strip("_")] = f"{type(exc).__name__}: {exc}"
+            targets.append(Target(f"{check.__name__.strip('_')}: ran without error", 0.0, ">=", 1.0, "",
+                                  str(exc)[:200]))
+        write(args, results, targets, final=False)
 
 
-def _graph_decoder(models, b, p, n):
-    from gpuopt.llm.paths import Decoder
-
-    return Decoder(models.candidate("fp16"), "static-graph", models.prompt(b, p), n, gpuopt._C.StepClock(0, n),
-                   torch.float16)
+def _decoder(models, path, b, p, n):
+    return Decoder(models.candidate("fp16"), path, models.prompt(b, p), n, gpuopt._C.StepClock(0, n), torch.float16)
 
 
-def _decoder_tokens(models, b, p, n):
-    d = _graph_decoder(models, b, p, n)
-    try:
-        d.loop.run()
-        torch.cuda.synchronize()
-        return d.tokens()
-    finally:
-        d.close()
+def _token_identity(args, models, b, p, n, results, targets) -> None:
+    """The fast path's greedy tokens of a whole request against fp16 generate's on the same prompt; at
+    the first difference, generate's own top-2 logit margin (a near-tie explains a flip)."""
+    hf = _decoder(models, "hf-generate", b, p, n)
+    ref_tokens, ref_logits = hf.free_logits(n)
+    hf.close()
+    graph = _decoder(models, "static-graph", b, p, n)
+    graph.loop.run()
+    torch.cuda.synchronize()
+    tokens = graph.tokens()
+    graph.close()
+    same = tokens.eq(ref_tokens.to(tokens.device))
+    first = int((~same.all(0)).nonzero()[0]) if not bool(same.all()) else None
+    info = {"equal": int(same.sum()), "compared": same.numel(), "first_difference": first}
+    if first is not None:
+        top2 = ref_logits[first].float().topk(2, dim=-1).values
+        info["generate_top2_margin_at_difference"] = float((top2[..., 0] - top2[..., 1]).min())
+        info["generate_max_logit_at_difference"] = float(ref_logits[first].abs().max())
+    results["opt"]["fast_vs_generate_tokens"] = info
+    _release()
+    why = "fp16 hf-generate, same prompt"
+    if first is not None:
+        why += (f"; first difference at token {first}, where generate's top-2 logits are "
+                f"{info['generate_top2_margin_at_difference']:.3g} apart (largest |logit| "
+                f"{info['generate_max_logit_at_difference']:.3g})")
+    targets.append(Target(f"{args.model} fp16 bs1: static-graph tokens equal to hf-generate's (of {same.numel()})",
+                          float(same.sum()), ">=", float(same.numel()), "", why))
+
+
+def _timer_check(args, models, b, p, n, results, targets) -> None:
+    """The engine's TPOT of a decoder's token loop against a plain CUDA-event loop around the same
+    decoder's graph replays, measured before and after it."""
+    reps = 5 if args.quick else 20
+    dec = _decoder(models, "static-graph", b, p, n)
+    before = _event_loop_tpot(dec, reps)
+    dec.clock.clear()
+    m = gpuopt.measure(dec.loop, mode="latency", warmup=1, min_iters=5, max_time_s=3.0 if args.quick else 10.0)
+    got = token_times(dec.clock.requests(), m.n, n)
+    after = _event_loop_tpot(dec, reps)
+    engine = sorted(got["tpot"])[len(got["tpot"]) // 2]
+    plain = (before + after) / 2
+    results["opt"]["timer_check"] = {"engine_tpot_ms": engine, "event_loop_tpot_ms": plain,
+                                     "event_loop_runs_ms": [before, after], "engine_requests": m.n}
+    dec.close()
+    _release()
+    targets.append(Target("timer: |engine TPOT / plain CUDA-event loop TPOT - 1|", abs(engine / plain - 1.0), "<=",
+                          0.03, "", "CUDA events around the same graphs' replays, before and after"))
+
+
+def part_paths(args, ceilings, results: dict, targets: list[Target]) -> None:
+    b, p, n = 1, args.prompt, (32 if args.quick else args.new_tokens)
+    models = Models(args.model, "cuda")
+    results["paths"] = {"model": args.model, "batch_size": b, "prompt_len": p, "new_tokens": n, "cells": {}}
+    run = _runner(args, ceilings, results, "paths", models, b, p, n, targets)
+    for path in filter(None, args.extra_paths.split(",")):
+        run(path, "fp16")
 
 
 def part_batch(args, ceilings, results: dict, targets: list[Target]) -> None:
@@ -171,7 +211,9 @@ def part_batch(args, ceilings, results: dict, targets: list[Target]) -> None:
         except Exception as exc:  # noqa: BLE001
             traceback.print_exc()
             out[b] = {"error": f"{type(exc).__name__}: {exc}"}
-    results["batch"] = {"model": args.model, "prompt_len": p, "new_tokens": n, "cells": out}
+        results["batch"] = {"model": args.model, "prompt_len": p, "new_tokens": n, "cells": out}
+        _release()
+        write(args, results, targets, final=False)
     if "decode_tokens_per_s" in out.get(1, {}) and "decode_tokens_per_s" in out.get(32, {}):
         targets.append(Target(f"{args.model} fp16 static-graph: decode tokens/s at batch 32 / batch 1",
                               out[32]["decode_tokens_per_s"] / out[1]["decode_tokens_per_s"], ">=", 10.0, "x",
@@ -208,7 +250,13 @@ def main() -> int:
         results["errors"]["ceilings"] = f"{type(exc).__name__}: {exc}"
         ceilings = None
     results["hbm_read_gbps"] = (ceilings or {}).get("measured", {}).get("hbm_read_gbps")
-    parts = {"opt": part_opt, "batch": part_batch, "sweep": part_sweep}
+    parts = {"opt": part_opt, "paths": part_paths, "batch": part_batch, "sweep": part_sweep}
+    unknown = sorted(set(args.parts.split(",")) - set(parts))
+    if unknown:
+        raise SystemExit(f"unknown part(s) {', '.join(unknown)}; parts: {', '.join(parts)}")
+    if args.out is None and args.parts != "opt,paths,batch,sweep":
+        # a run of some parts must not overwrite the file of another run's parts
+        args.out = RESULTS / f"{args.name}-{slug(args.parts)}-{slug(torch.cuda.get_device_name(0))}.json"
     for name in args.parts.split(","):
         t0 = time.perf_counter()
         try:
@@ -218,7 +266,7 @@ def main() -> int:
             results["errors"][name] = f"{type(exc).__name__}: {exc}"
             targets.append(Target(f"{name}: ran without error", 0.0, ">=", 1.0, "", str(exc)[:200]))
         results.setdefault("part_s", {})[name] = time.perf_counter() - t0
-        torch.cuda.empty_cache()
+        _release()
         write(args, results, targets, final=False)
     return write(args, results, targets)
 

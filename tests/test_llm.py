@@ -237,6 +237,52 @@ def test_static_steps_trace_without_host_synchronization(tiny_models, name):
     assert torch.allclose(eager_logits, traced_logits, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", TINY)
+def test_static_steps_read_nothing_back_to_the_host_under_capture(tiny_models, name, monkeypatch):
+    """A CUDA graph capture fails on any device value read on the host. Simulated on the CPU:
+    transformers is told a stream is capturing (it then takes its capture-safe branches, as it does on
+    the GPU), and every way of reading a tensor's value into Python raises."""
+    import transformers.utils.import_utils as iu
+
+    models = tiny_models[name]
+    d = Decoder(models.reference, "static", models.prompt(2, 6), 4, gpuopt._C.StepClock(-1, 4), torch.float32)
+    monkeypatch.setattr(iu, "is_cuda_stream_capturing", lambda: True)
+
+    def host_read(*_args, **_kwargs):
+        raise AssertionError("a tensor's value was read on the host: a CUDA graph capture would fail here")
+
+    with torch.inference_mode():
+        for attr in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__"):
+            monkeypatch.setattr(torch.Tensor, attr, host_read)
+        try:
+            d._prefill_step()
+            d._decode_step()
+        finally:
+            monkeypatch.undo()
+
+
+def test_compiled_static_path_warms_up_within_the_cache_and_compiles_per_decoder(tiny_models, monkeypatch):
+    """static-graph-compile's set-up on the CPU (the capture stubbed, aot_eager instead of inductor): its
+    warm-up requests start at position 0 each (the cache holds one request), and decoders built one
+    after another do not run into dynamo's recompile limit."""
+    import functools
+
+    models = tiny_models["tiny-llama"]
+    monkeypatch.setattr(Decoder, "_capture", lambda self: None)
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    prompt = models.prompt(2, 16)
+    eager = Decoder(models.reference, "static", prompt, 8, gpuopt._C.StepClock(-1, 8), torch.float32)
+    eager.request()
+    for _ in range(4):
+        d = Decoder(models.reference, "static-graph-compile", prompt, 8, gpuopt._C.StepClock(-1, 8), torch.float32)
+        with torch.inference_mode():
+            d._prefill()
+            for _ in range(7):
+                d._decode()
+        assert torch.equal(d.tokens(), eager.tokens())
+        d.close()
+
+
 # -- measurement ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", ["static", "hf-generate"])
@@ -248,8 +294,8 @@ def test_measure_decode_on_cpu_follows_the_definitions(tiny_models, path):
     assert r.e2e_ms["mean"] == pytest.approx(r.ttft_ms["mean"] + 5 * r.tpot_ms["mean"], rel=1e-6)
     assert r.output_tokens_per_s == pytest.approx(2 * 6 * 1e3 / r.e2e_ms["mean"])
     assert r.decode_tokens_per_s == pytest.approx(2 * 1e3 / r.tpot_ms["mean"])
-    # whole requests timed by the engine agree with the token clock's end-to-end times
-    assert r.measurement.p50 == pytest.approx(r.e2e_ms["p50"], rel=0.5)
+    # each request's first-to-last token interval lies inside the engine's timed call (host mode)
+    assert r.e2e_ms["p50"] <= r.measurement.p50 and r.e2e_ms["max"] <= r.measurement.max
     assert r.parity is not None and r.parity.passed and r.parity.steps == 6, r.parity.summary()
     assert r.parity.teacher_forced == (path == "static")
     assert r.kv_bytes_per_token == tiny_models["tiny-llama"].shape.kv_bytes_per_token(4)

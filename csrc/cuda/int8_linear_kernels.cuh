@@ -102,6 +102,9 @@ __global__ void __launch_bounds__(kInt8LinearWarps * 32)
 #pragma unroll
   for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
 
+  // Unrolled so that several 16-byte weight loads per lane are in flight at once: a decode step's
+  // matrices give only a few hundred blocks, so latency, not occupancy, has to be hidden.
+#pragma unroll 4
   for (std::int64_t k0 = static_cast<std::int64_t>(lane) * 16; k0 < k; k0 += 32 * 16) {
     float w[16];
     unpack_int8(__ldg(reinterpret_cast<const uint4*>(w_row + k0)), w);

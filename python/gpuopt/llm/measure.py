@@ -38,6 +38,7 @@ from .models import (
     decode_weight_bytes,
     human_bytes,
     linear_params,
+    model_config,
     positive_int,
     prefill_flops,
     prepare_for_decoding,
@@ -230,6 +231,13 @@ def _diagnose(r: DecodeResult) -> str:
              f"{r.hbm_read_gbps:.0f} GB/s)" if r.floor_tpot_ms else f"TPOT {format_ms(tpot)}")
     if r.device == "cpu":
         return f"{floor}; measured on the CPU (host clock)"
+    if r.path not in GRAPH_PATHS:
+        # generate() synchronizes every step (its stopping check) and the static path launches each
+        # kernel from Python: the host's time per request is the request's time whoever is slower.
+        return (f"{floor}: Python drives every token ({r.path}: a forward's kernels launched from Python per step"
+                f"{', and a host synchronization per step in generate()' if r.path.startswith('hf-') else ''}); "
+                "where this is far above the floor the host sets the pace -- compare with static-graph, which "
+                "replays each step as one CUDA graph from C++")
     if r.host_ms_per_request >= HOST_BOUND * e2e:
         return (f"{floor}: host-bound -- issuing a request's kernels takes {format_ms(r.host_ms_per_request)} of "
                 f"host time for {format_ms(e2e)} on the device, so Python and launches set the pace "
@@ -267,12 +275,15 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
     check_precision(precision)
     positive_int("batch_size", batch_size)
     positive_int("parity_tokens", parity_tokens)
+    if isinstance(model, str):  # everything checked before a model is built
+        config = model_config(model)
+        check_path(path, device_index(device) is not None)
+        check_lengths(config, prompt_len, new_tokens, model)
     models = model if isinstance(model, Models) else Models(model, device, seed)
     on_gpu = models.device.type == "cuda"
     check_path(path, on_gpu)
     check_lengths(models.config, prompt_len, new_tokens, models.name)
-    if ((path in GRAPH_PATHS or path == "hf-static-compile")
-            and not getattr(models.reference, "_can_compile_fullgraph", True)):
+    if path != "hf-generate" and not supports_static_cache(models.reference):
         raise ValueError(f"path {path!r} needs a static KV cache, which {models.name} "
                          f"({type(models.reference).__name__}) does not support; use 'hf-generate'")
     index = models.device.index if on_gpu else None
@@ -289,11 +300,15 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
     build_s = time.perf_counter() - t0
     try:
         clock.clear()
-        options = {**MEASURE_DEFAULTS, "mode": "latency" if on_gpu else "host", "device": index,
-                   **measure_options}
+        # The C++ token loop is timed in latency mode (device time; the host only launches graphs). A
+        # path that Python drives is timed in host mode: latency mode's spin kernel, queued ahead,
+        # would let the host run ahead and hide the very cost that sets its pace. Its tokens are still
+        # device events, so TTFT and the gaps include the GPU waiting for the host.
+        mode = "latency" if decoder.loop is not None else "host"
+        options = {**MEASURE_DEFAULTS, "mode": mode, "device": index, **measure_options}
         m = measure(decoder.timed_fn(), **options)
         reqs = clock.requests()
-        got = _times(reqs, m.n, new_tokens)
+        got = token_times(reqs, m.n, new_tokens)
         result = _result(models, decoder, m, got, path=path, precision=precision, index=index, element=element,
                          kv_per_token=kv_per_token, ceilings=ceilings, build_s=build_s)
         if parity:
@@ -320,8 +335,19 @@ def _check_fits(kv_bytes: int, index: int | None, name: str, batch_size: int) ->
             f"{human_bytes(free)} of GPU memory is free")
 
 
-def _times(reqs: dict, n: int, new_tokens: int) -> dict[str, list[float]]:
-    """The last ``n`` requests' (the measured samples') TTFT, end-to-end, TPOT and pooled gaps."""
+def supports_static_cache(model: torch.nn.Module) -> bool:
+    """Whether transformers lets this model decode on a static cache (the attribute was
+    ``_supports_static_cache`` before about 4.50, ``_can_compile_fullgraph`` after)."""
+    for attr in ("_can_compile_fullgraph", "_supports_static_cache"):
+        v = getattr(model, attr, None)
+        if v is not None:
+            return bool(v)
+    return True
+
+
+def token_times(reqs: dict, n: int, new_tokens: int) -> dict[str, list[float]]:
+    """The last ``n`` requests' (the measured samples') TTFT, end-to-end, TPOT and pooled gaps, in ms,
+    from a :class:`gpuopt._C.StepClock`'s ``requests()``."""
     total = len(reqs["ttft_ms"])
     if total < n:
         raise RuntimeError(f"the token clock recorded {total} requests for {n} timed samples")

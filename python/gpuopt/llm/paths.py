@@ -60,12 +60,12 @@ def static_cache(model: torch.nn.Module, batch_size: int, max_cache_len: int, de
 
 def cache_tensors(cache: Any) -> list[torch.Tensor]:
     """The key and value tensors a cache holds (allocated ones only)."""
-    out: list[torch.Tensor] = []
-    for layer in getattr(cache, "layers", None) or []:
-        out += [t for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor)]
-    for name in ("key_cache", "value_cache"):
-        out += [t for t in getattr(cache, name, None) or [] if isinstance(t, torch.Tensor)]
-    return out
+    layers = getattr(cache, "layers", None)
+    if layers:  # transformers >= 4.54 (some versions also show the same tensors as key_cache/value_cache)
+        pairs = [(getattr(layer, "keys", None), getattr(layer, "values", None)) for layer in layers]
+        return [t for pair in pairs for t in pair if isinstance(t, torch.Tensor)]
+    return [t for name in ("key_cache", "value_cache") for t in getattr(cache, name, None) or []
+            if isinstance(t, torch.Tensor)]
 
 
 def _accepts(model: torch.nn.Module, name: str) -> bool:
@@ -119,10 +119,17 @@ class Decoder:
         self._compiled = None
         if self.path == "hf-static-compile":
             gen.cache_implementation = "static"
+            torch._dynamo.reset()  # each Decoder compiles model.forward afresh (see _setup_static)
             self._compiled = torch.compile(self.model.forward, mode="reduce-overhead", fullgraph=True)
         self._gen = gen
         self._processors = LogitsProcessorList([_Marker(self.clock)])
         self._mask = torch.ones_like(self.prompt)
+        if self._compiled is not None:
+            # Compiles, then CUDA-graph trees record (on the second call of a shape): before any timing.
+            for _ in range(3):
+                self.clock.begin()
+                self._generate()
+            self.clock.clear()
 
     @contextlib.contextmanager
     def _forward(self):
@@ -135,10 +142,10 @@ class Decoder:
         finally:
             del self.model.forward  # the class's forward again
 
-    def _generate(self, **extra: Any) -> Any:
+    def _generate(self, gen: Any = None) -> Any:
         with torch.inference_mode(), self._forward():
-            return self.model.generate(input_ids=self.prompt, attention_mask=self._mask, generation_config=self._gen,
-                                       logits_processor=self._processors, **extra)
+            return self.model.generate(input_ids=self.prompt, attention_mask=self._mask,
+                                       generation_config=gen or self._gen, logits_processor=self._processors)
 
     # -- gpuopt's static-cache step -----------------------------------------------------------------
     def _setup_static(self) -> None:
@@ -157,30 +164,51 @@ class Decoder:
         keep = next((k for k in ("logits_to_keep", "num_logits_to_keep") if _accepts(self.model, k)), None)
         self._keep = {keep: 1} if keep else {}
         self._fill_levels: list[torch.Tensor] = []
-        prefill, decode = self._prefill_step, self._decode_step
-        if self.path == "static-graph-compile":
-            prefill = torch.compile(prefill, fullgraph=True, dynamic=False)
-            decode = torch.compile(decode, fullgraph=True, dynamic=False)
-        self._prefill, self._decode = prefill, decode
+        compiled = self.path == "static-graph-compile"
+        side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         with torch.inference_mode():
-            # Warm-up: allocates the cache's lazily created tensors, loads kernels (CUDA lazy loading
-            # synchronizes on a kernel's first launch) and compiles -- all before any capture.
-            side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
-            if side is not None:
-                side.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-                for _ in range(3 if self.path == "static-graph-compile" else 1):
-                    self._prefill()
-                    for _ in range(min(2, n - 1)):
-                        self._decode()
-            if side is not None:
-                torch.cuda.current_stream(dev).wait_stream(side)
-                torch.cuda.synchronize(dev)
-            # Created lazily by the first update: known after the warm-up, zeroed by every prefill after it.
+            # First one eager prefill: transformers >= 5 creates the cache's tensors (and each layer's
+            # fill level) on their first update. From then on every prefill zeroes the fill levels, so
+            # each warm-up request, replay and compiled call starts at position 0.
+            with self._on(side):
+                self._prefill_step()
             self._fill_levels = [t for layer in getattr(self.cache, "layers", None) or []
                                  if isinstance(t := getattr(layer, "cumulative_length", None), torch.Tensor)]
+            prefill, decode = self._prefill_step, self._decode_step
+            if compiled:
+                # Every Decoder compiles the same bound methods: without a reset, dynamo's recompile
+                # limit (fullgraph=True makes hitting it an error) ends a sweep after a few cells.
+                torch._dynamo.reset()
+                prefill = torch.compile(prefill, fullgraph=True, dynamic=False)
+                decode = torch.compile(decode, fullgraph=True, dynamic=False)
+            self._prefill, self._decode = prefill, decode
+            # Warm-up: loads kernels (CUDA lazy loading synchronizes on a kernel's first launch) and
+            # compiles, all before any capture. One decode step fits even with new_tokens=1 (the cache
+            # holds prompt + new tokens, and the step writes at the prompt's length).
+            with self._on(side):
+                for _ in range(3 if compiled else 1):
+                    self._prefill()
+                    for _ in range(max(1, min(2, n - 1))):
+                        self._decode()
             if self.path in GRAPH_PATHS:
                 self._capture()
+
+    def _on(self, side: Any) -> Any:
+        """A context running work on ``side`` (a CUDA stream ordered after the current one, and the
+        current one after it on exit), or nothing on the CPU."""
+        if side is None:
+            return contextlib.nullcontext()
+
+        @contextlib.contextmanager
+        def ctx():
+            current = torch.cuda.current_stream(self.device)
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                yield
+            current.wait_stream(side)
+            torch.cuda.synchronize(self.device)
+
+        return ctx()
 
     def _prefill_step(self) -> torch.Tensor:
         # A request starts at position 0. transformers >= 5 keeps each static layer's fill level in a
@@ -271,8 +299,11 @@ class Decoder:
     def free_logits(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens [batch, n], logits [n, batch, vocab] in float32) of a free-running greedy request."""
         if self.path.startswith("hf-"):
+            gen = copy.deepcopy(self._gen)
+            gen.max_new_tokens = gen.min_new_tokens = n
+            gen.output_logits = gen.return_dict_in_generate = True
             self.clock.begin()
-            out = self._generate(output_logits=True, return_dict_in_generate=True)
+            out = self._generate(gen)
             self.clock.clear()
             tokens = out.sequences[:, self.prompt_len:self.prompt_len + n]
             return tokens, torch.stack([t.float() for t in out.logits[:n]])
@@ -301,5 +332,10 @@ class Decoder:
         return sum(t.untyped_storage().nbytes() for t in cache_tensors(self.cache))
 
     def close(self) -> None:
+        """Drops the token loop, the graphs, the cache and the compiled steps (the loop replays the
+        graphs' executables: it must not outlive them)."""
         self.loop = None
         self._graphs = []
+        for name in ("cache", "_prefill", "_decode", "_prefill_logits", "_decode_logits", "_compiled", "_last",
+                     "_fill_levels"):
+            self.__dict__.pop(name, None)
