@@ -20,7 +20,7 @@ from ..timing.environment import env
 from ..timing.inputs import device_index
 from ..timing.measurement import validate_measure_options
 from .measure import PRECISIONS, Models, check_precision, measure_decode
-from .models import check_causal_lm, check_lengths, model_config, positive_int
+from .models import check_causal_lm, check_lengths, model_config, model_name, positive_int
 from .paths import PATHS, check_path
 
 
@@ -33,12 +33,6 @@ def _values(name: str, value: Any, check: Callable[[Any], Any]) -> list:
     for v in values:
         check(v)
     return values
-
-
-def _model_name(model: str | torch.nn.Module) -> str:
-    if isinstance(model, str):
-        return model
-    return getattr(getattr(model, "config", None), "name_or_path", None) or type(model).__name__
 
 
 def decode_sweep(models: str | torch.nn.Module | Sequence[str | torch.nn.Module], *,
@@ -70,7 +64,7 @@ def decode_sweep(models: str | torch.nn.Module | Sequence[str | torch.nn.Module]
     for m in model_list:
         cfg = model_config(m) if isinstance(m, str) else m.config
         for p, n in itertools.product(prompt_list, new_list):
-            check_lengths(cfg, p, n, _model_name(m))
+            check_lengths(cfg, p, n, model_name(m))
     validate_measure_options({k: v for k, v in measure_options.items() if k not in ("mode", "device")})
     if out is not None:
         out = Path(out)
@@ -80,13 +74,13 @@ def decode_sweep(models: str | torch.nn.Module | Sequence[str | torch.nn.Module]
 
         ceilings = measured_ceilings(index, cached_only=True)
 
-    spec = {"kind": "llm", "models": [_model_name(m) for m in model_list], "paths": path_list,
+    spec = {"kind": "llm", "models": [model_name(m) for m in model_list], "paths": path_list,
             "precisions": precision_list, "batch_sizes": batch_list, "prompt_lens": prompt_list,
             "new_tokens": new_list, "seed": seed, "parity_tokens": parity_tokens if parity else None}
     results = Results(env=env(), build=build_info(), spec=spec, ceilings=ceilings)
     say = progress or (lambda _msg: None)
     for model in model_list:
-        name = _model_name(model)
+        name = model_name(model)
         try:
             shared = Models(model, torch.device("cuda", index) if on_gpu else "cpu", seed)
         except Exception as exc:  # noqa: BLE001 - every cell of this model is recorded failed

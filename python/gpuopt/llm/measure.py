@@ -39,6 +39,7 @@ from .models import (
     human_bytes,
     linear_params,
     model_config,
+    model_name,
     positive_int,
     prefill_flops,
     prepare_for_decoding,
@@ -72,12 +73,11 @@ class Models:
         index = device_index(device)
         self.device = torch.device("cuda", index) if index is not None else torch.device("cpu")
         self.seed = seed
+        self.name = model_name(model)
         if isinstance(model, str):
-            self.name = model
             self.reference = build_model(model, device=self.device, seed=seed)
         else:
             check_causal_lm(model)
-            self.name = getattr(getattr(model, "config", None), "name_or_path", None) or type(model).__name__
             self.reference = model.to(self.device).float().eval()
             prepare_for_decoding(self.reference)
         self.config = self.reference.config

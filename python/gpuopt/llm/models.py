@@ -112,6 +112,14 @@ def check_causal_lm(model: Any, parameter: str = "model") -> torch.nn.Module:
     return model
 
 
+def model_name(model: str | torch.nn.Module) -> str:
+    """How results name a model: a built-in name as given, a module by its config's ``name_or_path``,
+    else its class name."""
+    if isinstance(model, str):
+        return model
+    return getattr(getattr(model, "config", None), "name_or_path", None) or type(model).__name__
+
+
 def max_positions(config: Any) -> int | None:
     """The most positions (prompt + generated tokens) the model can attend to, or None if unbounded."""
     for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
