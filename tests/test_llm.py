@@ -283,6 +283,35 @@ def test_compiled_static_path_warms_up_within_the_cache_and_compiles_per_decoder
         d.close()
 
 
+def test_hf_static_compile_reuses_one_cache_and_generates_the_eager_tokens(tiny_models, monkeypatch):
+    """hf-static-compile on the CPU (aot_eager instead of inductor): generate's own compile of the decode
+    step runs on the one StaticCache the decoder passes in, reset between requests, so every request
+    gives hf-generate's tokens; a second decoder compiles afresh and close() takes the compiled step off
+    the model."""
+    models = tiny_models["tiny-llama"]
+    real = torch.compile
+    compiled = []
+
+    def compile_(fn, **kw):
+        compiled.append(kw)
+        return real(fn, backend="aot_eager", fullgraph=kw.get("fullgraph", False), dynamic=kw.get("dynamic"))
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    prompt = models.prompt(2, 12)
+    eager = Decoder(models.reference, "hf-generate", prompt, 6, gpuopt._C.StepClock(-1, 6), torch.float32)
+    eager.request()
+    for _ in range(2):
+        d = Decoder(models.reference, "hf-static-compile", prompt, 6, gpuopt._C.StepClock(-1, 6), torch.float32)
+        assert models.reference._compiled_call is not None
+        assert d.kv_cache_bytes() > 0
+        for _ in range(2):
+            d.request()
+            assert torch.equal(d.tokens(), eager.tokens())
+        d.close()
+        assert "_compiled_call" not in models.reference.__dict__
+    assert [(kw["mode"], kw["fullgraph"]) for kw in compiled] == [("reduce-overhead", True)] * 2
+
+
 # -- measurement ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", ["static", "hf-generate"])

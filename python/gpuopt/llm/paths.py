@@ -114,38 +114,59 @@ class Decoder:
         gen.do_sample, gen.num_beams, gen.eos_token_id = False, 1, None
         gen.max_new_tokens = gen.min_new_tokens = self.new_tokens
         gen.pad_token_id = 0 if gen.pad_token_id is None else gen.pad_token_id
-        if hasattr(gen, "disable_compile"):
-            gen.disable_compile = True  # generate's own automatic compile: the paths compile explicitly
-        self._compiled = None
+        self._cache = None
         if self.path == "hf-static-compile":
-            gen.cache_implementation = "static"
-            torch._dynamo.reset()  # each Decoder compiles model.forward afresh (see _setup_static)
-            self._compiled = torch.compile(self.model.forward, mode="reduce-overhead", fullgraph=True)
+            self._setup_static_compile(gen)
+        elif hasattr(gen, "disable_compile"):
+            gen.disable_compile = True  # hf-generate: eager, with the dynamic cache
         self._gen = gen
         self._processors = LogitsProcessorList([_Marker(self.clock)])
         self._mask = torch.ones_like(self.prompt)
-        if self._compiled is not None:
+        if self._cache is not None:
             # Compiles, then CUDA-graph trees record (on the second call of a shape): before any timing.
             for _ in range(3):
                 self.clock.begin()
                 self._generate()
             self.clock.clear()
+            if getattr(self.model, "_compiled_call", None) is None:
+                raise RuntimeError("hf-static-compile: transformers' generate did not compile the decode step "
+                                   "(its auto-compile criteria were not met for this model); use the static-graph "
+                                   "paths instead")
 
-    @contextlib.contextmanager
-    def _forward(self):
-        if self._compiled is None:
-            yield
-            return
-        self.model.forward = self._compiled
-        try:
-            yield
-        finally:
-            del self.model.forward  # the class's forward again
+    def _setup_static_compile(self, gen: Any) -> None:
+        """transformers' own static-cache recipe: a StaticCache and generate's automatic compile of the
+        decode step (``CompileConfig(fullgraph=True, mode="reduce-overhead")``; the prefill runs eager).
+
+        The cache is made once and passed to every request (reset in between), as a server keeps one:
+        generate would otherwise make a new one per call, whose new addresses recompile the step. Its
+        tensors are created by the first, eager prefill, outside any compile, so transformers marks them
+        as static addresses and the CUDA-graph trees neither copy nor pool them."""
+        from transformers import CompileConfig
+
+        if not hasattr(gen, "disable_compile"):
+            raise RuntimeError("hf-static-compile needs transformers' automatic compile of generate "
+                               "(transformers >= 4.48)")
+        self._cache = static_cache(self.model, self.batch_size, self.prompt_len + self.new_tokens, self.device,
+                                   self.dtype)
+        gen.cache_implementation = None  # the cache is passed in
+        gen.disable_compile = False
+        gen.compile_config = CompileConfig(fullgraph=True, mode="reduce-overhead")
+        # generate compiles only on accelerators unless told to; on the CPU this path is the compile alone.
+        gen.compile_config._compile_all_devices = self.device.type == "cpu" or None
+        # Each Decoder compiles afresh: dynamo's recompile limit would end a sweep after a few cells, and
+        # generate keeps its compiled call on the model.
+        torch._dynamo.reset()
+        if hasattr(self.model, "_compiled_call"):
+            del self.model._compiled_call
 
     def _generate(self, gen: Any = None) -> Any:
-        with torch.inference_mode(), self._forward():
+        kw = {}
+        with torch.inference_mode():
+            if self._cache is not None:
+                self._cache.reset()  # its tensors are inference tensors: zeroed in inference mode
+                kw["past_key_values"] = self._cache
             return self.model.generate(input_ids=self.prompt, attention_mask=self._mask,
-                                       generation_config=gen or self._gen, logits_processor=self._processors)
+                                       generation_config=gen or self._gen, logits_processor=self._processors, **kw)
 
     # -- gpuopt's static-cache step -----------------------------------------------------------------
     def _setup_static(self) -> None:
@@ -327,15 +348,16 @@ class Decoder:
 
     def kv_cache_bytes(self) -> int | None:
         """Bytes the static cache allocated (None for generate's dynamic cache, which grows)."""
-        if self.path.startswith("hf-"):
-            return None
-        return sum(t.untyped_storage().nbytes() for t in cache_tensors(self.cache))
+        cache = getattr(self, "_cache", None) if self.path.startswith("hf-") else self.cache
+        return None if cache is None else sum(t.untyped_storage().nbytes() for t in cache_tensors(cache))
 
     def close(self) -> None:
         """Drops the token loop, the graphs, the cache and the compiled steps (the loop replays the
         graphs' executables: it must not outlive them)."""
         self.loop = None
         self._graphs = []
-        for name in ("cache", "_prefill", "_decode", "_prefill_logits", "_decode_logits", "_compiled", "_last",
+        for name in ("cache", "_prefill", "_decode", "_prefill_logits", "_decode_logits", "_cache", "_last",
                      "_fill_levels"):
             self.__dict__.pop(name, None)
+        if self.path == "hf-static-compile":
+            self.model.__dict__.pop("_compiled_call", None)  # generate keeps its compiled step on the model

@@ -284,13 +284,13 @@ def load_spec(spec: LoadSpec | None, fields: dict[str, Any]) -> LoadSpec:
 CHECKSUM_RTOL = {"fp32": 1e-4, "tf32": 1e-2, "fp16-amp": 2e-2, "bf16-amp": 5e-2, "fp16": 2e-2, "bf16": 5e-2}
 
 
-def checksum_weights(numel: int) -> Any:
+def checksum_weights(numel: int, device: Any = None) -> Any:
     """The weight of each output element in an answer's checksum (float64, in [-1, 1)): the C++ server's
     ``checksum_weight`` (``csrc/torch/server.cpp``), so outputs that sum to about zero (a LayerNorm's)
     or are permutations of each other still get distinct checksums."""
     import torch
 
-    k = torch.arange(numel, dtype=torch.int64)
+    k = torch.arange(numel, dtype=torch.int64, device=device)
     return ((k * 2654435761) % 4294967296).double() / 4294967296.0 * 2.0 - 1.0
 
 

@@ -428,7 +428,7 @@ class Server:
                     batch = [b.contiguous(memory_format=torch.channels_last) if fmt == "channels_last" else b
                              for b, (_, _, fmt) in zip(batch, self.input_specs)]
                     out = fn(*batch)[0].double()
-                    w = checksum_weights(out.numel()).view(out.shape)
+                    w = checksum_weights(out.numel(), out.device).view(out.shape)
                     sums.append((w * out).sum().item())
                     mags.append((w * out).abs().sum().item())
             self._expected = (torch.tensor(sums, dtype=torch.float64), torch.tensor(mags, dtype=torch.float64))
