@@ -312,7 +312,9 @@ def part_sweep(args, ceilings, results: dict, targets: list[Target]) -> None:
 def main() -> int:
     args = parse_args("llm_decode", _extra)
     require_gpu(args.name)
-    results: dict = {"errors": {}}
+    import transformers
+
+    results: dict = {"errors": {}, "transformers": transformers.__version__}
     targets: list[Target] = []
     try:
         ceilings = gpuopt.ceilings(0, quick=args.quick)

@@ -1,8 +1,9 @@
 """Decode paths: how one request (prefill, then one token at a time, greedy) is run.
 
 - ``hf-generate``: transformers' ``generate`` with its dynamic cache, greedy -- the baseline users run.
-- ``hf-static-compile``: ``generate`` with transformers' static cache and ``torch.compile(model.forward,
-  mode="reduce-overhead", fullgraph=True)``, the recipe transformers' docs give.
+- ``hf-static-compile``: ``generate`` on a transformers ``StaticCache`` with generate's own compile of the
+  decode step (``CompileConfig(fullgraph=True, mode="reduce-overhead")``), the cache made once and reset
+  per request.
 - ``static``: gpuopt's decode step on a preallocated static KV cache, driven token by token from Python
   (eager): the same work as the graph paths, with the host's launch cost in full view.
 - ``static-graph``: that step and the prefill captured as CUDA graphs; the token loop (graph replay,
