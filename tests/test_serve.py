@@ -244,6 +244,40 @@ def test_serve_scenarios_on_cpu():
     assert naive.result["ok"] == 300 and naive.settings["path"] == "naive-python"
 
 
+def test_the_naive_baseline_runs_every_batch_size_once_before_it_is_measured():
+    """Like the C++ server, which captures its graphs first, the naive batcher runs the model at every
+    batch size 1..max_batch_size before its first measured run (cuDNN autotuning and lazy kernel
+    loading would otherwise land in its first batches of each size), and only once."""
+    from gpuopt.serving import NaiveBatcher
+    from gpuopt.serving.server import SampleLayout
+
+    class Sizes(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 4)
+            self.seen: list[int] = []
+
+        def forward(self, x):
+            self.seen.append(x.shape[0])
+            return self.lin(x)
+
+    model = Sizes()
+    prepared = gpuopt.Config.parse("fp32").apply(model, torch.randn(1, 8))
+    sample = torch.randn(8)
+    nb = NaiveBatcher(prepared, SampleLayout.of(sample), max_batch_size=5, max_wait_ms=0.5)
+    with pytest.raises(ValueError, match="add samples first"):
+        nb.warm_up()
+    nb.add_samples([torch.randn(8) for _ in range(4)])
+    seen = next(m for m in nb.module.modules() if isinstance(m, Sizes)).seen  # the config's copy
+    seen.clear()
+    r = nb.run_load(scenario="offline", min_queries=40, duration_s=0.0)
+    assert seen[:5] == [1, 2, 3, 4, 5] and r.result["ok"] == 40 and r.settings["warmed_up"]
+    assert len(seen) - 5 == r.server["batches"]
+    before = len(seen)
+    again = nb.run_load(scenario="offline", min_queries=40, duration_s=0.0)
+    assert len(seen) - before == again.server["batches"], "the second run warms up no more"
+
+
 def test_server_scenario_counts_from_schedule():
     """A server slower than its arrivals: latency is counted from each query's scheduled time, so the
     backlog shows (no coordinated omission) and the run is invalid."""

@@ -41,6 +41,21 @@ class NaiveBatcher:
         self.device = prepared.device
         self._dtypes = [s[0] for s in specs] if specs else None
         self._samples: list[list[torch.Tensor]] = []
+        self.warmed_up = False
+
+    def warm_up(self) -> None:
+        """Runs the model once at every batch size from 1 to ``max_batch_size``, so that no measured
+        batch pays a shape's first run (cuDNN's autotuning under ``cudnn.benchmark``, CUDA's lazy kernel
+        loading): the C++ server captures its graphs before it is measured, and the baseline gets the
+        same start. :meth:`run_load` calls it once."""
+        if not self._samples:
+            raise ValueError("add samples first (add_samples)")
+        cfg, dev = self.prepared.config, self.device
+        for b in range(1, self.max_batch_size + 1):  # as the worker runs a batch
+            batch = [torch.stack([t] * b).to(dev) for t in self._samples[0]]
+            with cfg.guard(dev.type):
+                output_tensor(self.layout.call(self.module, batch)).cpu()
+        self.warmed_up = True
 
     def add_samples(self, samples: list[Any]) -> int:
         for s in samples:
@@ -52,7 +67,8 @@ class NaiveBatcher:
 
     def describe(self) -> dict[str, Any]:
         return {"path": self.path, "instances": 1, "max_batch_size": self.max_batch_size,
-                "max_wait_ms": self.max_wait_ms, "device": str(self.device), "config": self.prepared.label}
+                "max_wait_ms": self.max_wait_ms, "device": str(self.device), "config": self.prepared.label,
+                "warmed_up": self.warmed_up}
 
     def _worker(self, q: queue.Queue, generator: Any, stats: dict[str, Any]) -> None:
         cfg, dev = self.prepared.config, self.device
@@ -97,6 +113,8 @@ class NaiveBatcher:
         spec = load_spec(spec, load)
         if not self._samples:
             raise ValueError("add samples first (add_samples)")
+        if not self.warmed_up:
+            self.warm_up()
         options = spec.options()
         options.sample_count = len(self._samples)
         q: queue.Queue = queue.Queue()
