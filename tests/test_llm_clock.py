@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+import weakref
 
 import pytest
 import torch
@@ -180,10 +181,13 @@ def test_token_loop_replays_the_graphs_and_marks_every_token():
     x.zero_()
     n = 5
     clock = _C.StepClock(0, n)
-    loop = _C.TokenLoop(prefill.raw_cuda_graph_exec(), decode.raw_cuda_graph_exec(), 0, n, clock)
+    loop = _C.TokenLoop(prefill.raw_cuda_graph_exec(), decode.raw_cuda_graph_exec(), 0, n, clock,
+                        owner=(prefill, decode))
     assert loop.device == 0 and loop.new_tokens == n
-    del clock
-    gc.collect()  # the loop keeps its clock alive
+    graph = weakref.ref(prefill)
+    del clock, prefill, decode
+    gc.collect()  # the loop keeps its clock and its owner (the graphs it replays) alive
+    assert graph() is not None
     loop.run()
     torch.cuda.synchronize()
     assert x.item() == _expected(0, n, 1) == 16

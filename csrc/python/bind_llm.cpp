@@ -44,10 +44,16 @@ void bind_llm(py::module_& m) {
       .def_property_readonly("max_tokens", &StepClock::max_tokens);
 
   py::class_<TokenLoop>(m, "TokenLoop")
-      .def(py::init<std::uintptr_t, std::uintptr_t, std::int64_t, std::int64_t, StepClock*>(),
-           py::arg("prefill_exec"), py::arg("decode_exec"), py::arg("device"),
-           py::arg("new_tokens"), py::arg("clock") = py::none(),
-           py::keep_alive<1, 6>())  // the loop keeps its clock alive
+      .def(py::init([](std::uintptr_t prefill_exec, std::uintptr_t decode_exec, std::int64_t device,
+                       std::int64_t new_tokens, StepClock* clock, const py::object& /*owner*/) {
+             return std::make_unique<TokenLoop>(prefill_exec, decode_exec, device, new_tokens, clock);
+           }),
+           py::arg("prefill_exec"), py::arg("decode_exec"), py::arg("device"), py::arg("new_tokens"),
+           py::arg("clock") = py::none(), py::arg("owner") = py::none(),
+           // The loop keeps its clock alive, and `owner`: what the executables replay into (the
+           // CUDAGraph objects and the tensors they read and write), so a loop kept past its decoder
+           // never replays freed executables or memory.
+           py::keep_alive<1, 6>(), py::keep_alive<1, 7>())
       .def("run", &TokenLoop::run, py::call_guard<py::gil_scoped_release>())
       .def("run_many", &TokenLoop::run_many, py::arg("n"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("device", &TokenLoop::device)
