@@ -68,10 +68,10 @@ def test_a_module_that_is_not_a_causal_lm_is_a_type_error():
 
 
 @pytest.mark.parametrize(("kwargs", "error", "match"), [
-    ({"prompt_len": 0}, ValueError, "prompt_len must be >= 1, got 0"),
-    ({"new_tokens": -3}, ValueError, "new_tokens must be >= 1, got -3"),
+    ({"prompt_len": 0}, ValueError, "prompt_len must be an integer >= 1, got 0"),
+    ({"new_tokens": -3}, ValueError, "new_tokens must be an integer >= 1, got -3"),
     ({"prompt_len": True}, TypeError, "prompt_len must be an integer"),
-    ({"batch_size": 0}, ValueError, "batch_size must be >= 1, got 0"),
+    ({"batch_size": 0}, ValueError, "batch_size must be an integer >= 1, got 0"),
     ({"prompt_len": 200, "new_tokens": 100}, ValueError,
      r"prompt_len \+ new_tokens = 200 \+ 100 = 300 exceeds tiny-gpt2's maximum positions \(256\)"),
     ({"path": "vllm"}, ValueError, "path must be one of hf-generate, hf-static-compile, static"),

@@ -92,7 +92,7 @@ def test_a_raising_target_propagates_its_own_error(tmp_path, rng):
         (lambda: 1, torch.ones(1), {}, TypeError, "a callable target takes no inputs"),
         (lambda: 1, None, {"steps": 0}, ValueError, "steps must be an integer >= 1, got 0"),
         (lambda: 1, None, {"warmup": -1}, ValueError, "warmup must be an integer >= 0"),
-        (lambda: 1, None, {"row_limit": 2.5}, ValueError, "row_limit must be an integer >= 1"),
+        (lambda: 1, None, {"row_limit": 2.5}, TypeError, "row_limit must be an integer >= 1"),
         (lambda: 1, None, {"record_shapes": "yes"}, TypeError, "record_shapes must be True or False"),
     ],
 )

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .._checks import check_int
 from ..prepare.config import Prepared
 from ..timing.inputs import split_inputs
 from ..timing.measurement import format_ms
@@ -131,12 +132,6 @@ def _runner(target: Any, inputs: Any) -> Callable[[], Any]:
                     f"got {type(target).__name__}")
 
 
-def _int(name: str, value: Any, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
-    return value
-
-
 def _union_us(intervals: list[tuple[float, float]]) -> float:
     total, end = 0.0, -float("inf")
     for s, e in sorted(intervals):
@@ -195,9 +190,9 @@ def profile(target: Any, inputs: Any = None, *, steps: int = 5, warmup: int = 2,
     """
     from torch.profiler import ProfilerActivity, schedule, tensorboard_trace_handler
 
-    steps = _int("steps", steps, 1)
-    warmup = _int("warmup", warmup, 0)
-    row_limit = _int("row_limit", row_limit, 1)
+    steps = check_int("steps", steps, 1)
+    warmup = check_int("warmup", warmup, 0)
+    row_limit = check_int("row_limit", row_limit, 1)
     if not isinstance(record_shapes, bool):
         raise TypeError(f"record_shapes must be True or False, got {record_shapes!r}")
     run = _runner(target, inputs)

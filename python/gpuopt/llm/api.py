@@ -14,13 +14,14 @@ from typing import Any
 
 import torch
 
+from .._checks import check_int
 from .._ext import build_info
 from ..report.results import Results, Row, llm_mode
 from ..timing.environment import env
 from ..timing.inputs import device_index
 from ..timing.measurement import validate_measure_options
 from .measure import PRECISIONS, Models, check_precision, measure_decode
-from .models import check_causal_lm, check_lengths, model_config, model_name, positive_int
+from .models import check_causal_lm, check_lengths, model_config, model_name
 from .paths import PATHS, check_path
 
 
@@ -57,10 +58,10 @@ def decode_sweep(models: str | torch.nn.Module | Sequence[str | torch.nn.Module]
                          else check_causal_lm(m, "models"))
     path_list = _values("paths", paths, lambda p: check_path(p, on_gpu))
     precision_list = _values("precisions", precisions, check_precision)
-    batch_list = _values("batch_sizes", batch_sizes, lambda v: positive_int("batch_sizes", v))
-    prompt_list = _values("prompt_lens", prompt_lens, lambda v: positive_int("prompt_lens", v))
-    new_list = _values("new_tokens", new_tokens, lambda v: positive_int("new_tokens", v))
-    positive_int("parity_tokens", parity_tokens)
+    batch_list = _values("batch_sizes", batch_sizes, lambda v: check_int("batch_sizes", v))
+    prompt_list = _values("prompt_lens", prompt_lens, lambda v: check_int("prompt_lens", v))
+    new_list = _values("new_tokens", new_tokens, lambda v: check_int("new_tokens", v))
+    check_int("parity_tokens", parity_tokens)
     for m in model_list:
         cfg = model_config(m) if isinstance(m, str) else m.config
         for p, n in itertools.product(prompt_list, new_list):

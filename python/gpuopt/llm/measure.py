@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from .._checks import check_int
 from .._ext import _C
 from ..analysis.roofline import place
 from ..report.results import Row
@@ -40,7 +41,6 @@ from .models import (
     linear_params,
     model_config,
     model_name,
-    positive_int,
     prefill_flops,
     prepare_for_decoding,
 )
@@ -273,8 +273,8 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
     True
     """
     check_precision(precision)
-    positive_int("batch_size", batch_size)
-    positive_int("parity_tokens", parity_tokens)
+    check_int("batch_size", batch_size)
+    check_int("parity_tokens", parity_tokens)
     if isinstance(model, str):  # everything checked before a model is built
         config = model_config(model)
         check_path(path, device_index(device) is not None)

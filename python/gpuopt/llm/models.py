@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from .._checks import check_int
+
 # name -> (transformers config class name, its arguments, what it is)
 _SPECS: dict[str, tuple[str, dict[str, Any], str]] = {
     "opt-125m": ("OPTConfig", dict(hidden_size=768, num_hidden_layers=12, ffn_dim=3072, num_attention_heads=12,
@@ -228,18 +230,10 @@ def prefill_flops(model: torch.nn.Module, shape: Shape, batch_size: int, prompt_
     return 2.0 * body * tokens + 2.0 * out_layer * batch_size * logits_rows + attention
 
 
-def positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an integer >= 1, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
-
-
 def check_lengths(config: Any, prompt_len: int, new_tokens: int, model_name: str) -> None:
     """ValueError when the prompt and the generated tokens do not fit the model's positions."""
-    positive_int("prompt_len", prompt_len)
-    positive_int("new_tokens", new_tokens)
+    check_int("prompt_len", prompt_len)
+    check_int("new_tokens", new_tokens)
     limit = max_positions(config)
     if limit is not None and prompt_len + new_tokens > limit:
         raise ValueError(f"prompt_len + new_tokens = {prompt_len} + {new_tokens} = {prompt_len + new_tokens} exceeds "

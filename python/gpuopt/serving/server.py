@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .._checks import check_int
 from .._ext import _C
 from ..memory.pools import PinnedPool
 from ..prepare.config import Config, Prepared
@@ -93,18 +94,12 @@ class SampleLayout:
         return module(*tensors)
 
 
-def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
 def _sizes(name: str, value: Any, limit: int | None = None) -> list[int]:
     if value is None:
         return []
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(f"{name} must be a list of integers, got {value!r}")
-    out = [_positive_int(f"{name}[{i}]", v) for i, v in enumerate(value)]
+    out = [check_int(f"{name}[{i}]", v) for i, v in enumerate(value)]
     if any(b <= a for a, b in zip(out, out[1:])):
         raise ValueError(f"{name} must be strictly increasing, got {list(value)}")
     if limit is not None and out and out[-1] > limit:
@@ -117,7 +112,7 @@ def batcher_options(*, max_batch_size: int, max_queue_delay_us: int, preferred_b
                     timeout_ms: float | None, timeout_action: str) -> Any:
     """The C++ batcher's options, each checked and named here."""
     o = _C.BatcherOptions()
-    o.max_batch_size = _positive_int("max_batch_size", max_batch_size)
+    o.max_batch_size = check_int("max_batch_size", max_batch_size)
     if isinstance(max_queue_delay_us, bool) or not isinstance(max_queue_delay_us, int) or max_queue_delay_us < 0:
         raise ValueError(f"max_queue_delay_us must be an integer >= 0, got {max_queue_delay_us!r}")
     o.max_queue_delay_us = max_queue_delay_us
@@ -126,7 +121,7 @@ def batcher_options(*, max_batch_size: int, max_queue_delay_us: int, preferred_b
     if isinstance(max_queue_size, bool) or not isinstance(max_queue_size, int) or max_queue_size < 0:
         raise ValueError(f"max_queue_size must be an integer >= 0 (0: unbounded), got {max_queue_size!r}")
     o.max_queue_size = max_queue_size
-    o.priority_levels = _positive_int("priority_levels", priority_levels)
+    o.priority_levels = check_int("priority_levels", priority_levels)
     if timeout_ms is not None and not (isinstance(timeout_ms, (int, float)) and not isinstance(timeout_ms, bool)
                                        and timeout_ms > 0 and math.isfinite(timeout_ms)):
         raise ValueError(f"timeout_ms must be a positive number of milliseconds or None, got {timeout_ms!r}")
@@ -216,7 +211,7 @@ class Server:
             max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
             preferred_batch_sizes=preferred_batch_sizes, buckets=buckets, max_queue_size=max_queue_size,
             priority_levels=priority_levels, timeout_ms=timeout_ms, timeout_action=timeout_action)
-        self.instances = _positive_int("instances", instances)
+        self.instances = check_int("instances", instances)
         if self.instances > 64:
             raise ValueError(f"instances must be <= 64, got {instances}")
         self.buckets = list(self.options.buckets)
