@@ -12,7 +12,7 @@ import torch
 
 import gpuopt
 from gpuopt.serving import LoadSpec, QueueFullError, RequestFailed, Server
-from gpuopt.serving.load import verify_checksums
+from gpuopt.serving.load import CHECKSUMS, _ambiguous_pairs, checksum_weights, verify_checksums
 
 
 class Shared:
@@ -64,6 +64,20 @@ class MaskedSum(torch.nn.Module):
 
     def forward(self, ids, mask):
         return self.emb(ids) * mask.unsqueeze(-1).to(torch.float32)
+
+
+class TokenNorm(torch.nn.Module):
+    """A sequence model with large normalised outputs, as a transformer's last hidden state: per token
+    an embedding, LayerNorm'd, (B, L, width). Padded positions (id 0) give nonzero outputs, so an
+    answer's checksum must leave its padded tail out."""
+
+    def __init__(self, width: int, norm: bool = True):
+        super().__init__()
+        self.emb = torch.nn.Embedding(1000, width)
+        self.norm = torch.nn.LayerNorm(width) if norm else torch.nn.Identity()
+
+    def forward(self, ids):
+        return self.norm(self.emb(ids))
 
 
 def _server(model, sample, **kw):
@@ -299,9 +313,22 @@ def test_server_scenario_counts_from_schedule():
     assert r.latency_ms["p99"] > 400, "the last queries waited behind the backlog since their arrival"
 
 
+def _swap_two(recs, sums, scales, rtol):
+    """The records with the checksums of answer 0 and of an answer to a sample that differs from its
+    sample by more than the tolerance swapped."""
+    recs = dict(recs)
+    sa = int(recs["sample"][0])
+    others = sums[recs["sample"]]
+    apart = ((others - sums[sa]).abs() > 2 * rtol * torch.maximum(scales[recs["sample"]], scales[sa])).any(dim=1)
+    b = int(apart.nonzero()[0])
+    recs["checksum"] = recs["checksum"].clone()
+    recs["checksum"][[0, b]] = recs["checksum"][[b, 0]]
+    return recs
+
+
 def test_verify_checksums_catches_a_swapped_answer(rng):
     """Outputs of a LayerNorm sum to zero whatever the input: a plain sum could not tell samples apart,
-    the weighted checksum does; two answers swapped between samples show as exactly two mismatches."""
+    the weighted checksums do; two answers swapped between samples show as exactly two mismatches."""
     model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.LayerNorm(8))
     samples = [torch.randn(16, generator=rng) for _ in range(32)]
     with Server(model, "fp32", samples[0], device="cpu", max_batch_size=8, checksums=True) as s:
@@ -311,21 +338,79 @@ def test_verify_checksums_catches_a_swapped_answer(rng):
     v = r.verification
     assert v["answered"] == 400 and v["mismatched"] == 0 and v["lost"] == 0 and v["duplicated"] == 0, v
     assert v["conclusive"] and v["swap_detection"] >= 0.99, v
-    assert float(expected[0].abs().max()) > 1e-3, "the weighted checksum of a zero-sum output is not zero"
-    recs = dict(r.records)
-    sums, mags = expected
-    a = 0
-    sa = int(recs["sample"][a])
-    apart = (sums[recs["sample"]] - sums[sa]).abs() > 2 * v["rtol"] * torch.maximum(mags[recs["sample"]], mags[sa])
-    b = int(apart.nonzero()[0])
-    recs["checksum"] = recs["checksum"].clone()
-    recs["checksum"][[a, b]] = recs["checksum"][[b, a]]
-    assert verify_checksums(recs, expected, "fp32")["mismatched"] == 2
+    sums, scales = expected
+    assert sums.shape == scales.shape == (32, CHECKSUMS) and r.records["checksum"].shape == (400, CHECKSUMS)
+    assert float(sums.abs().max()) > 1e-3, "the weighted checksum of a zero-sum output is not zero"
+    assert verify_checksums(_swap_two(r.records, sums, scales, v["rtol"]), expected, "fp32")["mismatched"] == 2
+
+
+def test_checksum_weights_are_the_documented_hash():
+    """checksum_weights (torch integer ops) against lowbias32 in plain Python integers."""
+
+    def mix32(x):
+        x ^= x >> 16
+        x = (x * 0x7FEB352D) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * 0x846CA68B) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    n = 5000
+    w = checksum_weights(n)
+    assert w.shape == (n, CHECKSUMS) and w.dtype == torch.float64
+    for k in [0, 1, 2, 777, n - 1]:
+        for j in range(CHECKSUMS):
+            assert float(w[k, j]) == mix32(k * CHECKSUMS + j) / 2**32 * 2 - 1, (k, j)
+    assert float(w.min()) >= -1 and float(w.max()) < 1 and abs(float(w.mean())) < 0.03
+    corr = torch.corrcoef(w.T)
+    assert float((corr - torch.eye(CHECKSUMS, dtype=torch.float64)).abs().max()) < 0.05, "independent sequences"
+
+
+def test_server_checksums_equal_the_python_formula(rng):
+    """The C++ server's checksums of each answer (bucketed: padded rows cut to the request's length)
+    equal the Python weights applied to a direct call's output, to double rounding: an embedding
+    lookup is exact however it is batched."""
+    model = TokenNorm(24, norm=False)
+    lengths = [int(n) for n in torch.randint(1, 64, (20,), generator=rng)]
+    samples = [torch.randint(1, 1000, (n,), generator=rng) for n in lengths]
+    with _server(model, samples[0], max_batch_size=8, buckets=[16, 32, 64], checksums=True) as s:
+        s.add_samples(samples)
+        r = s.run_load(scenario="offline", min_queries=200, duration_s=0.0, records=True)
+    got = r.records["checksum"]
+    assert bool((r.records["status"] == 1).all()) and got.shape == (200, CHECKSUMS)
+    with torch.no_grad():
+        for q in range(200):
+            out = model(samples[int(r.records["sample"][q])][None])[0].double().flatten()
+            w = checksum_weights(out.numel())
+            want = out @ w
+            scale = (out.square() @ w.square()).sqrt()
+            assert bool(((got[q] - want).abs() <= 1e-12 * scale).all()), (q, got[q], want)
+
+
+def test_bucketed_large_normalised_outputs_tell_swaps_apart(rng):
+    """The BERT failure in small: LayerNorm'd outputs of >= 100k elements (L in 196..256, width 512),
+    bucketed. One checksum scaled by the L1 norm of its terms told no two samples apart at fp16's
+    tolerance; K=3 checksums scaled by their L2 norm tell apart (nearly) all pairs, and still pass
+    every honest answer and catch a swapped one."""
+    model = TokenNorm(512)
+    samples = [torch.randint(1, 1000, (int(n),), generator=rng) for n in torch.randint(196, 257, (48,), generator=rng)]
+    with _server(model, samples[0], max_batch_size=8, buckets=[208, 224, 240, 256], checksums=True) as s:
+        s.add_samples(samples)
+        r = s.run_load(scenario="offline", min_queries=200, duration_s=0.0, verify=True, records=True)
+        expected = s.expected_checksums()
+    v = r.verification
+    assert v["answered"] == 200 and v["mismatched"] == 0 and v["lost"] == 0, v
+    assert v["swap_detection"] >= 0.99 and v["conclusive"], v
+    at_fp16 = verify_checksums(r.records, expected, "fp16")  # the BERT case: fp16's tolerance
+    assert at_fp16["mismatched"] == 0 and at_fp16["swap_detection"] >= 0.99, at_fp16
+    sums, scales = expected
+    with torch.no_grad():  # what the old design (one checksum, L1 scale) would have said
+        l1 = torch.stack([(model(x[None])[0].double().flatten() * checksum_weights(len(x) * 512)[:, 0]).abs().sum()
+                          for x in samples])
+    assert _ambiguous_pairs(sums[:, 0], l1, 2 * at_fp16["rtol"])[0] > 0.9 * 48 * 47 // 2
+    assert verify_checksums(_swap_two(r.records, sums, scales, 2e-2), expected, "fp16")["mismatched"] == 2
 
 
 def test_swap_detection_counts_pairs_within_the_tolerance():
-    from gpuopt.serving.load import _ambiguous_pairs
-
     sums = torch.tensor([0.0, 1.0, 1.00001, 5.0, 5.0, 5.0], dtype=torch.float64)
     mags = torch.ones(6, dtype=torch.float64)
     # pairs within 1e-3: (1, 1.00001) and the three pairs among the 5.0s; 15 pairs in all
@@ -337,6 +422,22 @@ def test_swap_detection_counts_pairs_within_the_tolerance():
     m = torch.rand(n, dtype=torch.float64) + 0.5
     d = (brute[:, None] - brute[None, :]).abs() <= 1e-3 * torch.maximum(m[:, None], m[None, :])
     assert _ambiguous_pairs(brute, m, 1e-3) == ((int(d.sum()) - n) // 2, n * (n - 1) // 2)
+
+
+def test_swap_detection_with_three_checksums_matches_brute_force(rng):
+    """A pair is ambiguous only when all K checksums are within the tolerance: against the O(n^2)
+    count, on values whose first checksums clash often and whose others clash a third of the time."""
+    n, tol = 1500, 1e-3
+    s = torch.empty(n, CHECKSUMS, dtype=torch.float64)
+    s[:, 0] = torch.randn(n, generator=rng, dtype=torch.float64) * 0.3
+    s[:, 1:] = torch.randint(0, 3, (n, CHECKSUMS - 1), generator=rng).double() * 0.1
+    s[:, 1:] += torch.rand(n, CHECKSUMS - 1, generator=rng, dtype=torch.float64) * 1e-4
+    m = torch.rand(n, CHECKSUMS, generator=rng, dtype=torch.float64) + 0.5
+    close = ((s[:, None, :] - s[None, :, :]).abs() <= tol * torch.maximum(m[:, None, :], m[None, :, :])).all(dim=2)
+    want = (int(close.sum()) - n) // 2
+    assert want > 50, "the check needs ambiguous pairs"
+    assert _ambiguous_pairs(s, m, tol) == (want, n * (n - 1) // 2)
+    assert _ambiguous_pairs(s[:, :1], m[:, :1], tol)[0] > want, "one checksum alone is ambiguous more often"
 
 
 def test_max_rate_finds_a_valid_rate_on_cpu():

@@ -97,3 +97,28 @@ def test_soak_every_answer_checked():
     v = r.verification
     assert v["answered"] == 200_000 and v["mismatched"] == 0 and v["lost"] == 0 and v["duplicated"] == 0, v
     assert r.valid, r.summary()
+
+
+def test_checksums_on_the_gpu_tell_large_fp16_outputs_apart(rng):
+    """Answer checksums computed on the GPU, on the executor's stream, for bucketed CUDA-graph batches
+    of LayerNorm'd fp16 outputs of >= 100k elements: every answer passes, swaps would show."""
+
+    class TokenNorm(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(1000, 512)
+            self.norm = torch.nn.LayerNorm(512)
+
+        def forward(self, ids):
+            return self.norm(self.emb(ids))
+
+    torch.manual_seed(0)
+    samples = [torch.randint(1, 1000, (int(n),), generator=rng) for n in torch.randint(196, 257, (64,), generator=rng)]
+    with Server(TokenNorm(), "fp16+cudagraph", samples[0], max_batch_size=8, instances=2, buckets=[224, 256],
+                checksums=True) as s:
+        s.add_samples(samples)
+        r = s.run_load(scenario="offline", min_queries=500, duration_s=0.0, verify=True, records=True)
+    v = r.verification
+    assert v["answered"] == 500 and v["mismatched"] == 0 and v["lost"] == 0, v
+    assert v["conclusive"] and v["swap_detection"] >= 0.99, v
+    assert bool(r.records["checksum"].isfinite().all())

@@ -4,6 +4,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -190,7 +191,12 @@ py::dict records_dict(const std::vector<QueryRecord>& records) {
   d["queue_us"] = f64([](const QueryRecord& r) { return r.queue_us; });
   d["compute_us"] = f64([](const QueryRecord& r) { return r.compute_us; });
   d["batch_size"] = i64([](const QueryRecord& r) { return r.batch_size; });
-  d["checksum"] = f64([](const QueryRecord& r) { return r.checksum; });
+  {  // [n, kChecksums]: NaN where the target computed none
+    at::Tensor t = at::empty({n, serve::kChecksums}, at::kDouble);
+    auto* p = t.data_ptr<double>();
+    for (const QueryRecord& r : records) p = std::copy(r.checksum.begin(), r.checksum.end(), p);
+    d["checksum"] = t;
+  }
   d["status"] = i64([](const QueryRecord& r) { return static_cast<int>(r.status); });
   d["completions"] = i64([](const QueryRecord& r) { return r.completions; });
   return d;
@@ -466,18 +472,21 @@ void bind_serve(py::module_& m) {
       .def(
           "complete",
           [](PyLoadGenerator& g, std::int64_t id, const std::string& status, double queue_us, double compute_us,
-             std::int64_t batch_size, const std::string& error, double checksum) {
+             std::int64_t batch_size, const std::string& error, const std::vector<double>& checksum) {
+            TORCH_CHECK_VALUE(checksum.size() <= static_cast<std::size_t>(serve::kChecksums),
+                              "LoadGenerator.complete: checksum takes at most ", serve::kChecksums, " values, got ",
+                              checksum.size());
             serve::Completion c;
             c.status = parse_status(status);
             c.queue_us = queue_us;
             c.compute_us = compute_us;
             c.batch_size = batch_size;
             c.error = error;
-            c.checksum = checksum;
+            std::copy(checksum.begin(), checksum.end(), c.checksum.begin());  // the rest stay NaN
             g.get().complete(static_cast<std::uint64_t>(id), c);
           },
           py::arg("id"), py::arg("status") = "ok", py::arg("queue_us") = -1.0, py::arg("compute_us") = -1.0,
-          py::arg("batch_size") = 0, py::arg("error") = "", py::arg("checksum") = std::nan(""))
+          py::arg("batch_size") = 0, py::arg("error") = "", py::arg("checksum") = std::vector<double>{})
       .def("stop", [](PyLoadGenerator& g) { g.get().stop(); });
 }
 

@@ -42,35 +42,18 @@ std::vector<std::int64_t> row_strides(at::IntArrayRef shape, at::MemoryFormat fo
   return std::vector<std::int64_t>(meta.strides().begin() + 1, meta.strides().end());
 }
 
-// The weight of element k in an output checksum: a fixed pseudo-random value in [-1, 1), so outputs
-// that sum to about zero (a LayerNorm's) or differ by a permutation still get distinct checksums.
-// gpuopt.serving.load.checksum_weights computes the same weights for the direct-call reference.
-double checksum_weight(std::int64_t k) {
-  const auto h = static_cast<std::uint64_t>(k) * 2654435761ULL % 4294967296ULL;
-  return static_cast<double>(h) / 4294967296.0 * 2.0 - 1.0;
+// x * c mod 2^32 for x in [0, 2^32): two 16-bit halves of c, so no product reaches 2^63.
+at::Tensor mul32(const at::Tensor& x, std::int64_t c) {
+  const at::Tensor high = at::bitwise_left_shift(at::bitwise_and(x * (c >> 16), 0xFFFF), 16);
+  return at::bitwise_and(x * (c & 0xFFFF) + high, 0xFFFFFFFFLL);
 }
 
-template <typename T>
-double weighted_sum(const void* data, std::int64_t numel) {
-  double sum = 0;
-  for (std::int64_t i = 0; i < numel; ++i) {
-    sum += checksum_weight(i) * static_cast<double>(static_cast<float>(static_cast<const T*>(data)[i]));
-  }
-  return sum;
-}
-
-double row_checksum(const void* data, std::int64_t numel, at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat: return weighted_sum<float>(data, numel);
-    case at::kHalf: return weighted_sum<c10::Half>(data, numel);
-    case at::kBFloat16: return weighted_sum<c10::BFloat16>(data, numel);
-    case at::kDouble: {
-      double sum = 0;
-      for (std::int64_t i = 0; i < numel; ++i) sum += checksum_weight(i) * static_cast<const double*>(data)[i];
-      return sum;
-    }
-    default: return std::nan("");
-  }
+at::Tensor mix32(at::Tensor x) {
+  x = at::bitwise_xor(x, at::bitwise_right_shift(x, 16));
+  x = mul32(x, 0x7feb352d);
+  x = at::bitwise_xor(x, at::bitwise_right_shift(x, 15));
+  x = mul32(x, 0x846ca68b);
+  return at::bitwise_xor(x, at::bitwise_right_shift(x, 16));
 }
 
 }  // namespace
@@ -80,6 +63,30 @@ std::vector<std::int64_t> output_row_shape(at::IntArrayRef out_shape, std::int64
   std::vector<std::int64_t> shape(out_shape.begin() + 1, out_shape.end());
   if (padded_length > 0 && !shape.empty() && shape[0] == padded_length) shape[0] = length;
   return shape;
+}
+
+at::Tensor checksum_weights(std::int64_t numel, at::Device device) {
+  TORCH_CHECK_VALUE(numel >= 0 && numel <= (std::int64_t{1} << 32) / serve::kChecksums,
+                    "checksum_weights: numel must be in [0, 2^32 / ", serve::kChecksums, "], got ", numel);
+  const at::Tensor index = at::arange(numel * serve::kChecksums, at::TensorOptions().dtype(at::kLong).device(device));
+  return (mix32(index).to(at::kDouble) / 4294967296.0 * 2.0 - 1.0).view({numel, serve::kChecksums});
+}
+
+at::Tensor answer_checksums(const at::Tensor& rows, const at::Tensor& numels, at::Tensor& weights) {
+  TORCH_CHECK_VALUE(rows.dim() == 2, "answer_checksums: rows must be [n, row_numel], got ", rows.sizes());
+  const std::int64_t row_numel = rows.size(1);
+  if (!weights.defined() || weights.size(0) < row_numel || weights.device() != rows.device()) {
+    std::int64_t capacity = 1024;  // grown by doubling: a new row size rarely rebuilds the weights
+    while (capacity < row_numel) capacity *= 2;
+    capacity = std::max(row_numel, std::min(capacity, (std::int64_t{1} << 32) / serve::kChecksums));
+    weights = checksum_weights(capacity, rows.device());
+  }
+  at::Tensor x = rows.to(at::kDouble);
+  if (numels.defined()) {
+    const at::Tensor k = at::arange(row_numel, at::TensorOptions().dtype(at::kLong).device(rows.device()));
+    x.masked_fill_(k.unsqueeze(0) >= numels.unsqueeze(1), 0.0);
+  }
+  return at::matmul(x, weights.narrow(0, 0, row_numel)).contiguous();
 }
 
 // ---- GraphExecutor ---------------------------------------------------------------------------------------
@@ -242,6 +249,7 @@ Server::Server(ServerOptions options, std::vector<std::unique_ptr<Executor>> exe
     }
   }
   stats_.batches_per_instance.assign(executors_.size(), 0);
+  checksum_weights_.resize(executors_.size());
   stats_.path = executors_.front()->path();
   threads_.reserve(executors_.size());
   for (std::size_t i = 0; i < executors_.size(); ++i) threads_.emplace_back([this, i] { run_instance(i); });
@@ -372,7 +380,7 @@ QueryStatus Server::enqueue(Request request, std::int64_t priority, std::int64_t
 }
 
 void Server::answer(Request& r, QueryStatus status, const std::string& error, double queue_us, double compute_us,
-                    std::int64_t batch_size, at::Tensor output, double checksum) {
+                    std::int64_t batch_size, at::Tensor output, const serve::Checksums& checksum) {
   {
     const std::lock_guard<std::mutex> lock(stats_mu_);
     switch (status) {
@@ -479,6 +487,8 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
   busy_begin();
   std::string error;
   at::Tensor host_out;
+  at::Tensor host_sums;  // [n, kChecksums] float64 on the host, when this batch's answers get checksums
+  std::vector<std::int64_t> numels(reqs.size());  // each answer's elements: a prefix of its output row
   Clock::time_point staged{}, ran{}, done{};
   std::int64_t row_numel = 0;
   at::ScalarType out_dtype = at::kFloat;
@@ -543,12 +553,47 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
     out_shape.assign(out.sizes().begin(), out.sizes().end());
     row_numel = product(out.sizes().slice(1));
     const std::int64_t out_bytes = n * row_numel * static_cast<std::int64_t>(out.element_size());
+    bool cut = false, want_sums = false;
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      numels[i] = product(output_row_shape(out_shape, padded, reqs[i].length));
+      cut = cut || numels[i] != row_numel;
+      want_sums = want_sums || reqs[i].load != nullptr;
+    }
+    want_sums = want_sums && options_.checksums && (at::isFloatingType(out_dtype) || at::isIntegralType(out_dtype, true));
+    // On the output's device, queued after the model on its stream: only [n, kChecksums] comes back.
+    at::Tensor sums;
+    auto compute_checksums = [&] {
+      if (!want_sums) return;
+      at::Tensor numels_on_device;
+      if (cut) {
+        at::Tensor host_numels = pinned_->empty({n}, at::kLong);  // fenced on this stream when freed
+        std::copy(numels.begin(), numels.end(), host_numels.data_ptr<std::int64_t>());
+        numels_on_device = at::empty({n}, at::TensorOptions().dtype(at::kLong).device(out.device()));
+#ifdef GPUOPT_WITH_CUDA
+        if (on_cuda && out.device().is_cuda()) {
+          cuda::copy_async(numels_on_device.data_ptr(), host_numels.data_ptr(), static_cast<std::size_t>(n) * 8,
+                           exec_stream);
+        } else {
+          numels_on_device.copy_(host_numels);
+        }
+#else
+        numels_on_device.copy_(host_numels);
+#endif
+      }
+      sums = answer_checksums(out.narrow(0, 0, n).reshape({n, row_numel}), numels_on_device,
+                              checksum_weights_[instance]);
+    };
 #ifdef GPUOPT_WITH_CUDA
     if (on_cuda) {
       TORCH_CHECK(out.device().is_cuda(), options_.name, ": the model's output is on ", out.device(),
                   ", expected the server's CUDA device");
+      compute_checksums();
       host_out = pinned_->empty({std::max<std::int64_t>(out_bytes, 1)}, at::kByte);
       cuda::copy_async(host_out.data_ptr(), out.data_ptr(), static_cast<std::size_t>(out_bytes), exec_stream);
+      if (sums.defined()) {
+        host_sums = pinned_->empty({n, serve::kChecksums}, at::kDouble);
+        cuda::copy_async(host_sums.data_ptr(), sums.data_ptr(), static_cast<std::size_t>(sums.nbytes()), exec_stream);
+      }
       ran = Clock::now();
       const int dev = static_cast<int>(options_.device);
       cuda::EventHandle finished = cuda::acquire_event(dev);
@@ -570,6 +615,8 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
                   ", expected CPU");
       host_out = out;
       ran = Clock::now();
+      compute_checksums();  // on the host: output time
+      host_sums = sums;
     }
     exec.finish();
   } catch (const std::exception& e) {
@@ -613,7 +660,7 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
     Request& r = reqs[i];
     const char* row = base + static_cast<std::int64_t>(i) * row_numel * elem;
     const std::vector<std::int64_t> shape = output_row_shape(out_shape, padded, r.length);
-    const std::int64_t numel = product(shape);
+    const std::int64_t numel = numels[i];
     const double queue_us = us_between(queued[i].enqueued, start);
     at::Tensor copy;
     if (r.future) {
@@ -626,7 +673,11 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
       }
       std::memcpy(copy.data_ptr(), row, static_cast<std::size_t>(numel * elem));
     }
-    const double checksum = r.load && options_.checksums ? row_checksum(row, numel, out_dtype) : std::nan("");
+    serve::Checksums checksum = serve::no_checksums();
+    if (r.load && host_sums.defined()) {
+      const double* sums_row = host_sums.data_ptr<double>() + static_cast<std::int64_t>(i) * serve::kChecksums;
+      std::copy(sums_row, sums_row + serve::kChecksums, checksum.begin());
+    }
     answer(r, QueryStatus::kOk, "", queue_us, compute_us, n, std::move(copy), checksum);
   }
 }

@@ -93,7 +93,7 @@ struct ServerOptions {
   serve::BatcherOptions batcher;
   std::int64_t device = -1;  // CUDA device index; -1: CPU
   std::vector<InputSpec> inputs;
-  bool checksums = false;    // each response's output summed (in double) for the load generator's records
+  bool checksums = false;    // each load-generator answer's checksums (answer_checksums) in its record
   std::string name = "Server";
 };
 
@@ -182,7 +182,7 @@ class Server {
   QueryStatus enqueue(Request request, std::int64_t priority, std::int64_t timeout_us);
   // The one place a request is answered (its future and/or its load generator), and counted.
   void answer(Request& r, QueryStatus status, const std::string& error, double queue_us, double compute_us,
-              std::int64_t batch_size, at::Tensor output = {}, double checksum = std::nan(""));
+              std::int64_t batch_size, at::Tensor output = {}, const serve::Checksums& checksum = serve::no_checksums());
   void run_instance(std::size_t instance);
   void run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHandle copy_stream);
   void busy_begin();
@@ -198,6 +198,7 @@ class Server {
   std::unordered_map<std::uint64_t, Request> requests_;
   std::uint64_t next_id_ = 0;
   std::vector<std::vector<at::Tensor>> samples_;
+  std::vector<at::Tensor> checksum_weights_;  // per instance (its thread only), on the server's device
   std::vector<std::int64_t> sample_lengths_;
 
   mutable std::mutex stats_mu_;
@@ -213,5 +214,21 @@ class Server {
 // The output row shape of a request: the batch output's shape past the batch axis, its sequence axis
 // cut to `length` when the output carries the padded sequence (out.size(1) == padded_length).
 std::vector<std::int64_t> output_row_shape(at::IntArrayRef out_shape, std::int64_t padded_length, std::int64_t length);
+
+// The weights of the answer checksums, [numel, serve::kChecksums] float64 on `device`: weight j of
+// output element k is mix32(k * kChecksums + j) / 2^32 * 2 - 1, in [-1, 1), mix32 a 32-bit integer
+// mixer ("lowbias32": xorshift-multiply). Independent pseudo-random sequences, so outputs that sum to
+// about zero (a LayerNorm's) or are permutations of each other get distinct checksums, and a swap
+// between two answers hides only when all kChecksums agree. Computed with torch integer ops that
+// never overflow int64, so every device and gpuopt.serving.load.checksum_weights give the same values.
+at::Tensor checksum_weights(std::int64_t numel, at::Device device);
+
+// The checksums [n, kChecksums] (float64, on rows' device, asynchronously on its current stream) of
+// the rows of `rows` ([n, row_numel], any real dtype), row i cut to its first numels[i] elements: the
+// sums over k < numels[i] of w_j(k) * rows[i][k] in double. An answer of a bucketed batch is a prefix
+// of its flat padded row (output_row_shape cuts only the leading axis of a contiguous row). `numels`
+// is a [n] int64 tensor on rows' device, or undefined when every row is whole. `weights` is the
+// caller's cache of checksum_weights on that device, grown here as needed.
+at::Tensor answer_checksums(const at::Tensor& rows, const at::Tensor& numels, at::Tensor& weights);
 
 }  // namespace gpuopt::torch_ext

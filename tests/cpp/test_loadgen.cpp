@@ -207,7 +207,7 @@ class FakeServer : public Target {
         c.queue_us = std::chrono::duration<double, std::micro>(taken - item.enqueued).count();
         c.compute_us = compute_us;
         c.batch_size = static_cast<std::int64_t>(batch.size());
-        c.checksum = static_cast<double>(item.id);
+        c.checksum = {static_cast<double>(item.id), -1.0, 0.5};  // all kChecksums travel to the record
         gen_->complete(item.id, c);
         if (o_.answer_twice) {
           Completion again;
@@ -640,7 +640,7 @@ TEST(LoadGenServer, SustainableRateIsValidAndTimedFromTheSchedule) {
     ASSERT_GE(q.issued_s, q.scheduled_s);
     latency_ms.push_back((q.completed_s - q.scheduled_s) * 1e3);
     ASSERT_GE(latency_ms.back(), 0.2) << q.id;
-    EXPECT_EQ(q.checksum, static_cast<double>(q.id));
+    EXPECT_EQ(q.checksum, (gpuopt::serve::Checksums{static_cast<double>(q.id), -1.0, 0.5}));
     EXPECT_EQ(q.completions, 1);
   }
   std::sort(latency_ms.begin(), latency_ms.end());

@@ -14,6 +14,7 @@
 // No CUDA, no torch, no Python here.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -74,6 +75,16 @@ EarlyStop early_stop(std::vector<double> values, double percentile, double confi
 enum class QueryStatus { kPending, kOk, kFailed, kRejected, kTimedOut, kCancelled, kLost };
 const char* status_name(QueryStatus s);  // "pending", "ok", "failed", "rejected", "timed-out", "cancelled", "lost"
 
+// An answer's checksums: kChecksums independent weighted sums of its output (a target's own
+// definition; gpuopt's server: csrc/torch/server.cpp). NaN where the target computes none.
+constexpr int kChecksums = 3;
+using Checksums = std::array<double, kChecksums>;
+inline Checksums no_checksums() {
+  Checksums c;
+  c.fill(std::numeric_limits<double>::quiet_NaN());
+  return c;
+}
+
 struct Query {
   std::uint64_t id = 0;       // 0, 1, 2, ... in issue order
   std::int64_t sample = 0;    // which of sample_count samples it carries
@@ -87,7 +98,7 @@ struct Completion {
   double queue_us = -1;     // time in the batcher's queue (-1: unknown)
   double compute_us = -1;   // the batch's service time: staging, model, outputs (-1: unknown)
   std::int64_t batch_size = 0;  // of the batch it rode in (0: unknown)
-  double checksum = std::numeric_limits<double>::quiet_NaN();  // of its output, when the target computes one
+  Checksums checksum = no_checksums();  // of its output, when the target computes them
   std::string error;        // for kFailed / kRejected / kTimedOut / kCancelled
 };
 
@@ -127,7 +138,7 @@ struct QueryRecord {
   double completed_s = std::numeric_limits<double>::quiet_NaN();
   double queue_us = -1, compute_us = -1;
   std::int64_t batch_size = 0;
-  double checksum = std::numeric_limits<double>::quiet_NaN();
+  Checksums checksum = no_checksums();
   QueryStatus status = QueryStatus::kPending;
   std::int32_t completions = 0;  // > 1: answered more than once (counted as duplicated)
 };

@@ -279,40 +279,72 @@ def load_spec(spec: LoadSpec | None, fields: dict[str, Any]) -> LoadSpec:
     return LoadSpec(**fields)
 
 
-# Relative tolerance of an output's sum against a direct call, by precision: batching changes the
-# kernels (and their rounding) but never which request an output belongs to.
+# Relative tolerance of an answer's checksums against a direct call's, by precision, relative to the
+# checksum's L2 scale (see checksum_weights): batching changes the kernels (and their rounding) but
+# never which request an output belongs to.
 CHECKSUM_RTOL = {"fp32": 1e-4, "tf32": 1e-2, "fp16-amp": 2e-2, "bf16-amp": 5e-2, "fp16": 2e-2, "bf16": 5e-2}
+
+# Independent checksums per answer: a swap between two samples hides only when all of them agree.
+# The C++ server's serve::kChecksums.
+CHECKSUMS = 3
+
+
+def _mul32(x: Any, c: int) -> Any:
+    """x * c mod 2^32 for int64 x in [0, 2^32), by 16-bit halves of c: no product overflows int64."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & 0xFFFFFFFF
 
 
 def checksum_weights(numel: int, device: Any = None) -> Any:
-    """The weight of each output element in an answer's checksum (float64, in [-1, 1)): the C++ server's
-    ``checksum_weight`` (``csrc/torch/server.cpp``), so outputs that sum to about zero (a LayerNorm's)
-    or are permutations of each other still get distinct checksums."""
+    """The weights of an answer's checksums, ``[numel, CHECKSUMS]`` float64 in [-1, 1): weight j of
+    output element k is ``mix32(k * CHECKSUMS + j) / 2^32 * 2 - 1``, mix32 a 32-bit integer mixer
+    (xorshift-multiply, "lowbias32"). The C++ server's ``checksum_weights`` (``csrc/torch/server.cpp``)
+    computes the same values with the same integer ops, so outputs that sum to about zero (a
+    LayerNorm's) or are permutations of each other still get distinct checksums.
+
+    Checksum j of an output ``out`` (flattened) is ``out.double() @ w[:, j]``; its scale is
+    ``sqrt((out.double() ** 2) @ w[:, j] ** 2)``, the L2 norm of the weighted terms: rounding
+    differences between two runs are small per-element relative errors of mixed signs, so the
+    checksum's error grows like eps times that scale (not eps times the L1 sum of the terms, which
+    is about sqrt(numel) times larger and would hide every swap in a large output).
+
+    >>> checksum_weights(2).shape
+    torch.Size([2, 3])
+    """
     import torch
 
-    k = torch.arange(numel, dtype=torch.int64, device=device)
-    return ((k * 2654435761) % 4294967296).double() / 4294967296.0 * 2.0 - 1.0
+    x = torch.arange(numel * CHECKSUMS, dtype=torch.int64, device=device)
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    x = x ^ (x >> 16)
+    return (x.double() / 4294967296.0 * 2.0 - 1.0).view(numel, CHECKSUMS)
 
 
 def verify_checksums(records: dict[str, Any], expected: tuple[Any, Any], precision: str) -> dict[str, Any]:
-    """Every answered query's output checksum against its sample's direct-call checksum: counts of
-    answered, mismatched, lost and duplicated queries, and the worst relative error.
+    """Every answered query's output checksums (``records["checksum"]``, ``[queries, CHECKSUMS]``)
+    against its sample's direct-call checksums (``expected``: sums and scales, ``[samples,
+    CHECKSUMS]`` each, as :meth:`Server.expected_checksums` gives them): counts of answered,
+    mismatched, lost and duplicated queries, and the worst relative error (``|got - want| / scale``,
+    the largest of the checksums). An answer is a mismatch when any of its checksums is off by more
+    than ``rtol``.
 
-    An answer swapped between two samples shows only when their expected checksums differ by more than
-    the tolerance: ``swap_detection`` is the fraction of sample pairs that differ by more than twice
-    ``rtol`` (the chance a swap between two random samples is caught), ``ambiguous_pairs`` the pairs
-    that do not, and ``conclusive`` is True when ``swap_detection`` is at least 0.99."""
+    An answer swapped between two samples shows only when some checksum of theirs differs by more than
+    the tolerance: ``swap_detection`` is the fraction of sample pairs for which one of them differs by
+    more than twice ``rtol`` times the larger scale (the chance a swap between two random samples is
+    caught), ``ambiguous_pairs`` the pairs where none does, and ``conclusive`` is True when
+    ``swap_detection`` is at least 0.99."""
 
-    sums, mags = expected
+    sums, scales = (_as_columns(t) for t in expected)
     status = records["status"]
     ok = status == STATUS_NAMES.index("ok")
     sample = records["sample"][ok]
-    got = records["checksum"][ok]
-    want, scale = sums[sample], mags[sample]
+    got = _as_columns(records["checksum"])[ok]
+    want, scale = sums[sample], scales[sample]
     err = (got - want).abs() / scale.clamp_min(1e-30)
     rtol = CHECKSUM_RTOL.get(precision, 2e-2)
-    bad = ~(err <= rtol)  # NaN counts as a mismatch
-    ambiguous, pairs = _ambiguous_pairs(sums, mags, 2 * rtol)
+    bad = ~(err <= rtol).all(dim=1)  # NaN counts as a mismatch
+    ambiguous, pairs = _ambiguous_pairs(sums, scales, 2 * rtol)
     detection = 1.0 - ambiguous / pairs if pairs else 1.0
     return {
         "answered": int(ok.sum()), "mismatched": int(bad.sum()), "rtol": rtol,
@@ -323,21 +355,62 @@ def verify_checksums(records: dict[str, Any], expected: tuple[Any, Any], precisi
     }
 
 
-def _ambiguous_pairs(sums: Any, mags: Any, tol: float) -> tuple[int, int]:
-    """Pairs (i < j) of samples whose checksums lie within ``tol`` x the larger magnitude of each other,
-    and the number of pairs in all. Sorted once; a window search per sample, so 10^5 samples are cheap."""
+def _as_columns(t: Any) -> Any:
+    """A [n] tensor as [n, 1] (one checksum); [n, K] as it is."""
+    return t.unsqueeze(1) if t.dim() == 1 else t
+
+
+def _ambiguous_pairs(sums: Any, scales: Any, tol: float) -> tuple[int, int]:
+    """Pairs (i < j) of samples whose checksums all lie within ``tol`` x the larger scale of each
+    other (``sums``, ``scales``: [n] or [n, K]), and the number of pairs in all.
+
+    Samples go into a grid over their first two checksums, cells as wide as the largest tolerance of
+    each, so an ambiguous pair lies in one cell or two neighbouring ones; only those candidates are
+    checked, on every checksum, exactly. Vectorised, in chunks: 10^5 samples whose checksums spread
+    over many tolerances (what a useful checksum does) take seconds at most."""
     import torch
 
-    n = int(sums.numel())
+    s, m = _as_columns(sums), _as_columns(scales)
+    n = int(s.shape[0])
     if n < 2:
         return 0, 0
-    order = torch.argsort(sums)
-    s, m = sums[order], mags[order]
-    # j > i is ambiguous with i when s[j] - s[i] <= tol * max(m[i], m[j]); bound the window by the
-    # largest magnitude, then check each candidate exactly (windows are short unless most pairs clash).
-    hi = torch.searchsorted(s, s + tol * float(m.max()), right=True)
+    dims = min(2, int(s.shape[1]))
+    width = tol * m[:, :dims].amax(dim=0)
+    width = torch.where(torch.isfinite(width) & (width > 0), width, torch.ones_like(width))
+    cells = (s[:, :dims] / width).nan_to_num(0.0).clamp(-(2.0**30), 2.0**30).floor().long()
+    a = cells[:, 0] - cells[:, 0].min()
+    b = cells[:, 1] - cells[:, 1].min() + 1 if dims == 2 else torch.ones_like(a)  # room for b - 1
+    span = int(b.max()) + 2
+    key = a * span + b
+    order = torch.argsort(key)
+    key, s, m = key[order], s[order], m[order]
+    pos = torch.arange(n)
     ambiguous = 0
-    for i in torch.nonzero(hi - torch.arange(n) > 1).flatten().tolist():
-        j = torch.arange(i + 1, int(hi[i]))
-        ambiguous += int(((s[j] - s[i]) <= tol * torch.maximum(m[j], m[i])).sum())
+    # The same cell (later positions only), then the cells after it: (a, b + 1), (a + 1, b - 1 .. b + 1).
+    for delta in (0, 1, span - 1, span, span + 1):
+        lo = pos + 1 if delta == 0 else torch.searchsorted(key, key + delta)
+        hi = torch.searchsorted(key, key + delta, right=True)
+        ambiguous += _close_in_ranges(s, m, tol, lo, (hi - lo).clamp_min(0))
     return ambiguous, n * (n - 1) // 2
+
+
+def _close_in_ranges(s: Any, m: Any, tol: float, start: Any, count: Any, chunk: int = 1 << 22) -> int:
+    """How many pairs (i, j), j in start[i] .. start[i] + count[i] - 1, have every checksum within
+    ``tol`` x the larger scale; candidates expanded a chunk at a time."""
+    import torch
+
+    cum = torch.cumsum(count, 0)
+    total = int(cum[-1])
+    close, done, first = 0, 0, 0
+    n = int(count.numel())
+    while done < total:
+        last = max(int(torch.searchsorted(cum, done + chunk, right=True)), first + 1)
+        c = count[first:last]
+        i = torch.repeat_interleave(torch.arange(first, last), c)
+        j = torch.repeat_interleave(start[first:last] - (cum[first:last] - c), c) + torch.arange(
+            int(cum[first - 1]) if first else 0, int(cum[last - 1]))
+        close += int(((s[j] - s[i]).abs() <= tol * torch.maximum(m[j], m[i])).all(dim=1).sum())
+        done, first = int(cum[last - 1]), last
+        if first >= n:
+            break
+    return close

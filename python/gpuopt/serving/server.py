@@ -411,22 +411,27 @@ class Server:
         return result
 
     def expected_checksums(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per added sample: the weighted sum (:func:`~gpuopt.serving.load.checksum_weights`) and the
-        weighted sum of magnitudes of a direct model call's output on it (batch of one, the config's
-        eager module), as the server sums its answers."""
+        """Per added sample, from a direct model call on it (batch of one, the config's eager module):
+        its checksums and their scales, ``[samples, CHECKSUMS]`` float64 each
+        (:func:`~gpuopt.serving.load.checksum_weights`), weighted on the output's own device as the
+        server weights its answers on its device."""
         if self._expected is None:
             fn = self.direct_fn()
-            sums, mags = [], []
+            sums, scales = [], []
+            weights = None
             with torch.inference_mode():
                 for tensors in self._samples:
                     batch = [t.unsqueeze(0).to(self.device, dtype) for t, (dtype, _, _) in zip(tensors, self.input_specs)]
                     batch = [b.contiguous(memory_format=torch.channels_last) if fmt == "channels_last" else b
                              for b, (_, _, fmt) in zip(batch, self.input_specs)]
-                    out = fn(*batch)[0].double()
-                    w = checksum_weights(out.numel(), out.device).view(out.shape)
-                    sums.append((w * out).sum().item())
-                    mags.append((w * out).abs().sum().item())
-            self._expected = (torch.tensor(sums, dtype=torch.float64), torch.tensor(mags, dtype=torch.float64))
+                    out = fn(*batch)[0].double().flatten()
+                    if weights is None or weights.shape[0] < out.numel() or weights.device != out.device:
+                        grown = 0 if weights is None else 2 * weights.shape[0]  # by doubling: rebuilt rarely
+                        weights = checksum_weights(max(out.numel(), grown), out.device)
+                    w = weights[:out.numel()]
+                    sums.append((out @ w).cpu())
+                    scales.append((out.square() @ w.square()).sqrt().cpu())
+            self._expected = (torch.stack(sums), torch.stack(scales))
         return self._expected
 
     def stats(self) -> dict[str, Any]:
