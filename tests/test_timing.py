@@ -352,7 +352,7 @@ def test_a_torchscript_module_is_timed_without_the_gil():
     x = torch.randn(8, 64)
     measure(module, inputs=[x], **_FOR_300_MS)  # one-time costs (JIT optimisation) with the GIL held
     pause, m = _longest_pause_of_another_thread(lambda: measure(module, inputs=[x], **_FOR_300_MS))
-    assert m.sampling_s >= 0.3 and m.n > 100
+    assert m.sampling_s >= 0.3 and m.n >= 20  # enough samples to see a pause (a loaded machine gives fewer)
     assert pause < 0.25 * m.sampling_s, (pause, m.sampling_s)
 
 
