@@ -1,0 +1,285 @@
+"""One rank of a distributed benchmark, in a process started by torchrun (by gpuopt's launcher or the
+user's own): join the process group, take the device of LOCAL_RANK, then
+
+1. rank 0 runs the plan alone while the others wait at a barrier (the one-device baseline);
+2. every rank runs the plan on its replica, each cell's start aligned by a barrier;
+3. rank 0 gathers the rows with their raw samples and writes one Results: the baseline, one row per
+   rank and cell, and the aggregate of each cell (:mod:`gpuopt.dist.aggregate`).
+
+With an output folder, each rank appends its rows to ``OUTPUT/ranks/rank<R>.jsonl`` as they finish and
+keeps its state in ``rank<R>.json``, so a rank that dies takes none of the finished rows with it and the
+others can say which rank stopped. Every collective waits at most ``GPUOPT_DIST_TIMEOUT_S``.
+
+``python -m gpuopt.dist.worker SPEC.json`` is what the launcher runs: SPEC holds the keyword arguments
+of :func:`gpuopt.benchmark` as JSON, the model under ``model`` (``{"model": "resnet50", "devices": "all",
+"batch_sizes": [1, 32], "output_dir": "out"}``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .._files import write_atomic
+from ..prepare.config import Config
+from ..report.results import Results, Row, dist_mode, read_cells
+from ..run.bench import BenchmarkPlan, benchmark
+from ..timing import nvml
+from .aggregate import aggregate_row
+
+TIMEOUT_ENV = "GPUOPT_DIST_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 1800.0
+
+
+class RankFailedError(RuntimeError):
+    """A rank of a distributed benchmark stopped; ``ranks`` are the ranks that stopped first."""
+
+    def __init__(self, message: str, ranks: Sequence[int] = ()):
+        super().__init__(message)
+        self.ranks = list(ranks)
+
+
+def timeout_s() -> float:
+    """How long a collective (and so a rank waiting for another) may wait: ``GPUOPT_DIST_TIMEOUT_S``
+    seconds, default 1800 -- longer than rank 0 needs to run the whole plan alone."""
+    text = os.environ.get(TIMEOUT_ENV)
+    if text is None:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ValueError(f"{TIMEOUT_ENV} must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def torchrun_env() -> tuple[int, int, int] | None:
+    """``(rank, world_size, local_rank)`` when a launcher (torchrun) started this process, else None."""
+    try:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
+    except (KeyError, ValueError):
+        return None
+
+
+# ---- the files of the ranks ------------------------------------------------------------------------
+def ranks_dir(output_dir: str | os.PathLike) -> Path:
+    return Path(output_dir) / "ranks"
+
+
+class RankFiles:
+    """One rank's files: its rows as they finish and its state (running, done, failed: its own error,
+    aborted: a collective failed because another rank stopped)."""
+
+    def __init__(self, output_dir: str | os.PathLike, rank: int):
+        self.dir, self.rank = ranks_dir(output_dir), rank
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rows_path = self.dir / f"rank{rank}.jsonl"
+        self.rows_path.write_text("")
+        self.state("running")
+
+    def state(self, state: str, error: str | None = None) -> None:
+        write_atomic(self.dir / f"rank{self.rank}.json", json.dumps(
+            {"rank": self.rank, "state": state, "error": error, "pid": os.getpid(), "host": socket.gethostname()}))
+
+    def add(self, row: Row) -> None:
+        with self.rows_path.open("a") as f:
+            f.write(json.dumps(row.to_dict(), default=str) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def reports(output_dir: str | os.PathLike) -> dict[int, dict[str, Any]]:
+    """The state each rank last wrote, by rank."""
+    out = {}
+    for path in ranks_dir(output_dir).glob("rank*.json"):
+        try:
+            doc = json.loads(path.read_text())
+            out[int(doc["rank"])] = doc
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def save_rows_so_far(output_dir: str | os.PathLike, env: dict | None = None) -> int:
+    """Write the rows every rank finished (its ``rank<R>.jsonl``) as ``OUTPUT/results.json`` (and CSV,
+    Markdown): what a run that stopped keeps. Returns how many rows there are."""
+    rows = [row for path in sorted(ranks_dir(output_dir).glob("rank*.jsonl")) for row in read_cells(path)]
+    Results(rows, env=env).save(output_dir, plots=False)
+    return len(rows)
+
+
+def stopped_ranks(output_dir: str | os.PathLike, world_size: int, *, but: int) -> list[tuple[int, str]]:
+    """``(rank, why)`` of the ranks other than ``but`` that did not finish: those that failed on their
+    own first, then those that stopped without a report (killed, crashed, or still running)."""
+    states = reports(output_dir)
+    failed = [(r, states[r].get("error") or "failed") for r in range(world_size)
+              if r != but and r in states and states[r]["state"] == "failed"]
+    silent = [(r, "no report: it was killed, crashed or is still running") for r in range(world_size)
+              if r != but and states.get(r, {}).get("state") in (None, "running")]
+    return failed + silent
+
+
+# ---- one rank ----------------------------------------------------------------------------------------
+class _Group:
+    """The collectives of this rank, each turning a failure into a RankFailedError naming the rank
+    that stopped (read from the ranks' files where there are some)."""
+
+    def __init__(self, rank: int, world: int, files: RankFiles | None, output_dir: str | None):
+        self.rank, self.world, self.files, self.output_dir = rank, world, files, output_dir
+        self.t0 = time.monotonic()  # when this rank left the last aligning barrier
+
+    def _run(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - gloo and NCCL raise RuntimeError subclasses of their own
+            stopped = stopped_ranks(self.output_dir, self.world, but=self.rank) if self.output_dir else []
+            who = "; ".join(f"rank {r} stopped: {why}" for r, why in stopped) or (
+                f"another rank stopped or took longer than {TIMEOUT_ENV}={timeout_s():g} s")
+            kept = f"; the rows finished so far are in {ranks_dir(self.output_dir)}/" if self.output_dir else ""
+            if self.files is not None:
+                self.files.state("aborted", f"{what} failed: {who}")
+            raise RankFailedError(f"rank {self.rank}: {what} failed: {who}{kept} ({type(exc).__name__}: {exc})",
+                                  [r for r, _ in stopped]) from exc
+
+    def align(self) -> None:
+        self._run("the barrier", dist.barrier)
+        self.t0 = time.monotonic()
+
+    def gather(self, payload: Any) -> list[Any] | None:
+        out = [None] * self.world if self.rank == 0 else None
+        self._run("gathering the rows on rank 0", lambda: dist.gather_object(payload, out, dst=0))
+        return out
+
+
+def _neighbours(index: int) -> list[str]:
+    """The warning about other processes on this rank's GPU (NVML), if any."""
+    others = nvml.other_processes(index)
+    if not others:
+        return []
+    pids = ", ".join(str(p["pid"]) for p in others)
+    return [f"{len(others)} other process(es) used cuda:{index} when the run started (pids {pids}): they share the "
+            "GPU with this rank's replica and slow it down"]
+
+
+def run_rank(plan: BenchmarkPlan, cuda_indices: Sequence[int] | None = None) -> Results:
+    """This process's part of ``plan`` as one rank of the job torchrun started (see the module's
+    docstring). Rank 0 returns (and writes to ``plan.output_dir``) the whole Results, the other ranks
+    their own rows. ``cuda_indices``: the CUDA device of each local rank (default: cuda:LOCAL_RANK)."""
+    rank, world, local = torchrun_env()
+    warnings: list[str] = []
+    if plan.device.type == "cuda":
+        device = torch.device("cuda", cuda_indices[local] if cuda_indices else local)
+        warnings = _neighbours(device.index)  # before this process uses the GPU
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    for w in warnings:
+        print(f"gpuopt.dist rank {rank}: warning: {w}", file=sys.stderr, flush=True)
+    created = not dist.is_initialized()
+    if created:
+        cuda = device.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", timeout=dt.timedelta(seconds=timeout_s()),
+                                device_id=device if cuda else None)
+    if dist.get_world_size() != world:
+        raise RuntimeError(f"the process group has {dist.get_world_size()} ranks, WORLD_SIZE says {world}")
+    files = RankFiles(plan.output_dir, rank) if plan.output_dir is not None else None
+    try:
+        results = _phases(plan, device, rank, world, local, warnings, files)
+    except BaseException as exc:
+        if files is not None and not isinstance(exc, RankFailedError):
+            files.state("failed", f"{type(exc).__name__}: {exc}")
+        if rank == 0 and plan.output_dir is not None:
+            save_rows_so_far(plan.output_dir)
+        raise
+    finally:
+        if created:
+            dist.destroy_process_group()
+    if files is not None:
+        files.state("done")
+    return results
+
+
+def _phases(plan: BenchmarkPlan, device: torch.device, rank: int, world: int, local: int, warnings: list[str],
+            files: RankFiles | None) -> Results:
+    group = _Group(rank, world, files, plan.output_dir)
+    host = socket.gethostname()
+    one = plan.single(device, output_dir=None, progress=plan.progress and rank == 0)
+
+    def tagged(row: Row, role: str) -> Row:
+        info: dict[str, Any] = {"role": role, "mode": row.mode, "rank": rank, "world_size": world,
+                                "local_rank": local, "host": host}
+        if role == "rank" and row.timing is not None:
+            end = time.monotonic() - group.t0  # seconds since all ranks left the barrier before this cell
+            info["window_s"] = [end - row.timing["sampling_s"], end]
+        row = replace(row, mode=dist_mode(row.mode, role, world, rank), dist=info, warnings=row.warnings + warnings)
+        if files is not None:
+            files.add(row)
+        return row
+
+    single: list[Row] = []
+    mine: list[Row] = []
+    group.align()
+    if rank == 0:
+        one.run(on_row=lambda row: single.append(tagged(row, "single")))
+    group.align()  # the other ranks wait here while rank 0 measures alone
+
+    def each(row: Row) -> None:
+        mine.append(tagged(row, "rank"))
+        group.align()  # the next cell starts on every rank at once
+
+    own = one.run(on_row=each)
+    gathered = group.gather([r.to_dict() for r in mine])
+    if rank != 0:
+        return Results(mine, env=own.env, build=own.build, spec=own.spec, ceilings=own.ceilings)
+    per_rank = [[Row.from_dict(d) for d in rows] for rows in gathered]
+    results = Results(env=own.env, build=own.build, ceilings=own.ceilings, profiles=own.profiles,
+                      spec={**own.spec, "dist": {"world_size": world, "backend": dist.get_backend(),
+                                                 "device_type": device.type}})
+    singles = {(r.model, r.config, r.batch_size, r.dist["mode"]): r for r in single}
+    for cell in zip(*per_rank, strict=True):
+        keys = {(r.model, r.config, r.batch_size, r.dist["mode"]) for r in cell}
+        if len(keys) != 1:
+            raise RuntimeError(f"the ranks ran different cells at the same step: {sorted(keys)}")
+        base = singles.get(keys.pop())
+        for row in ([base] if base is not None else []) + list(cell) + [aggregate_row(cell, base)]:
+            results.add(row)
+    if plan.output_dir is not None:
+        results.save(plan.output_dir)
+    return results
+
+
+def spec_configs(configs: Any) -> Any:
+    """The configs of a worker spec: preset names and config strings as they are, ``{"config": str,
+    "name": label}`` entries as named Configs."""
+    if isinstance(configs, list):
+        return [Config.parse(c["config"], name=c.get("name")) if isinstance(c, dict) else c for c in configs]
+    return configs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: torchrun [...] -m gpuopt.dist.worker SPEC.json  (SPEC: gpuopt.benchmark's keyword "
+              "arguments as JSON, with devices)", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(args[0]).read_text())
+    model = spec.pop("model")
+    spec["configs"] = spec_configs(spec.get("configs"))
+    benchmark(model, **spec)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
