@@ -233,6 +233,7 @@ def test_two_cpu_ranks_give_rows_per_rank_an_aggregate_and_the_efficiency(two_ra
     assert sorted(os.listdir(out / "ranks")) == ["rank0.json", "rank0.jsonl", "rank1.json", "rank1.jsonl",
                                                  "spec.json", "torchrun.log"]
     assert json.loads((out / "ranks" / "rank1.json").read_text())["state"] == "done"
+    assert "found in sys.modules" not in (out / "ranks" / "torchrun.log").read_text()  # -m gpuopt.dist
 
 
 # ---- a script of the user's under torchrun ------------------------------------------------------------------

@@ -3,7 +3,7 @@
 the rows and raw samples and writes one Results with per-rank rows, the aggregate (pooled latency
 percentiles, summed throughput) and the scaling efficiency against one GPU measured in the same job.
 On the CPU (gloo) the same code runs with CPU ranks. Entry points: ``gpuopt.benchmark(..., devices=...)``,
-``gpuopt bench --gpus N``, ``torchrun ... -m gpuopt.dist.worker SPEC.json``.
+``gpuopt bench --gpus N``, ``torchrun ... -m gpuopt.dist SPEC.json``.
 
 Layer: above run (it registers ``devices=`` there when imported); nothing above it is imported.
 """

@@ -1,5 +1,5 @@
 """``devices=`` of :func:`gpuopt.benchmark`: validated here, then run by torchrun -- started for the user
-(``python -m torch.distributed.run ... -m gpuopt.dist.worker SPEC.json``), or, in a process a launcher
+(``python -m torch.distributed.run ... -m gpuopt.dist SPEC.json``), or, in a process a launcher
 already started (WORLD_SIZE, RANK, LOCAL_RANK set), by joining its job as one rank."""
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def launch_benchmark(plan: BenchmarkPlan, *, spec: dict[str, Any], nproc: int,
         given = os.environ.get("CUDA_VISIBLE_DEVICES")
         names = given.split(",") if given else [str(i) for i in range(torch.cuda.device_count())]
         env["CUDA_VISIBLE_DEVICES"] = ",".join(names[i] for i in cuda_indices)
-    torchrun(["-m", "gpuopt.dist.worker", str(spec_path)], nproc, output_dir=out, env=env, echo=plan.progress)
+    torchrun(["-m", "gpuopt.dist", str(spec_path)], nproc, output_dir=out, env=env, echo=plan.progress)
     results = Results.load(out / "results.json")
     if plan.output_dir is None:
         shutil.rmtree(out, ignore_errors=True)
@@ -153,7 +153,7 @@ def launch_benchmark(plan: BenchmarkPlan, *, spec: dict[str, Any], nproc: int,
 def torchrun(target: Sequence[str], nproc: int, *, output_dir: str | os.PathLike, env: dict[str, str] | None = None,
              echo: bool = True, timeout_s: float | None = None) -> None:
     """``python -m torch.distributed.run --nproc-per-node N --rdzv-backend c10d --rdzv-endpoint localhost:0
-    TARGET`` (e.g. ``["-m", "gpuopt.dist.worker", "spec.json"]``), its output in
+    TARGET`` (e.g. ``["-m", "gpuopt.dist", "spec.json"]``), its output in
     ``OUTPUT/ranks/torchrun.log`` (and on stderr with ``echo``), waited for at most ``timeout_s`` (default:
     three collective timeouts and two minutes). A rank that fails raises :class:`RankFailedError` naming
     it (torchrun's exit status per rank, the rank's own report); the rows finished so far are then in

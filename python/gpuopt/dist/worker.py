@@ -10,7 +10,7 @@ With an output folder, each rank appends its rows to ``OUTPUT/ranks/rank<R>.json
 keeps its state in ``rank<R>.json``, so a rank that dies takes none of the finished rows with it and the
 others can say which rank stopped. Every collective waits at most ``GPUOPT_DIST_TIMEOUT_S``.
 
-``python -m gpuopt.dist.worker SPEC.json`` is what the launcher runs: SPEC holds the keyword arguments
+``python -m gpuopt.dist SPEC.json`` (:func:`main`) is what the launcher runs: SPEC holds the keyword arguments
 of :func:`gpuopt.benchmark` as JSON, the model under ``model`` (``{"model": "resnet50", "devices": "all",
 "batch_sizes": [1, 32], "output_dir": "out"}``).
 """
@@ -269,9 +269,10 @@ def spec_configs(configs: Any) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m gpuopt.dist SPEC.json`` (see the module's docstring)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
-        print("usage: torchrun [...] -m gpuopt.dist.worker SPEC.json  (SPEC: gpuopt.benchmark's keyword "
+        print("usage: torchrun [...] -m gpuopt.dist SPEC.json  (SPEC: gpuopt.benchmark's keyword "
               "arguments as JSON, with devices)", file=sys.stderr)
         return 2
     spec = json.loads(Path(args[0]).read_text())
@@ -279,7 +280,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     spec["configs"] = spec_configs(spec.get("configs"))
     benchmark(model, **spec)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
