@@ -160,7 +160,7 @@ def test_more_gpus_than_visible_and_missing_nccl(monkeypatch):
     with pytest.raises(ValueError, match="names one GPU"):
         gpuopt.dist.launch.resolve(2, _plan("cuda:1"), {"device": "cuda:1"})
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: False)
-    with pytest.raises(RuntimeError, match="NCCL"):
+    with pytest.raises(ImportError, match="NCCL"):
         gpuopt.dist.launch.resolve(2, _plan("cuda"), {"device": "cuda"})
 
 
@@ -197,6 +197,23 @@ def test_gpus_usage_errors_exit_2(args, message, capsys, tmp_path):
         main(["bench", "tiny-cnn", "--output", str(tmp_path / "out"), *args])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_without_gpus_the_cli_still_raises_a_model_build_failure(monkeypatch, tmp_path):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the checkpoint is corrupt")
+
+    monkeypatch.setattr("gpuopt.run.bench.workload", broken)
+    with pytest.raises(RuntimeError, match="checkpoint is corrupt"):  # not a usage error (exit 2)
+        main(["bench", "tiny-cnn", "--device", "cpu", "--output", str(tmp_path / "out")])
+
+
+def test_cli_gpus_without_a_gpu_names_the_device_flag(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "tiny-cnn", "--gpus", "2", "--output", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    assert "none is visible; for ranks on the CPU give --device cpu" in capsys.readouterr().err
 
 
 # ---- two ranks end to end ----------------------------------------------------------------------------------

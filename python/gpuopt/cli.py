@@ -175,13 +175,16 @@ def _run_bench(args: argparse.Namespace) -> int:
     model = args.model or ("resnet50" if gpu else "tiny-cnn")
     configs = args.configs or [None]  # None: benchmark() picks the preset for the device and --train
     out = args.output or _default_output(model)
+    if args.gpus is not None and args.device is None and not torch.cuda.is_available():
+        raise UsageError("--gpus asks for GPUs and none is visible; for ranks on the CPU give --device cpu "
+                         "(e.g. --gpus 2 --device cpu)")
     try:
         plan = plan_benchmark(model, configs=configs[0] if len(configs) == 1 else configs,
                               batch_sizes=args.batch_sizes or [1, 8, 16, 32],
                               modes=args.modes or ("latency", "throughput"), parity=not args.no_parity,
                               train=args.train, output_dir=out, device=args.device, profile=args.profile,
                               progress=not args.quiet, devices=args.gpus, **_measure_options(args))
-    except (ValueError, TypeError, ImportError, RuntimeError) as exc:
+    except (ValueError, TypeError, ImportError) as exc:
         raise UsageError(str(exc)) from exc
     if not gpu and args.device is None and not args.quiet:  # after the usage checks: their error comes alone
         print("No CUDA GPU found: running the CPU flow (tiny model, CPU configs).", file=sys.stderr)

@@ -36,11 +36,11 @@ def resolve(devices: Any, plan: BenchmarkPlan, call: dict[str, Any]) -> Callable
     """Check ``devices`` against what is visible (ValueError / TypeError naming it) and return what runs
     the plan: this process as one rank of a running torchrun job, or a torchrun job started here."""
     if not dist.is_available():
-        raise RuntimeError("devices= runs through torch.distributed, which this torch build lacks")
+        raise ImportError("devices= runs through torch.distributed, which this torch build lacks")
     worker.timeout_s()  # a bad GPUOPT_DIST_TIMEOUT_S fails now
     cuda = plan.device.type == "cuda"
     if cuda and not dist.is_nccl_available():
-        raise RuntimeError(f"devices= on CUDA runs over NCCL, which this torch build ({torch.__version__}) lacks; "
+        raise ImportError(f"devices= on CUDA runs over NCCL, which this torch build ({torch.__version__}) lacks; "
                            "install a CUDA build of torch with NCCL (pip install torch), or give device='cpu'")
     if cuda and plan.device.index is not None:
         raise ValueError(f"device={str(plan.device)!r} names one GPU; with devices= give device='cuda' (or none) "
