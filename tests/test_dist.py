@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -18,7 +20,8 @@ import gpuopt
 from gpuopt import Measurement, Results, Row
 from gpuopt.cli import main
 from gpuopt.dist import RankFailedError, aggregate_row, common_interval, pooled, scaling_efficiency
-from gpuopt.dist.launch import exit_codes
+from gpuopt.dist.launch import _of_job, exit_codes
+from gpuopt.dist.worker import reports, save_rows_so_far
 from gpuopt.report.results import dist_mode
 
 TIMEOUT_S = "60"  # each collective; the launcher waits three of these and two minutes at most
@@ -216,10 +219,50 @@ def test_cli_gpus_without_a_gpu_names_the_device_flag(monkeypatch, capsys, tmp_p
     assert "none is visible; for ranks on the CPU give --device cpu" in capsys.readouterr().err
 
 
+# ---- the rank files ------------------------------------------------------------------------------------------
+def _rank_files(out, np_rng, world: int, states: dict[int, str]) -> None:
+    ranks = out / "ranks"
+    ranks.mkdir(parents=True, exist_ok=True)
+    for r in range(world):
+        (ranks / f"rank{r}.jsonl").write_text(json.dumps(_rank_row(_measurement(np_rng, 5, 1.0), r, world).to_dict()) + "\n")
+        if r in states:
+            (ranks / f"rank{r}.json").write_text(json.dumps({"rank": r, "state": states[r], "error": None, "pid": 1}))
+
+
+def test_rows_so_far_read_only_the_ranks_of_this_job(tmp_path, np_rng):
+    _rank_files(tmp_path, np_rng, 3, {0: "failed", 1: "running", 2: "failed"})  # rank 2: a 3-rank job before
+    assert sorted(reports(tmp_path, 2)) == [0, 1]
+    kept = save_rows_so_far(tmp_path, 2)
+    assert [r.dist["rank"] for r in kept.rows] == [0, 1]
+    assert len(Results.load(tmp_path / "results.json").rows) == 2
+
+
+def test_rank_0s_complete_results_are_not_overwritten_by_rows_so_far(tmp_path, np_rng):
+    _rank_files(tmp_path, np_rng, 2, {0: "done", 1: "failed"})
+    complete = Results([_rank_row(_measurement(np_rng, 5, 1.0), r, 2, mode=m) for r in (0, 1) for m in ("host", "latency")])
+    complete.save(tmp_path, plots=False)
+    assert len(save_rows_so_far(tmp_path, 2).rows) == 4
+    assert len(Results.load(tmp_path / "results.json").rows) == 4
+
+
+def test_only_workers_of_the_job_are_killed():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env={**os.environ, "TORCHELASTIC_RUN_ID": "job-a"})
+    try:
+        assert _of_job(child.pid, "job-a")
+        assert not _of_job(child.pid, "job-b") and not _of_job(os.getpid(), "job-a") and not _of_job(None, "job-a")
+    finally:
+        child.kill()
+        child.wait()
+    assert not _of_job(child.pid, "job-a")
+
+
 # ---- two ranks end to end ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("dist") / "out"
+    # the folder of an earlier 3-rank job: its rank files must not mix in
+    _rank_files(out, np.random.default_rng(0), 3, {0: "done", 1: "done", 2: "failed"})
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GPUOPT_DIST_TIMEOUT_S", TIMEOUT_S)
         results = gpuopt.benchmark("tiny-cnn", batch_sizes=[1, 2], devices=2, device="cpu", output_dir=str(out),
@@ -260,6 +303,7 @@ import torch
 import gpuopt
 
 out, fail = sys.argv[1], sys.argv[2:] == ["fail"]
+time_s = float(os.environ.get("USER_SCRIPT_TIME_S", "0.1"))  # each cell samples this long
 
 def inputs(batch):
     if fail and batch == 2 and os.environ["RANK"] == "1":
@@ -268,7 +312,7 @@ def inputs(batch):
 
 results = gpuopt.benchmark(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU()), input_fn=inputs,
                            batch_sizes=[1, 2], devices="all", device="cpu", output_dir=out, configs=["fp32"],
-                           modes=["latency"], parity=False, progress=False, max_time_s=0.1)
+                           modes=["latency"], parity=False, progress=False, min_time_s=time_s, max_time_s=time_s)
 print(f"rank {os.environ['RANK']}: {len(results.rows)} rows")
 '''
 
@@ -293,14 +337,36 @@ def test_a_users_own_torchrun_job_joins_and_rank_0_writes_the_results(user_scrip
     assert all(r.ok for r in saved.rows)
 
 
-def test_a_rank_that_raises_is_named_and_the_finished_rows_are_kept(user_script):
+@pytest.mark.parametrize("time_s", [0.1, 2.0])  # 2 s: rank 0 still samples when torchrun stops it
+def test_a_rank_that_raises_is_named_and_the_finished_rows_are_kept(user_script, monkeypatch, time_s):
+    monkeypatch.setenv("USER_SCRIPT_TIME_S", str(time_s))
     out = user_script / "out"
     with pytest.raises(RankFailedError, match=r"rank 1 stopped \(exit code 1\): SystemExit: rank 1 gives up") as exc:
         gpuopt.dist.torchrun(["-m", "user_dist_script", str(out), "fail"], 2, output_dir=out, echo=False)
-    assert exc.value.ranks == [1]
+    assert exc.value.ranks == [1] and "rank 0" not in str(exc.value)
     assert f"rows finished so far are in {out / 'results.json'}" in str(exc.value)
     kept = Results.load(out / "results.json")
     modes = {(r.batch_size, r.mode) for r in kept.rows}
     # rank 0 alone measured both batch sizes; both ranks finished batch 1 together before rank 1 stopped
     assert {(1, "host @1 rank"), (2, "host @1 rank"), (1, "host @rank0/2"), (1, "host @rank1/2")} <= modes
     assert (2, "host @rank1/2") not in modes
+
+
+def test_ctrl_c_stops_the_ranks_and_keeps_the_rows_so_far(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "gpuopt", "bench", "tiny-cnn", "--device", "cpu", "--gpus", "2",
+                             "--configs", "fp32", "--modes", "latency", "--batch-sizes", "1,2", "--no-parity",
+                             "--max-time-s", "2", "--quiet", "--output", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ)
+    first = out / "ranks" / "rank0.jsonl"
+    deadline = time.monotonic() + 240
+    while not (first.exists() and first.read_text().strip()) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted; 1 cells saved" in err or "interrupted; 2 cells saved" in err, err
+    kept = Results.load(out / "results.json")
+    assert (1, "host @1 rank") in {(r.batch_size, r.mode) for r in kept.rows}
+    for state in reports(out, 2).values():  # every worker of the job is gone
+        assert not os.path.exists(f"/proc/{state['pid']}")

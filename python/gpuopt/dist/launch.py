@@ -30,6 +30,7 @@ from .worker import RankFailedError
 # The launcher waits this many collective timeouts (the baseline, the replicas, the gathering), then kills.
 _WAIT_TIMEOUTS = 3
 _START_S = 120.0  # on top of that: starting the processes and importing torch
+_AGENT_STOP_S = 40.0  # torchrun gives its workers 30 s to stop after SIGTERM
 
 
 def resolve(devices: Any, plan: BenchmarkPlan, call: dict[str, Any]) -> Callable[[BenchmarkPlan], Results]:
@@ -143,7 +144,12 @@ def launch_benchmark(plan: BenchmarkPlan, *, spec: dict[str, Any], nproc: int,
         given = os.environ.get("CUDA_VISIBLE_DEVICES")
         names = given.split(",") if given else [str(i) for i in range(torch.cuda.device_count())]
         env["CUDA_VISIBLE_DEVICES"] = ",".join(names[i] for i in cuda_indices)
-    torchrun(["-m", "gpuopt.dist", str(spec_path)], nproc, output_dir=out, env=env, echo=plan.progress)
+    try:
+        torchrun(["-m", "gpuopt.dist", str(spec_path)], nproc, output_dir=out, env=env, echo=plan.progress)
+    except BaseException:  # torchrun saved the rows so far: the caller's plan.results, as after a plain run
+        if (out / "results.json").exists():
+            plan.results = Results.load(out / "results.json")
+        raise
     results = Results.load(out / "results.json")
     if plan.output_dir is None:
         shutil.rmtree(out, ignore_errors=True)
@@ -157,13 +163,16 @@ def torchrun(target: Sequence[str], nproc: int, *, output_dir: str | os.PathLike
     ``OUTPUT/ranks/torchrun.log`` (and on stderr with ``echo``), waited for at most ``timeout_s`` (default:
     three collective timeouts and two minutes). A rank that fails raises :class:`RankFailedError` naming
     it (torchrun's exit status per rank, the rank's own report); the rows finished so far are then in
-    ``OUTPUT/results.json``. A job past its time is killed: TimeoutError."""
+    ``OUTPUT/results.json``, as after a timeout (the job is stopped: TimeoutError) or Ctrl-C. The rank
+    files of an earlier job in ``OUTPUT/ranks/`` are removed first."""
     if timeout_s is None:
         timeout_s = _WAIT_TIMEOUTS * worker.timeout_s() + _START_S
     log_path = worker.ranks_dir(output_dir) / "torchrun.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    worker.clear_rank_files(output_dir)
+    run_id = uuid.uuid4().hex
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", uuid.uuid4().hex,
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", run_id,
            "--max-restarts", "0", *target]
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
@@ -173,13 +182,14 @@ def torchrun(target: Sequence[str], nproc: int, *, output_dir: str | os.PathLike
         try:
             code = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _kill(proc)
+            _kill(proc, output_dir, nproc, run_id)
             copier.join(timeout=10)
-            kept = worker.save_rows_so_far(output_dir)
+            kept = len(worker.save_rows_so_far(output_dir, nproc).rows)
             raise TimeoutError(f"the {nproc} ranks did not finish within {timeout_s:g} s and were stopped; the {kept} "
                                f"rows finished so far are in {Path(output_dir) / 'results.json'}") from None
         except BaseException:  # Ctrl-C: the job is in a session of its own, so the terminal's signal missed it
-            _kill(proc)
+            _kill(proc, output_dir, nproc, run_id)
+            worker.save_rows_so_far(output_dir, nproc)
             raise
         copier.join(timeout=10)
     if code == 0:
@@ -197,17 +207,38 @@ def _copy(stream, log, echo: bool) -> None:
             sys.stderr.flush()
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
+def _kill(proc: subprocess.Popen, output_dir: str | os.PathLike, nproc: int, run_id: str) -> None:
+    """Stop the job: SIGTERM to torchrun, which stops its workers (waiting up to 30 s for them), SIGKILL
+    to it after ``_AGENT_STOP_S``; then SIGKILL to any worker of this job still alive -- torch starts each
+    in a session of its own, out of torchrun's process group (their pids are in their rank files)."""
+    for sig, wait_s in ((signal.SIGTERM, _AGENT_STOP_S), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            return
+            break
         try:
             proc.wait(timeout=wait_s)
-            return
+            break
         except subprocess.TimeoutExpired:
             continue
+    for state in worker.reports(output_dir, nproc).values():
+        if _of_job(state.get("pid"), run_id):
+            try:
+                os.kill(state["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _of_job(pid: Any, run_id: str) -> bool:
+    """Whether ``pid`` is a live worker of torchrun job ``run_id`` (its environment says so; a pid
+    reused by another process does not), on Linux."""
+    if not isinstance(pid, int):
+        return False
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"TORCHELASTIC_RUN_ID={run_id}".encode() in environ.split(b"\0")
 
 
 # torchrun's summary of a failed job (torch.distributed.elastic ChildFailedError), one block per rank.
@@ -239,10 +270,13 @@ def _describe(code: int) -> str:
 
 def _failure(text: str, nproc: int, code: int, output_dir: str | os.PathLike, log_path: Path) -> RankFailedError:
     root, codes = exit_codes(text)
-    states = worker.reports(output_dir)
-    # The ranks that stopped on their own: torchrun saw them fail, or they reported their own error;
-    # not those that torchrun stopped afterwards or that aborted a collective because of them.
-    culprits = sorted({r for r in codes if states.get(r, {}).get("state") != "aborted"}
+    states = worker.reports(output_dir, nproc)
+    # The ranks that stopped on their own: the first torchrun saw fail, those that exited with a status of
+    # their own or reported their own error; not those torchrun stopped afterwards (SIGTERM, then SIGKILL:
+    # torch lists them too) nor those that aborted a collective because of another.
+    stopped_by_torchrun = {-signal.SIGTERM, -signal.SIGKILL}
+    culprits = sorted({r for r, c in codes.items()
+                       if (r == root or c not in stopped_by_torchrun) and states.get(r, {}).get("state") != "aborted"}
                       | {r for r, s in states.items() if s.get("state") == "failed"},
                       key=lambda r: (r != root, r))
     if not culprits:
@@ -254,6 +288,8 @@ def _failure(text: str, nproc: int, code: int, output_dir: str | os.PathLike, lo
         parts.append(f"rank {r} stopped{how}: {error}")
     if not parts:
         parts.append(f"torchrun exited with code {code} (its output: {log_path})")
-    kept = worker.save_rows_so_far(output_dir)
-    return RankFailedError(f"{'; '.join(parts)}; the {kept} rows finished so far are in "
-                           f"{Path(output_dir) / 'results.json'}", culprits)
+    kept = worker.save_rows_so_far(output_dir, nproc)
+    done = states.get(0, {}).get("state") == "done"
+    where = Path(output_dir) / "results.json"
+    return RankFailedError(f"{'; '.join(parts)}; " + (f"rank 0 had finished: the complete results are in {where}" if done
+                           else f"the {len(kept.rows)} rows finished so far are in {where}"), culprits)

@@ -100,30 +100,43 @@ class RankFiles:
             os.fsync(f.fileno())
 
 
-def reports(output_dir: str | os.PathLike) -> dict[int, dict[str, Any]]:
-    """The state each rank last wrote, by rank."""
+def clear_rank_files(output_dir: str | os.PathLike) -> None:
+    """Remove the rank files of an earlier job in this folder (a launcher does this before it starts one)."""
+    for path in ranks_dir(output_dir).glob("rank*.json*"):
+        path.unlink(missing_ok=True)
+
+
+def reports(output_dir: str | os.PathLike, world_size: int) -> dict[int, dict[str, Any]]:
+    """The state each rank below ``world_size`` last wrote, by rank (a larger earlier job's files are not
+    this job's)."""
     out = {}
-    for path in ranks_dir(output_dir).glob("rank*.json"):
+    for r in range(world_size):
         try:
-            doc = json.loads(path.read_text())
+            doc = json.loads((ranks_dir(output_dir) / f"rank{r}.json").read_text())
             out[int(doc["rank"])] = doc
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
 
 
-def save_rows_so_far(output_dir: str | os.PathLike, env: dict | None = None) -> int:
+def save_rows_so_far(output_dir: str | os.PathLike, world_size: int, env: dict | None = None) -> Results:
     """Write the rows every rank finished (its ``rank<R>.jsonl``) as ``OUTPUT/results.json`` (and CSV,
-    Markdown): what a run that stopped keeps. Returns how many rows there are."""
-    rows = [row for path in sorted(ranks_dir(output_dir).glob("rank*.jsonl")) for row in read_cells(path)]
-    Results(rows, env=env).save(output_dir, plots=False)
-    return len(rows)
+    Markdown): what a run that stopped keeps, returned. When rank 0 finished (state ``done``), its
+    complete ``results.json`` is kept as it is and returned."""
+    saved = Path(output_dir) / "results.json"
+    if reports(output_dir, 1).get(0, {}).get("state") == "done" and saved.exists():
+        return Results.load(saved)
+    rows = [row for r in range(world_size) if (path := ranks_dir(output_dir) / f"rank{r}.jsonl").exists()
+            for row in read_cells(path)]
+    results = Results(rows, env=env)
+    results.save(output_dir, plots=False)
+    return results
 
 
 def stopped_ranks(output_dir: str | os.PathLike, world_size: int, *, but: int) -> list[tuple[int, str]]:
     """``(rank, why)`` of the ranks other than ``but`` that did not finish: those that failed on their
     own first, then those that stopped without a report (killed, crashed, or still running)."""
-    states = reports(output_dir)
+    states = reports(output_dir, world_size)
     failed = [(r, states[r].get("error") or "failed") for r in range(world_size)
               if r != but and r in states and states[r]["state"] == "failed"]
     silent = [(r, "no report: it was killed, crashed or is still running") for r in range(world_size)
@@ -201,7 +214,7 @@ def run_rank(plan: BenchmarkPlan, cuda_indices: Sequence[int] | None = None) -> 
         if files is not None and not isinstance(exc, RankFailedError):
             files.state("failed", f"{type(exc).__name__}: {exc}")
         if rank == 0 and plan.output_dir is not None:
-            save_rows_so_far(plan.output_dir)
+            plan.results = save_rows_so_far(plan.output_dir, world)
         raise
     finally:
         if created:
