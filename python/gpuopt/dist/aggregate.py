@@ -2,8 +2,11 @@
 
 Latency percentiles come from the pooled raw samples of every rank (gpuopt's C++ statistics on the
 concatenation; percentiles of percentiles are never averaged). Throughput is the sum of the ranks'
-throughputs, each a steady rate over its own sampling window, counted over the interval all windows
-share; the scaling efficiency divides it by N times one device measured alone in the same job.
+throughputs (each its batch size over its median latency); the scaling efficiency divides it by N
+times one device measured alone in the same job. The ranks start each cell together, but preparation,
+parity and warm-up come before sampling, so their sampling windows overlap only mostly: the aggregate
+says for how long they all sampled at once (``common_interval_s``, ``overlap``) and warns below
+``MIN_OVERLAP``, where the sum partly adds rates that did not run concurrently.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ def scaling_efficiency(aggregate_items_per_s: float, single_items_per_s: float, 
 
 def aggregate_row(ranks: Sequence[Row], single: Row | None = None) -> Row:
     """The aggregate of one cell over all ranks (``ranks`` in rank order, their ``dist`` windows set):
-    pooled latency percentiles, summed throughput, the common interval and, with the ``single`` row of
+    pooled latency percentiles, summed throughput, the windows' overlap and, with the ``single`` row of
     rank 0 alone, the scaling efficiency. A cell that failed on some rank is a failed row naming it."""
     world = len(ranks)
     first = ranks[0]

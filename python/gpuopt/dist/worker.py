@@ -2,7 +2,8 @@
 user's own): join the process group, take the device of LOCAL_RANK, then
 
 1. rank 0 runs the plan alone while the others wait at a barrier (the one-device baseline);
-2. every rank runs the plan on its replica, each cell's start aligned by a barrier;
+2. every rank runs the plan on its replica, each cell started at once by a barrier (its preparation,
+   parity and warm-up included: the sampling windows, recorded per row, overlap mostly, not exactly);
 3. rank 0 gathers the rows with their raw samples and writes one Results: the baseline, one row per
    rank and cell, and the aggregate of each cell (:mod:`gpuopt.dist.aggregate`).
 
@@ -205,10 +206,11 @@ def run_rank(plan: BenchmarkPlan, cuda_indices: Sequence[int] | None = None) -> 
         cuda = device.type == "cuda"
         dist.init_process_group("nccl" if cuda else "gloo", timeout=dt.timedelta(seconds=timeout_s()),
                                 device_id=device if cuda else None)
-    if dist.get_world_size() != world:
-        raise RuntimeError(f"the process group has {dist.get_world_size()} ranks, WORLD_SIZE says {world}")
-    files = RankFiles(plan.output_dir, rank) if plan.output_dir is not None else None
+    files = None
     try:
+        if dist.get_world_size() != world:
+            raise RuntimeError(f"the process group has {dist.get_world_size()} ranks, WORLD_SIZE says {world}")
+        files = RankFiles(plan.output_dir, rank) if plan.output_dir is not None else None
         results = _phases(plan, device, rank, world, local, warnings, files)
     except BaseException as exc:
         if files is not None and not isinstance(exc, RankFailedError):
@@ -234,7 +236,8 @@ def _phases(plan: BenchmarkPlan, device: torch.device, rank: int, world: int, lo
         info: dict[str, Any] = {"role": role, "mode": row.mode, "rank": rank, "world_size": world,
                                 "local_rank": local, "host": host}
         if role == "rank" and row.timing is not None:
-            end = time.monotonic() - group.t0  # seconds since all ranks left the barrier before this cell
+            # seconds since all ranks left the barrier before this cell; sampling ended just before the row
+            end = time.monotonic() - group.t0
             info["window_s"] = [end - row.timing["sampling_s"], end]
         row = replace(row, mode=dist_mode(row.mode, role, world, rank), dist=info, warnings=row.warnings + warnings)
         if files is not None:
