@@ -246,14 +246,15 @@ def test_rank_0s_complete_results_are_not_overwritten_by_rows_so_far(tmp_path, n
 
 
 def test_only_workers_of_the_job_are_killed():
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
-                             env={**os.environ, "TORCHELASTIC_RUN_ID": "job-a"})
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"],
+                             env={**os.environ, "TORCHELASTIC_RUN_ID": "job-a"}, stdout=subprocess.PIPE, text=True)
     try:
+        assert child.stdout.readline() == "up\n"  # its environment is the new one only once it runs (exec)
         assert _of_job(child.pid, "job-a")
         assert not _of_job(child.pid, "job-b") and not _of_job(os.getpid(), "job-a") and not _of_job(None, "job-a")
     finally:
         child.kill()
-        child.wait()
+        child.communicate()
     assert not _of_job(child.pid, "job-a")
 
 
