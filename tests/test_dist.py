@@ -20,9 +20,9 @@ import gpuopt
 from gpuopt import Measurement, Results, Row
 from gpuopt.cli import main
 from gpuopt.dist import RankFailedError, aggregate_row, common_interval, pooled, scaling_efficiency
-from gpuopt.dist.launch import _of_job, exit_codes
-from gpuopt.dist.worker import reports, save_rows_so_far
-from gpuopt.report.results import dist_mode
+from gpuopt.dist.launch import _failure, _of_job, exit_codes
+from gpuopt.dist.worker import reports, save_rows_so_far, stopped_ranks
+from gpuopt.report.results import dist_mode, read_cells
 
 TIMEOUT_S = "60"  # each collective; the launcher waits three of these and two minutes at most
 FAST = {"configs": ["fp32"], "modes": ["latency"], "parity": False, "progress": False, "max_time_s": 0.1}
@@ -131,6 +131,18 @@ def test_exit_codes_read_torchruns_failure_summary():
         """)
     assert exit_codes(text) == (1, {0: 1, 1: -9})
     assert exit_codes("all good") == (None, {})
+
+
+def test_the_blame_spares_ranks_that_had_finished_or_only_waited(tmp_path, np_rng):
+    text = ("Failures:\n[1]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 11)\n"
+            "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : 3 (pid: 12)\n")
+    _rank_files(tmp_path, np_rng, 2, {0: "done", 1: "failed"})  # rank 0 exited 1 at the last barrier
+    error = _failure(text, 2, 1, tmp_path, tmp_path / "torchrun.log")
+    assert error.ranks == [1] and "rank 0 had finished" in str(error)
+    _rank_files(tmp_path, np_rng, 3, {0: "aborted", 1: "failed", 2: "running"})
+    assert [r for r, _ in stopped_ranks(tmp_path, 3, but=0)] == [1]  # rank 2 still measures: not a suspect
+    _rank_files(tmp_path, np_rng, 3, {0: "aborted", 1: "done", 2: "running"})
+    assert stopped_ranks(tmp_path, 3, but=0) == [(2, "no report: it was killed, crashed or is still running")]
 
 
 # ---- devices= validation (nothing is started) --------------------------------------------------------------
@@ -266,8 +278,9 @@ def two_ranks(tmp_path_factory):
     _rank_files(out, np.random.default_rng(0), 3, {0: "done", 1: "done", 2: "failed"})
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GPUOPT_DIST_TIMEOUT_S", TIMEOUT_S)
+        mp.chdir(out.parent)  # where profiles went before they had a folder per rank
         results = gpuopt.benchmark("tiny-cnn", batch_sizes=[1, 2], devices=2, device="cpu", output_dir=str(out),
-                                   **FAST)
+                                   profile=True, **FAST)
     return results, out
 
 
@@ -297,6 +310,38 @@ def test_two_cpu_ranks_give_rows_per_rank_an_aggregate_and_the_efficiency(two_ra
     assert "found in sys.modules" not in (out / "ranks" / "torchrun.log").read_text()  # -m gpuopt.dist
 
 
+def _order(out, rank: int) -> list[tuple[str, int]]:
+    """(role, batch size) of the rows of ``rank`` in the order it recorded them."""
+    return [(r.dist["role"], r.batch_size) for r in read_cells(out / "ranks" / f"rank{rank}.jsonl")]
+
+
+def test_rank_0_measures_each_cell_alone_just_before_all_ranks_do(two_ranks):
+    _, out = two_ranks
+    assert _order(out, 0) == [("single", 1), ("rank", 1), ("single", 2), ("rank", 2)]
+    assert _order(out, 1) == [("rank", 1), ("rank", 2)]
+
+
+def test_with_profile_each_rank_profiles_into_a_folder_of_its_own(two_ranks):
+    results, out = two_ranks
+    for r in (0, 1):
+        assert sorted(os.listdir(out / "gpuopt-profiles" / f"rank{r}")) == ["tiny-cnn-b1-fp32", "tiny-cnn-b2-fp32"]
+    assert sorted(results.profiles) == ["tiny-cnn b1 fp32", "tiny-cnn b2 fp32"]
+    assert not (out.parent / "gpuopt-profiles").exists()
+
+
+def test_the_others_wait_for_one_cell_of_rank_0_alone_not_the_whole_baseline(tmp_path, monkeypatch):
+    # Rank 0 alone takes about 1.5 s per cell and longer than the collective timeout for the six: a
+    # rank waiting for the whole baseline at one barrier would time out.
+    monkeypatch.setenv("GPUOPT_DIST_TIMEOUT_S", "8")
+    out = tmp_path / "out"
+    results = gpuopt.benchmark("tiny-cnn", batch_sizes=[1, 2, 3, 4, 5, 6], devices=2, device="cpu",
+                               output_dir=str(out), **{**FAST, "min_time_s": 1.5, "max_time_s": 1.5})
+    assert not results.failed and len(results.rows) == 6 * 4
+    singles = [r for r in results.rows if r.dist["role"] == "single"]
+    assert sum(r.timing["sampling_s"] for r in singles) > 8
+    assert _order(out, 0) == [(role, b) for b in range(1, 7) for role in ("single", "rank")]
+
+
 # ---- a script of the user's under torchrun ------------------------------------------------------------------
 SCRIPT = '''
 import os, sys
@@ -315,6 +360,8 @@ results = gpuopt.benchmark(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.
                            batch_sizes=[1, 2], devices="all", device="cpu", output_dir=out, configs=["fp32"],
                            modes=["latency"], parity=False, progress=False, min_time_s=time_s, max_time_s=time_s)
 print(f"rank {os.environ['RANK']}: {len(results.rows)} rows")
+if sys.argv[2:] == ["fail-after"] and os.environ["RANK"] == "1":
+    raise SystemExit("rank 1 fails after benchmark() returned")
 '''
 
 
@@ -351,6 +398,20 @@ def test_a_rank_that_raises_is_named_and_the_finished_rows_are_kept(user_script,
     # rank 0 alone measured both batch sizes; both ranks finished batch 1 together before rank 1 stopped
     assert {(1, "host @1 rank"), (2, "host @1 rank"), (1, "host @rank0/2"), (1, "host @rank1/2")} <= modes
     assert (2, "host @rank1/2") not in modes
+
+
+def test_a_rank_that_fails_after_the_gather_leaves_rank_0s_complete_results(user_script):
+    # Without the last barrier rank 1 would exit while rank 0 still writes, and torchrun would stop rank 0.
+    out = user_script / "out"
+    with pytest.raises(RankFailedError, match=r"rank 1 stopped \(exit code 1\): it had finished its part") as exc:
+        gpuopt.dist.torchrun(["-m", "user_dist_script", str(out), "fail-after"], 2, output_dir=out, echo=False)
+    assert exc.value.ranks == [1]
+    assert f"rank 0 had finished: the complete results are in {out / 'results.json'}" in str(exc.value)
+    saved = Results.load(out / "results.json")  # rank 0's, not the rows so far: aggregates included
+    assert saved.spec["dist"]["world_size"] == 2
+    assert sorted((r.batch_size, r.mode) for r in saved.rows if r.dist["role"] == "aggregate") == [
+        (1, "host @2 ranks"), (2, "host @2 ranks")]
+    assert len(saved.rows) == 8
 
 
 def test_ctrl_c_stops_the_ranks_and_keeps_the_rows_so_far(tmp_path):

@@ -27,7 +27,8 @@ from ..run.bench import BenchmarkPlan
 from . import worker
 from .worker import RankFailedError
 
-# The launcher waits this many collective timeouts (the baseline, the replicas, the gathering), then kills.
+# torchrun() waits this many collective timeouts for a job of its own, then kills it (a benchmark's
+# job: see _job_timeout_s).
 _WAIT_TIMEOUTS = 3
 _START_S = 120.0  # on top of that: starting the processes and importing torch
 _AGENT_STOP_S = 40.0  # torchrun gives its workers 30 s to stop after SIGTERM
@@ -145,7 +146,8 @@ def launch_benchmark(plan: BenchmarkPlan, *, spec: dict[str, Any], nproc: int,
         names = given.split(",") if given else [str(i) for i in range(torch.cuda.device_count())]
         env["CUDA_VISIBLE_DEVICES"] = ",".join(names[i] for i in cuda_indices)
     try:
-        torchrun(["-m", "gpuopt.dist", str(spec_path)], nproc, output_dir=out, env=env, echo=plan.progress)
+        torchrun(["-m", "gpuopt.dist", str(spec_path)], nproc, output_dir=out, env=env, echo=plan.progress,
+                 timeout_s=_job_timeout_s(plan))
     except BaseException:  # torchrun saved the rows so far: the caller's plan.results, as after a plain run
         if (out / "results.json").exists():
             plan.results = Results.load(out / "results.json")
@@ -154,6 +156,15 @@ def launch_benchmark(plan: BenchmarkPlan, *, spec: dict[str, Any], nproc: int,
     if plan.output_dir is None:
         shutil.rmtree(out, ignore_errors=True)
     return results
+
+
+def _job_timeout_s(plan: BenchmarkPlan) -> float:
+    """How long the launcher waits for a benchmark's job (a net for a job hung on every rank): per cell
+    (a config at a batch size) two collective timeouts -- rank 0 alone, which the others wait for at most
+    one timeout, then all ranks, about as long -- one more for the first and last barriers and the
+    gathering, and the start."""
+    cells = len(plan.batch_sizes) * len(plan.configs)
+    return (2 * cells + 1) * worker.timeout_s() + _START_S
 
 
 def torchrun(target: Sequence[str], nproc: int, *, output_dir: str | os.PathLike, env: dict[str, str] | None = None,
@@ -273,10 +284,12 @@ def _failure(text: str, nproc: int, code: int, output_dir: str | os.PathLike, lo
     states = worker.reports(output_dir, nproc)
     # The ranks that stopped on their own: the first torchrun saw fail, those that exited with a status of
     # their own or reported their own error; not those torchrun stopped afterwards (SIGTERM, then SIGKILL:
-    # torch lists them too) nor those that aborted a collective because of another.
+    # torch lists them too), those that aborted a collective because of another, nor, unless first, those
+    # that had finished their part (done: a failing last barrier is another rank's doing).
     stopped_by_torchrun = {-signal.SIGTERM, -signal.SIGKILL}
-    culprits = sorted({r for r, c in codes.items()
-                       if (r == root or c not in stopped_by_torchrun) and states.get(r, {}).get("state") != "aborted"}
+    first = {root} if root is not None and states.get(root, {}).get("state") != "aborted" else set()
+    culprits = sorted(first | {r for r, c in codes.items() if c not in stopped_by_torchrun
+                               and states.get(r, {}).get("state") not in ("aborted", "done")}
                       | {r for r, s in states.items() if s.get("state") == "failed"},
                       key=lambda r: (r != root, r))
     if not culprits:
@@ -284,7 +297,10 @@ def _failure(text: str, nproc: int, code: int, output_dir: str | os.PathLike, lo
     parts = []
     for r in culprits:
         how = f" ({_describe(codes[r])})" if r in codes else ""
-        error = states.get(r, {}).get("error") or f"no report: killed or crashed (its output: {log_path})"
+        state = states.get(r, {})
+        error = state.get("error") or (f"it had finished its part and failed afterwards (its output: {log_path})"
+                                       if state.get("state") == "done" else
+                                       f"no report: killed or crashed (its output: {log_path})")
         parts.append(f"rank {r} stopped{how}: {error}")
     if not parts:
         parts.append(f"torchrun exited with code {code} (its output: {log_path})")

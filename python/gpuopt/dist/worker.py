@@ -1,15 +1,20 @@
 """One rank of a distributed benchmark, in a process started by torchrun (by gpuopt's launcher or the
 user's own): join the process group, take the device of LOCAL_RANK, then
 
-1. rank 0 runs the plan alone while the others wait at a barrier (the one-device baseline);
-2. every rank runs the plan on its replica, each cell started at once by a barrier (its preparation,
-   parity and warm-up included: the sampling windows, recorded per row, overlap mostly, not exactly);
-3. rank 0 gathers the rows with their raw samples and writes one Results: the baseline, one row per
+1. cell by cell (a config at a batch size, in every mode): rank 0 measures the cell alone while the
+   others wait at a barrier (the one-device baseline), then every rank measures it on its replica, each
+   mode started at once by a barrier (preparation, parity and warm-up included: the sampling windows,
+   recorded per row, overlap mostly, not exactly);
+2. rank 0 gathers the rows with their raw samples and writes one Results: the baseline, one row per
    rank and cell, and the aggregate of each cell (:mod:`gpuopt.dist.aggregate`).
+
+Interleaving keeps each wait short: a rank waits at most for one cell of rank 0 alone, never for the
+whole plan, so long plans fit in a collective timeout (NCCL's watchdog aborts a longer wait).
 
 With an output folder, each rank appends its rows to ``OUTPUT/ranks/rank<R>.jsonl`` as they finish and
 keeps its state in ``rank<R>.json``, so a rank that dies takes none of the finished rows with it and the
-others can say which rank stopped. Every collective waits at most ``GPUOPT_DIST_TIMEOUT_S``.
+others can say which rank stopped. Every collective waits at most ``GPUOPT_DIST_TIMEOUT_S``; the
+other ranks wait for rank 0 to have written the results before they exit.
 
 ``python -m gpuopt.dist SPEC.json`` (:func:`main`) is what the launcher runs: SPEC holds the keyword arguments
 of :func:`gpuopt.benchmark` as JSON, the model under ``model`` (``{"model": "resnet50", "devices": "all",
@@ -36,6 +41,7 @@ from .._files import write_atomic
 from ..prepare.config import Config
 from ..report.results import Results, Row, dist_mode, read_cells
 from ..run.bench import BenchmarkPlan, benchmark
+from ..run.runner import ProgressBar
 from ..timing import nvml
 from .aggregate import aggregate_row
 
@@ -53,7 +59,8 @@ class RankFailedError(RuntimeError):
 
 def timeout_s() -> float:
     """How long a collective (and so a rank waiting for another) may wait: ``GPUOPT_DIST_TIMEOUT_S``
-    seconds, default 1800 -- longer than rank 0 needs to run the whole plan alone."""
+    seconds, default 1800 -- longer than rank 0 needs to measure one cell alone (a config at a batch
+    size: its preparation, parity and every mode)."""
     text = os.environ.get(TIMEOUT_ENV)
     if text is None:
         return DEFAULT_TIMEOUT_S
@@ -81,16 +88,20 @@ def ranks_dir(output_dir: str | os.PathLike) -> Path:
 
 class RankFiles:
     """One rank's files: its rows as they finish and its state (running, done, failed: its own error,
-    aborted: a collective failed because another rank stopped)."""
+    aborted: a collective failed because another rank stopped). ``done`` is final: a rank whose part
+    is complete (rank 0: the results written) stays done if another rank stops afterwards."""
 
     def __init__(self, output_dir: str | os.PathLike, rank: int):
-        self.dir, self.rank = ranks_dir(output_dir), rank
+        self.dir, self.rank, self.current = ranks_dir(output_dir), rank, None
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rows_path = self.dir / f"rank{rank}.jsonl"
         self.rows_path.write_text("")
         self.state("running")
 
     def state(self, state: str, error: str | None = None) -> None:
+        if self.current == "done":
+            return
+        self.current = state
         write_atomic(self.dir / f"rank{self.rank}.json", json.dumps(
             {"rank": self.rank, "state": state, "error": error, "pid": os.getpid(), "host": socket.gethostname()}))
 
@@ -136,13 +147,14 @@ def save_rows_so_far(output_dir: str | os.PathLike, world_size: int, env: dict |
 
 def stopped_ranks(output_dir: str | os.PathLike, world_size: int, *, but: int) -> list[tuple[int, str]]:
     """``(rank, why)`` of the ranks other than ``but`` that did not finish: those that failed on their
-    own first, then those that stopped without a report (killed, crashed, or still running)."""
+    own, or, when none did, those without a report (killed, crashed, or still running: suspects only
+    while no rank says it failed)."""
     states = reports(output_dir, world_size)
     failed = [(r, states[r].get("error") or "failed") for r in range(world_size)
               if r != but and r in states and states[r]["state"] == "failed"]
     silent = [(r, "no report: it was killed, crashed or is still running") for r in range(world_size)
               if r != but and states.get(r, {}).get("state") in (None, "running")]
-    return failed + silent
+    return failed or silent
 
 
 # ---- one rank ----------------------------------------------------------------------------------------
@@ -167,8 +179,8 @@ class _Group:
             raise RankFailedError(f"rank {self.rank}: {what} failed: {who}{kept} ({type(exc).__name__}: {exc})",
                                   [r for r, _ in stopped]) from exc
 
-    def align(self) -> None:
-        self._run("the barrier", dist.barrier)
+    def align(self, what: str = "the barrier") -> None:
+        self._run(what, dist.barrier)
         self.t0 = time.monotonic()
 
     def gather(self, payload: Any) -> list[Any] | None:
@@ -211,32 +223,30 @@ def run_rank(plan: BenchmarkPlan, cuda_indices: Sequence[int] | None = None) -> 
         if dist.get_world_size() != world:
             raise RuntimeError(f"the process group has {dist.get_world_size()} ranks, WORLD_SIZE says {world}")
         files = RankFiles(plan.output_dir, rank) if plan.output_dir is not None else None
-        results = _phases(plan, device, rank, world, local, warnings, files)
+        return _phases(plan, device, rank, world, local, warnings, files)
     except BaseException as exc:
         if files is not None and not isinstance(exc, RankFailedError):
             files.state("failed", f"{type(exc).__name__}: {exc}")
         if rank == 0 and plan.output_dir is not None:
-            plan.results = save_rows_so_far(plan.output_dir, world)
+            plan.results = save_rows_so_far(plan.output_dir, world)  # rank 0's results if it wrote them
         raise
     finally:
         if created:
             dist.destroy_process_group()
-    if files is not None:
-        files.state("done")
-    return results
 
 
 def _phases(plan: BenchmarkPlan, device: torch.device, rank: int, world: int, local: int, warnings: list[str],
             files: RankFiles | None) -> Results:
     group = _Group(rank, world, files, plan.output_dir)
     host = socket.gethostname()
-    one = plan.single(device, output_dir=None, progress=plan.progress and rank == 0)
+    one = plan.single(device)
+    own = Results.new(spec=one.spec())
 
     def tagged(row: Row, role: str) -> Row:
         info: dict[str, Any] = {"role": role, "mode": row.mode, "rank": rank, "world_size": world,
                                 "local_rank": local, "host": host}
         if role == "rank" and row.timing is not None:
-            # seconds since all ranks left the barrier before this cell; sampling ended just before the row
+            # seconds since all ranks left the barrier before this mode; sampling ended just before the row
             end = time.monotonic() - group.t0
             info["window_s"] = [end - row.timing["sampling_s"], end]
         row = replace(row, mode=dist_mode(row.mode, role, world, rank), dist=info, warnings=row.warnings + warnings)
@@ -246,20 +256,46 @@ def _phases(plan: BenchmarkPlan, device: torch.device, rank: int, world: int, lo
 
     single: list[Row] = []
     mine: list[Row] = []
-    group.align()
-    if rank == 0:
-        one.run(on_row=lambda row: single.append(tagged(row, "single")))
-    group.align()  # the other ranks wait here while rank 0 measures alone
 
     def each(row: Row) -> None:
         mine.append(tagged(row, "rank"))
-        group.align()  # the next cell starts on every rank at once
+        group.align()  # the next mode starts on every rank at once
 
-    own = one.run(on_row=each)
+    cells = [(batch, config) for batch in plan.batch_sizes for config in plan.configs]
+    bar = ProgressBar(2 * len(cells), plan.progress and rank == 0)
+    alone = one.runner(lambda row: single.append(tagged(row, "single")), profile_dir=None,
+                       progress=lambda event, cell: bar(event, f"rank 0 alone: {cell}")) if rank == 0 else None
+    profiles = str(Path(plan.output_dir or ".") / "gpuopt-profiles" / f"rank{rank}") if plan.profile else None
+    together = one.runner(each, profile_dir=profiles, progress=lambda event, cell: bar(event, f"{world} ranks: {cell}"))
+    try:
+        for batch, config in cells:
+            group.align()  # every rank done with the last cell (its profiling and clean-up included)
+            if alone is not None:
+                alone.run_batch(batch, [config])
+            group.align()  # the other ranks wait here while rank 0 measures this cell alone
+            together.run_batch(batch, [config])
+    finally:
+        bar.close()
     gathered = group.gather([r.to_dict() for r in mine])
+    own.ceilings = together.ceilings
+    own.profiles.update(together.profiles)
     if rank != 0:
-        return Results(mine, env=own.env, build=own.build, spec=own.spec, ceilings=own.ceilings)
-    per_rank = [[Row.from_dict(d) for d in rows] for rows in gathered]
+        results = Results(mine, env=own.env, build=own.build, spec=own.spec, ceilings=own.ceilings,
+                          profiles=own.profiles)
+    else:
+        results = _combine(own, single, [[Row.from_dict(d) for d in rows] for rows in gathered], world, device)
+        if plan.output_dir is not None:
+            results.save(plan.output_dir)
+    if files is not None:
+        files.state("done")
+    # The other ranks stay until rank 0 wrote the results: torchrun stops the whole job when one exits
+    # with an error, rank 0 in the middle of writing them included.
+    group.align("the last barrier (rank 0 writing the results)")
+    return results
+
+
+def _combine(own: Results, single: list[Row], per_rank: list[list[Row]], world: int, device: torch.device) -> Results:
+    """Rank 0's Results: per cell the baseline, each rank's row and their aggregate."""
     results = Results(env=own.env, build=own.build, ceilings=own.ceilings, profiles=own.profiles,
                       spec={**own.spec, "dist": {"world_size": world, "backend": dist.get_backend(),
                                                  "device_type": device.type}})
@@ -271,8 +307,6 @@ def _phases(plan: BenchmarkPlan, device: torch.device, rank: int, world: int, lo
         base = singles.get(keys.pop())
         for row in ([base] if base is not None else []) + list(cell) + [aggregate_row(cell, base)]:
             results.add(row)
-    if plan.output_dir is not None:
-        results.save(plan.output_dir)
     return results
 
 

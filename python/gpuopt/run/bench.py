@@ -50,21 +50,15 @@ class BenchmarkPlan:
     # With devices=: what gpuopt.dist resolved them to, which runs the plan once per rank (None: this process).
     distributed: Callable[[BenchmarkPlan], Results] | None = None
 
-    def run(self, on_row: Callable[[Row], None] | None = None) -> Results:
+    def run(self) -> Results:
         """Every cell, recorded as a row (a failing cell or batch size with its reason); the results
-        are saved to ``output_dir`` also when the run is interrupted. ``on_row`` sees each row once it is
-        recorded (in this process; with devices= each rank's plan is run with its own)."""
+        are saved to ``output_dir`` also when the run is interrupted."""
         if self.distributed is not None:
             return self.distributed(self)
-        results = self.results = Results.new(spec={"models": [self.work.name], "configs": [str(c) for c in self.configs],
-                                    "config_labels": [c.label for c in self.configs],
-                                    "batch_sizes": self.batch_sizes, "modes": self.modes, "parity": self.parity,
-                                    "measure": self.measure_options})
+        results = self.results = Results.new(spec=self.spec())
         bar = ProgressBar(len(self.batch_sizes) * len(self.configs), self.progress)
         profile_dir = str(Path(self.output_dir or ".") / "gpuopt-profiles") if self.profile else None
-        runner = Runner(self.work, self.configs, self.modes, parity=self.parity, device=self.device,
-                        measure_options=self.measure_options, on_row=_then(results.add, on_row),
-                        profile_dir=profile_dir, progress=bar)
+        runner = self.runner(results.add, profile_dir=profile_dir, progress=bar)
         try:
             for b in self.batch_sizes:
                 runner.run_batch(b)
@@ -76,20 +70,23 @@ class BenchmarkPlan:
                 results.save(self.output_dir)
         return results
 
-    def single(self, device: torch.device, *, output_dir: str | None, progress: bool) -> BenchmarkPlan:
-        """This plan in one process on ``device`` (what each rank of a distributed plan runs)."""
-        return replace(self, device=device, output_dir=output_dir, progress=progress, results=None, distributed=None)
+    def spec(self) -> dict[str, Any]:
+        """What the results record of this plan (``Results.spec``)."""
+        return {"models": [self.work.name], "configs": [str(c) for c in self.configs],
+                "config_labels": [c.label for c in self.configs], "batch_sizes": self.batch_sizes,
+                "modes": self.modes, "parity": self.parity, "measure": self.measure_options}
 
+    def runner(self, on_row: Callable[[Row], None], *, profile_dir: str | None,
+               progress: Callable[[str, str], None] | None = None) -> Runner:
+        """The Runner of this plan's cells, each row handed to ``on_row``: :meth:`run` drives it a batch size
+        at a time, a rank of a distributed plan a config at a batch size at a time."""
+        return Runner(self.work, self.configs, self.modes, parity=self.parity, device=self.device,
+                      measure_options=self.measure_options, on_row=on_row, profile_dir=profile_dir,
+                      progress=progress)
 
-def _then(first: Callable[[Row], None], second: Callable[[Row], None] | None) -> Callable[[Row], None]:
-    if second is None:
-        return first
-
-    def both(row: Row) -> None:
-        first(row)
-        second(row)
-
-    return both
+    def single(self, device: torch.device) -> BenchmarkPlan:
+        """This plan in this process on ``device`` (what each rank of a distributed plan runs)."""
+        return replace(self, device=device, results=None, distributed=None)
 
 
 # How a plan runs on several devices: gpuopt.dist registers resolve(devices, plan, call), which validates
