@@ -18,6 +18,7 @@ exported backends), ``energy`` (NVML energy) and ``optimize`` (config search).
 
 import torch  # noqa: F401  (first: the extension links against the libtorch it loads)
 
+from . import dist  # noqa: F401  (registers benchmark(devices=...))
 from ._ext import build_info  # noqa: I001  (after torch)
 from .analysis import ProfileSummary, ceilings, datasheet, profile, roofline
 from .llm import decode_sweep, measure_decode
@@ -62,3 +63,4 @@ __all__ += ["RunToRun", "calibrate"]  # cross-run comparisons
 __all__ += ["LoadSpec", "NaiveBatcher", "QueueFullError", "RequestFailed", "ServeResult", "Server", "latency_curve",
             "max_rate", "serve"]  # serving
 __all__ += ["decode_sweep", "measure_decode"]  # LLM prefill/decode
+__all__ += ["dist"]  # several GPUs: benchmark(devices=...), gpuopt.dist.RankFailedError

@@ -148,9 +148,22 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-parity", action="store_true", help="skip the parity gate against fp32")
     p.add_argument("--profile", action="store_true", help="profile each config at the largest batch")
     p.add_argument("--device", help="cuda, cuda:1 or cpu")
+    p.add_argument("--gpus", type=_devices,
+                   help="one process per GPU through torch.distributed: 'all', a count, or indices 0,2; with "
+                        "--device cpu the number of CPU ranks (see README: Several GPUs)")
     p.add_argument("--output", help="results folder (default gpuopt-results/<model>-<time>)")
     _measure_args(p)
     p.set_defaults(run=_run_bench)
+
+
+def _devices(value: str) -> str | int | list[int]:
+    """--gpus: 'all', a count (2) or a comma-separated list of indices (0,2)."""
+    if value == "all":
+        return value
+    try:
+        return [int(v) for v in _csv_list(value)] if "," in value else int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'all', a number of GPUs or indices like 0,2; got {value!r}") from None
 
 
 def _run_bench(args: argparse.Namespace) -> int:
@@ -162,12 +175,15 @@ def _run_bench(args: argparse.Namespace) -> int:
     model = args.model or ("resnet50" if gpu else "tiny-cnn")
     configs = args.configs or [None]  # None: benchmark() picks the preset for the device and --train
     out = args.output or _default_output(model)
+    if args.gpus is not None and args.device is None and not torch.cuda.is_available():
+        raise UsageError("--gpus asks for GPUs and none is visible; for ranks on the CPU give --device cpu "
+                         "(e.g. --gpus 2 --device cpu)")
     try:
         plan = plan_benchmark(model, configs=configs[0] if len(configs) == 1 else configs,
                               batch_sizes=args.batch_sizes or [1, 8, 16, 32],
                               modes=args.modes or ("latency", "throughput"), parity=not args.no_parity,
                               train=args.train, output_dir=out, device=args.device, profile=args.profile,
-                              progress=not args.quiet, **_measure_options(args))
+                              progress=not args.quiet, devices=args.gpus, **_measure_options(args))
     except (ValueError, TypeError, ImportError) as exc:
         raise UsageError(str(exc)) from exc
     if not gpu and args.device is None and not args.quiet:  # after the usage checks: their error comes alone

@@ -70,6 +70,10 @@ class Row:
     # An LLM decode cell (mode "llm:p<prompt>+n<new tokens>"): TTFT, TPOT, ITL, tokens/s, bytes and
     # bandwidth, the prefill's roofline placement (gpuopt.llm.DecodeResult.llm_dict()).
     llm: dict[str, Any] | None = None
+    # A row of a distributed benchmark (mode "<mode> @rank1/4", "<mode> @4 ranks" or "<mode> @1 rank", see
+    # dist_mode): role ("rank", "aggregate", "single"), rank, world size, host, sampling window; the
+    # aggregate's per-rank throughputs, common interval and scaling efficiency (gpuopt.dist).
+    dist: dict[str, Any] | None = None
 
     @property
     def key(self) -> Key:
@@ -88,6 +92,11 @@ class Row:
     def is_llm(self) -> bool:
         """The row of an LLM decode cell (mode ``llm:...``), measured or failed."""
         return self.mode.startswith("llm:")
+
+    @property
+    def is_dist(self) -> bool:
+        """A row of a distributed benchmark: one rank's, the aggregate or the one-device baseline."""
+        return self.dist is not None
 
     @classmethod
     def measured(cls, m: Measurement, *, model: str, config: str, batch_size: int, mode: str,
@@ -224,6 +233,26 @@ def serving_mode(load: dict[str, Any], *, naive: bool = False, label: str | None
     return " ".join(parts)
 
 
+DIST_ROLES = ("rank", "aggregate", "single")
+
+
+def dist_mode(mode: str, role: str, world_size: int, rank: int = 0) -> str:
+    """A distributed row's mode: ``throughput @rank1/4`` (one rank's replica), ``throughput @4 ranks``
+    (the aggregate of all ranks), ``throughput @1 rank`` (rank 0 alone: the baseline of the scaling
+    efficiency). Rows are keyed by model, config, batch size and mode, so all of them fit one Results.
+
+    >>> dist_mode("throughput", "rank", 4, rank=1), dist_mode("throughput", "aggregate", 4)
+    ('throughput @rank1/4', 'throughput @4 ranks')
+    """
+    if role == "rank":
+        return f"{mode} @rank{rank}/{world_size}"
+    if role == "aggregate":
+        return f"{mode} @{world_size} ranks"
+    if role == "single":
+        return f"{mode} @1 rank"
+    raise ValueError(f"role must be one of {', '.join(DIST_ROLES)}, got {role!r}")
+
+
 _FIELDS = {f.name for f in fields(Row)}
 _MEASURED = {"status", "error", "measurement", "latency_ms", "throughput_items_per_s", "ci95_ms", "ci_rel",
              "peak_memory", "warnings", "diagnosis", "timing"}
@@ -266,13 +295,14 @@ CSV_COLUMNS = [
     "peak_allocated_mib", "parity_passed", "parity_worst_rel_l2", "prepare_s", "first_call_ms",
     "runner_overhead_s", "achieved_tflops", "pct_of_compute_ceiling", "achieved_gbps", "bound", "diagnosis",
     "device", "p90_ms", "p99_9_ms", "offered_rate_per_s", "valid", "ttft_p50_ms", "tpot_p50_ms", "pct_of_hbm_read",
+    "rank", "world_size", "scaling_efficiency",
 ]
 # The DataFrame's dtypes: numbers stay numbers (NaN where a cell failed or a figure is missing).
 _FLOAT_COLUMNS = [
     "p50_ms", "p95_ms", "p99_ms", "mean_ms", "ci95_low_ms", "ci95_high_ms", "throughput_items_per_s", "ci_rel",
     "peak_allocated_mib", "parity_worst_rel_l2", "prepare_s", "first_call_ms", "runner_overhead_s",
     "achieved_tflops", "pct_of_compute_ceiling", "achieved_gbps", "p90_ms", "p99_9_ms", "offered_rate_per_s",
-    "ttft_p50_ms", "tpot_p50_ms", "pct_of_hbm_read",
+    "ttft_p50_ms", "tpot_p50_ms", "pct_of_hbm_read", "scaling_efficiency",
 ]
 
 
@@ -284,6 +314,7 @@ def _flat(row: Row) -> dict[str, Any]:
     ci = row.ci95_ms or [None, None]
     serving = row.serving or {}
     llm = row.llm or {}
+    dist = row.dist or {}
     return {
         "model": row.model, "config": row.config, "precision": row.precision, "batch_size": row.batch_size,
         "mode": row.mode, "status": row.status, "error": row.error, "p50_ms": lat.get("p50"),
@@ -299,6 +330,8 @@ def _flat(row: Row) -> dict[str, Any]:
         "offered_rate_per_s": serving.get("target_rate") or None, "valid": serving.get("valid"),
         "ttft_p50_ms": (llm.get("ttft_ms") or {}).get("p50"), "tpot_p50_ms": (llm.get("tpot_ms") or {}).get("p50"),
         "pct_of_hbm_read": llm.get("pct_of_hbm_read"),
+        "rank": dist.get("rank"), "world_size": dist.get("world_size"),
+        "scaling_efficiency": dist.get("scaling_efficiency"),
     }
 
 
@@ -484,7 +517,8 @@ class Results:
     def to_dataframe(self):
         """A pandas DataFrame with the CSV columns (pandas is an optional dependency): the label in
         ``config`` as in the rows, timings and throughput as float64 (NaN for a failed cell),
-        ``batch_size`` int64, ``parity_passed`` and ``valid`` (serving rows) nullable booleans.
+        ``batch_size`` int64, ``parity_passed`` and ``valid`` (serving rows) nullable booleans, ``rank`` and
+        ``world_size`` (distributed rows) nullable integers.
 
         >>> df = Results.load("results.json").to_dataframe()   # doctest: +SKIP
         >>> df.groupby("config")["throughput_items_per_s"].max()   # doctest: +SKIP
@@ -495,7 +529,8 @@ class Results:
             raise ImportError("Results.to_dataframe needs pandas: pip install pandas") from exc
         df = pd.DataFrame([_flat(r) for r in self._rows.values()], columns=CSV_COLUMNS)
         df[_FLOAT_COLUMNS] = df[_FLOAT_COLUMNS].astype("float64")
-        return df.astype({"batch_size": "int64", "parity_passed": "boolean", "valid": "boolean"})
+        return df.astype({"batch_size": "int64", "parity_passed": "boolean", "valid": "boolean", "rank": "Int64",
+                          "world_size": "Int64"})
 
     def to_markdown(self, baseline: str | None = None) -> str:
         from .markdown import markdown

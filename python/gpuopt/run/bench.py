@@ -2,12 +2,15 @@
 parity against FP32 and measured in each mode, into a :class:`~gpuopt.Results` table.
 
 ``plan_benchmark()`` validates everything first and runs nothing, so a caller (the CLI) can tell a
-usage error (raised by the plan) from a failure during the run (recorded in the rows)."""
+usage error (raised by the plan) from a failure during the run (recorded in the rows).
+
+``devices=`` (several GPUs, or several CPU ranks) is run by :mod:`gpuopt.dist`, a layer above this one:
+it registers itself here (:func:`register_distributed`) when imported, and ``import gpuopt`` imports it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,7 @@ import torch
 
 from .._files import check_writable
 from ..prepare.config import Config
-from ..report.results import Results
+from ..report.results import Results, Row
 from .runner import ProgressBar, Runner
 from .workload import (
     Workload,
@@ -44,19 +47,18 @@ class BenchmarkPlan:
     profile: bool
     progress: bool
     results: Results | None = None  # the rows so far, once run() started (also after an interrupt)
+    # With devices=: what gpuopt.dist resolved them to, which runs the plan once per rank (None: this process).
+    distributed: Callable[[BenchmarkPlan], Results] | None = None
 
     def run(self) -> Results:
         """Every cell, recorded as a row (a failing cell or batch size with its reason); the results
         are saved to ``output_dir`` also when the run is interrupted."""
-        results = self.results = Results.new(spec={"models": [self.work.name], "configs": [str(c) for c in self.configs],
-                                    "config_labels": [c.label for c in self.configs],
-                                    "batch_sizes": self.batch_sizes, "modes": self.modes, "parity": self.parity,
-                                    "measure": self.measure_options})
+        if self.distributed is not None:
+            return self.distributed(self)
+        results = self.results = Results.new(spec=self.spec())
         bar = ProgressBar(len(self.batch_sizes) * len(self.configs), self.progress)
         profile_dir = str(Path(self.output_dir or ".") / "gpuopt-profiles") if self.profile else None
-        runner = Runner(self.work, self.configs, self.modes, parity=self.parity, device=self.device,
-                        measure_options=self.measure_options, on_row=results.add, profile_dir=profile_dir,
-                        progress=bar)
+        runner = self.runner(results.add, profile_dir=profile_dir, progress=bar)
         try:
             for b in self.batch_sizes:
                 runner.run_batch(b)
@@ -67,6 +69,36 @@ class BenchmarkPlan:
             if self.output_dir is not None:
                 results.save(self.output_dir)
         return results
+
+    def spec(self) -> dict[str, Any]:
+        """What the results record of this plan (``Results.spec``)."""
+        return {"models": [self.work.name], "configs": [str(c) for c in self.configs],
+                "config_labels": [c.label for c in self.configs], "batch_sizes": self.batch_sizes,
+                "modes": self.modes, "parity": self.parity, "measure": self.measure_options}
+
+    def runner(self, on_row: Callable[[Row], None], *, profile_dir: str | None,
+               progress: Callable[[str, str], None] | None = None) -> Runner:
+        """The Runner of this plan's cells, each row handed to ``on_row``: :meth:`run` drives it a batch size
+        at a time, a rank of a distributed plan a config at a batch size at a time."""
+        return Runner(self.work, self.configs, self.modes, parity=self.parity, device=self.device,
+                      measure_options=self.measure_options, on_row=on_row, profile_dir=profile_dir,
+                      progress=progress)
+
+    def single(self, device: torch.device) -> BenchmarkPlan:
+        """This plan in this process on ``device`` (what each rank of a distributed plan runs)."""
+        return replace(self, device=device, results=None, distributed=None)
+
+
+# How a plan runs on several devices: gpuopt.dist registers resolve(devices, plan, call), which validates
+# ``devices`` (ValueError / TypeError naming it) and returns what runs the plan; ``call`` holds
+# plan_benchmark's own arguments (what a launcher hands to fresh processes).
+_Resolve = Callable[[Any, BenchmarkPlan, dict[str, Any]], Callable[[BenchmarkPlan], Results]]
+_DISTRIBUTED: list[_Resolve] = []
+
+
+def register_distributed(resolve: _Resolve) -> None:
+    """Let ``devices=`` of :func:`benchmark` run through ``resolve`` (called by :mod:`gpuopt.dist`)."""
+    _DISTRIBUTED[:] = [resolve]
 
 
 def plan_benchmark(
@@ -84,6 +116,7 @@ def plan_benchmark(
     device: str | torch.device | None = None,
     profile: bool = False,
     progress: bool = True,
+    devices: str | int | Sequence[int] | None = None,
     **measure_options: Any,
 ) -> BenchmarkPlan:
     """Validate the arguments of :func:`benchmark` (ValueError / TypeError naming the bad one, before
@@ -99,7 +132,16 @@ def plan_benchmark(
     opts = check_measure_options(dict(measure_options), mode_list, dev)
     if output_dir is not None:
         check_writable(output_dir)
-    return BenchmarkPlan(work, cfgs, batches, mode_list, dev, parity, opts, output_dir, profile, progress)
+    plan = BenchmarkPlan(work, cfgs, batches, mode_list, dev, parity, opts, output_dir, profile, progress)
+    if devices is not None:
+        if not _DISTRIBUTED:
+            raise ImportError("devices= is run by gpuopt.dist: import gpuopt (or gpuopt.dist) first")
+        call = {"model_or_name": model_or_name, "inputs": inputs, "input_shape": input_shape, "input_fn": input_fn,
+                "configs": configs, "batch_sizes": batch_sizes, "modes": modes, "parity": parity, "train": train,
+                "output_dir": output_dir, "device": device, "profile": profile, "progress": progress,
+                **measure_options}
+        plan.distributed = _DISTRIBUTED[0](devices, plan, call)
+    return plan
 
 
 def benchmark(
@@ -117,6 +159,7 @@ def benchmark(
     device: str | torch.device | None = None,
     profile: bool = False,
     progress: bool = True,
+    devices: str | int | Sequence[int] | None = None,
     **measure_options: Any,
 ) -> Results:
     """Benchmark a model under several configs and batch sizes; return a :class:`Results`.
@@ -130,6 +173,9 @@ def benchmark(
     inputs or FP32 reference fail (e.g. out of memory), and the other batch sizes still run. Bad
     arguments raise ValueError or TypeError before anything runs. ``measure_options`` go to
     :func:`gpuopt.measure` (e.g. ``max_time_s=2``). ``output_dir`` saves JSON, CSV, Markdown and plots.
+    ``devices`` (``"all"``, a number of GPUs or a list of indices; with ``device="cpu"`` a number of CPU
+    ranks) runs one process per device through ``torch.distributed`` (:mod:`gpuopt.dist`): per-rank
+    rows, an aggregate row and the scaling efficiency against one device measured in the same job.
     ``configs`` default: the ``bench`` preset on CUDA, ``bench-cpu`` on the CPU, and with ``train=True``
     their ``-train`` variants (no inference-only backend), as ``gpuopt bench`` chooses.
 
@@ -139,4 +185,5 @@ def benchmark(
     """
     return plan_benchmark(model_or_name, inputs=inputs, input_shape=input_shape, input_fn=input_fn, configs=configs,
                           batch_sizes=batch_sizes, modes=modes, parity=parity, train=train, output_dir=output_dir,
-                          device=device, profile=profile, progress=progress, **measure_options).run()
+                          device=device, profile=profile, progress=progress, devices=devices,
+                          **measure_options).run()

@@ -181,10 +181,11 @@ class Runner:
         return {"precision": config.precision, "items_per_call": batch, "item_unit": self.work.item_unit,
                 "device": self.device_name}
 
-    def run_batch(self, batch: int) -> None:
-        """Every cell of batch size ``batch`` not skipped."""
+    def run_batch(self, batch: int, configs: list[Config] | None = None) -> None:
+        """Every cell of batch size ``batch`` not skipped, of ``configs`` (default: all of this runner's)."""
+        configs = self.configs if configs is None else configs
         wanted = {c.label: [m for m in self.modes if not self.skip((self.work.name, c.label, batch, m))]
-                  for c in self.configs}
+                  for c in configs}
         if not any(wanted.values()):
             return
         ref, counts, failure = None, _NO_COUNTS, None
@@ -213,9 +214,9 @@ class Runner:
             ref = inputs = None  # with the exception and its frames, so that the memory can be released
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            self._fail_batch(batch, wanted, failure)
+            self._fail_batch(batch, configs, wanted, failure)
             return
-        for config in self.configs:
+        for config in configs:
             if wanted[config.label]:
                 self._run_config(config, actual, inputs, ref, counts, wanted[config.label])
         del ref
@@ -229,8 +230,8 @@ class Runner:
         return (f"{self.work.name}: the fp32 reference failed on inputs of shape {', '.join(map(str, shapes))} "
                 f"(batch {batch}): {error}")
 
-    def _fail_batch(self, batch: int, wanted: dict[str, list[str]], reason: str) -> None:
-        for config in self.configs:
+    def _fail_batch(self, batch: int, configs: list[Config], wanted: dict[str, list[str]], reason: str) -> None:
+        for config in configs:
             if not wanted[config.label]:
                 continue
             for mode in wanted[config.label]:

@@ -8,6 +8,7 @@ NVML facts enrich results, they never decide whether a run works.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import torch
@@ -114,6 +115,22 @@ def memory_used_bytes(device_index: int) -> int | None:
         return None
     info = _call(nv.nvmlDeviceGetMemoryInfo, h)
     return None if info is None else int(info.used)
+
+
+def other_processes(device_index: int) -> list[dict[str, int | None]] | None:
+    """Compute processes on torch's CUDA device ``device_index`` other than this one: ``pid`` and
+    ``used_memory_bytes`` (None where the driver does not say); None where NVML cannot tell. In a
+    container NVML may report host pids, so this process can show up under another pid: ask before
+    this process first uses the device."""
+    nv = _nvml()
+    h = handle(device_index)
+    if nv is None or h is None:
+        return None
+    procs = _call(nv.nvmlDeviceGetComputeRunningProcesses, h)
+    if procs is None:
+        return None
+    return [{"pid": int(p.pid), "used_memory_bytes": p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None}
+            for p in procs if p.pid != os.getpid()]
 
 
 def clock_monitor(device_index: int, interval_ms: float = 100.0) -> _C.ClockMonitor:

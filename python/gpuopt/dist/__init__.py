@@ -1,0 +1,19 @@
+"""Dist: benchmarks on several GPUs through torch.distributed -- one process per GPU, started by torchrun
+(gpuopt's launcher or your own), each rank measuring its replica with gpuopt's engine; rank 0 gathers
+the rows and raw samples and writes one Results with per-rank rows, the aggregate (pooled latency
+percentiles, summed throughput) and the scaling efficiency against one GPU measured in the same job.
+On the CPU (gloo) the same code runs with CPU ranks. Entry points: ``gpuopt.benchmark(..., devices=...)``,
+``gpuopt bench --gpus N``, ``torchrun ... -m gpuopt.dist SPEC.json``.
+
+Layer: above run (it registers ``devices=`` there when imported); nothing above it is imported.
+"""
+
+from ..run.bench import register_distributed
+from .aggregate import aggregate_row, common_interval, pooled, scaling_efficiency
+from .launch import resolve, torchrun
+from .worker import RankFailedError, run_rank
+
+register_distributed(resolve)
+
+__all__ = ["RankFailedError", "aggregate_row", "common_interval", "pooled", "run_rank", "scaling_efficiency",
+           "torchrun"]
