@@ -218,6 +218,8 @@ py::dict stats_dict(const torch_ext::ServerStats& s) {
   d["stage_ms"] = s.stage_ms;
   d["model_ms"] = s.model_ms;
   d["output_ms"] = s.output_ms;
+  d["checksum_failures"] = s.checksum_failures;
+  d["checksum_error"] = s.checksum_error;
   d["path"] = s.path;
   py::dict q;
   q["enqueued"] = s.queue.enqueued;

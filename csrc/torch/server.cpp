@@ -81,7 +81,8 @@ at::Tensor answer_checksums(const at::Tensor& rows, const at::Tensor& numels, at
     capacity = std::max(row_numel, std::min(capacity, (std::int64_t{1} << 32) / serve::kChecksums));
     weights = checksum_weights(capacity, rows.device());
   }
-  at::Tensor x = rows.to(at::kDouble);
+  // A copy even when rows is already float64: the tail is zeroed in place, and rows is the model's output.
+  at::Tensor x = rows.to(at::kDouble, /*non_blocking=*/false, /*copy=*/true);
   if (numels.defined()) {
     const at::Tensor k = at::arange(row_numel, at::TensorOptions().dtype(at::kLong).device(rows.device()));
     x.masked_fill_(k.unsqueeze(0) >= numels.unsqueeze(1), 0.0);
@@ -562,8 +563,7 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
     want_sums = want_sums && options_.checksums && (at::isFloatingType(out_dtype) || at::isIntegralType(out_dtype, true));
     // On the output's device, queued after the model on its stream: only [n, kChecksums] comes back.
     at::Tensor sums;
-    auto compute_checksums = [&] {
-      if (!want_sums) return;
+    auto checksums_of_batch = [&] {
       at::Tensor numels_on_device;
       if (cut) {
         at::Tensor host_numels = pinned_->empty({n}, at::kLong);  // fenced on this stream when freed
@@ -582,6 +582,19 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
       }
       sums = answer_checksums(out.narrow(0, 0, n).reshape({n, row_numel}), numels_on_device,
                               checksum_weights_[instance]);
+    };
+    // A batch whose checksums cannot be computed (no memory for the float64 copy, say) keeps NaN
+    // checksums -- verification counts those answers as mismatched -- and its answers still go out.
+    auto compute_checksums = [&] {
+      if (!want_sums) return;
+      try {
+        checksums_of_batch();
+      } catch (const std::exception& e) {
+        sums = at::Tensor();
+        const std::lock_guard<std::mutex> lock(stats_mu_);
+        ++stats_.checksum_failures;
+        if (stats_.checksum_error.empty()) stats_.checksum_error = e.what();
+      }
     };
 #ifdef GPUOPT_WITH_CUDA
     if (on_cuda) {

@@ -130,6 +130,8 @@ struct ServerStats {
   double busy_s = 0;     // time with at least one batch in service (staging to outputs)
   double uptime_s = 0;   // since the server started
   double stage_ms = 0, model_ms = 0, output_ms = 0;  // summed over batches (host time per phase)
+  std::int64_t checksum_failures = 0;  // batches whose answer checksums could not be computed (left NaN)
+  std::string checksum_error;          // the first such failure's reason
   std::string path;
   serve::BatcherStats queue;
 };

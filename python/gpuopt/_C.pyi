@@ -266,7 +266,13 @@ class StepClock:
 
 class TokenLoop:
     def __init__(
-        self, prefill_exec: int, decode_exec: int, device: int, new_tokens: int, clock: StepClock | None = None
+        self,
+        prefill_exec: int,
+        decode_exec: int,
+        device: int,
+        new_tokens: int,
+        clock: StepClock | None = None,
+        owner: object = None,
     ) -> None: ...
     def run(self) -> None: ...
     def run_many(self, n: int) -> None: ...

@@ -273,9 +273,11 @@ class Decoder:
         self._graphs = graphs
         self._prefill_logits, self._decode_logits = outs
         index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-        # The loop holds raw executables: it keeps the graphs and every tensor they touch alive itself.
-        owner = (tuple(graphs), tuple(outs), self.cache, self._ids, self._pos, self._col, self._tokens, self._mask,
-                 self._prefill_pos, self.prompt, tuple(self._fill_levels))
+        # The loop holds raw executables: it keeps the graphs and everything they read or write alive
+        # itself (the model's weights, a compiled step's own buffers, the cache and the step's tensors).
+        owner = (tuple(graphs), tuple(outs), self.model, self._prefill, self._decode, self.cache, self._ids,
+                 self._pos, self._col, self._tokens, self._mask, self._prefill_pos, self.prompt,
+                 tuple(self._fill_levels))
         self.loop = _C.TokenLoop(graphs[0].raw_cuda_graph_exec(), graphs[1].raw_cuda_graph_exec(), index,
                                  self.new_tokens, self.clock, owner)
 
