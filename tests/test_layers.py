@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "python" / "gpuopt"
 
 # Lower number = lower layer. A module may import from its own layer and any lower one.
 LAYERS = {
-    "_ext": 0, "_files": 0, "_C": 0,
+    "_ext": 0, "_files": 0, "_checks": 0, "_C": 0,
     "timing": 1,
     "memory": 2,
     "prepare": 3,
