@@ -421,7 +421,10 @@ def test_ctrl_c_stops_the_ranks_and_keeps_the_rows_so_far(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "gpuopt", "bench", "tiny-cnn", "--device", "cpu", "--gpus", "2",
                              "--configs", "fp32", "--modes", "latency", "--batch-sizes", "1,2", "--no-parity",
                              "--max-time-s", "2", "--target-rel-ci", "1e-6", "--quiet", "--output", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ,
+                            # a shell's background job inherits SIGINT ignored, and Python then never
+                            # raises KeyboardInterrupt: the child gets the default, as under a terminal
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     first = out / "ranks" / "rank0.jsonl"
     deadline = time.monotonic() + 240
     while not (first.exists() and first.read_text().strip()) and proc.poll() is None and time.monotonic() < deadline:
