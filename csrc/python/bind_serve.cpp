@@ -361,6 +361,14 @@ void bind_serve(py::module_& m) {
       py::arg("options"), py::arg("count"), py::arg("seed") = 0,
       "Offsets (s) of the first `count` arrivals of the options' arrival process.");
   m.def("early_stop_min_queries", &serve::early_stop_min_queries, py::arg("percentile"), py::arg("confidence"));
+  m.attr("CHECKSUMS") = serve::kChecksums;
+  m.def(
+      "checksum_weights",
+      [](std::int64_t numel, const std::string& device) {
+        return torch_ext::checksum_weights(numel, c10::Device(device));
+      },
+      py::arg("numel"), py::arg("device") = "cpu",
+      "The server's answer-checksum weights, [numel, CHECKSUMS] float64 on `device` (see server.h).");
   m.def(
       "early_stop",
       [](std::vector<double> values, double percentile, double confidence) {

@@ -222,7 +222,7 @@ std::vector<std::int64_t> output_row_shape(at::IntArrayRef out_shape, std::int64
 // mixer ("lowbias32": xorshift-multiply). Independent pseudo-random sequences, so outputs that sum to
 // about zero (a LayerNorm's) or are permutations of each other get distinct checksums, and a swap
 // between two answers hides only when all kChecksums agree. Computed with torch integer ops that
-// never overflow int64, so every device and gpuopt.serving.load.checksum_weights give the same values.
+// never overflow int64, so every device gives the same values (gpuopt.serving.load.checksum_weights calls this).
 at::Tensor checksum_weights(std::int64_t numel, at::Device device);
 
 // The checksums [n, kChecksums] (float64, on rows' device, asynchronously on its current stream) of

@@ -286,39 +286,23 @@ CHECKSUM_RTOL = {"fp32": 1e-4, "tf32": 1e-2, "fp16-amp": 2e-2, "bf16-amp": 5e-2,
 
 # Independent checksums per answer: a swap between two samples hides only when all of them agree.
 # The C++ server's serve::kChecksums.
-CHECKSUMS = 3
-
-
-def _mul32(x: Any, c: int) -> Any:
-    """x * c mod 2^32 for int64 x in [0, 2^32), by 16-bit halves of c: no product overflows int64."""
-    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & 0xFFFFFFFF
+CHECKSUMS = _C.CHECKSUMS
 
 
 def checksum_weights(numel: int, device: Any = None) -> Any:
-    """The weights of an answer's checksums, ``[numel, CHECKSUMS]`` float64 in [-1, 1): weight j of
-    output element k is ``mix32(k * CHECKSUMS + j) / 2^32 * 2 - 1``, mix32 a 32-bit integer mixer
-    (xorshift-multiply, "lowbias32"). The C++ server's ``checksum_weights`` (``csrc/torch/server.cpp``)
-    computes the same values with the same integer ops, so outputs that sum to about zero (a
-    LayerNorm's) or are permutations of each other still get distinct checksums.
+    """The weights of an answer's checksums, ``[numel, CHECKSUMS]`` float64 in [-1, 1), made by the
+    C++ server's own ``checksum_weights`` (``csrc/torch/server.cpp``): weight j of output element k is
+    ``mix32(k * CHECKSUMS + j) / 2^32 * 2 - 1``, mix32 a 32-bit integer mixer (xorshift-multiply,
+    "lowbias32"), so outputs that sum to about zero (a LayerNorm's) or are permutations of each other
+    still get distinct checksums.
 
     Checksum j of an output ``out`` (flattened) is ``out.double() @ w[:, j]``; its scale is
     ``sqrt((out.double() ** 2) @ w[:, j] ** 2)``, the L2 norm of the weighted terms: rounding
     differences between two runs are small per-element relative errors of mixed signs, so the
     checksum's error grows like eps times that scale (not eps times the L1 sum of the terms, which
     is about sqrt(numel) times larger and would hide every swap in a large output).
-
-    >>> checksum_weights(2).shape
-    torch.Size([2, 3])
     """
-    import torch
-
-    x = torch.arange(numel * CHECKSUMS, dtype=torch.int64, device=device)
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    x = x ^ (x >> 16)
-    return (x.double() / 4294967296.0 * 2.0 - 1.0).view(numel, CHECKSUMS)
+    return _C.checksum_weights(int(numel), "cpu" if device is None else str(device))
 
 
 def verify_checksums(records: dict[str, Any], expected: tuple[Any, Any], precision: str) -> dict[str, Any]:
