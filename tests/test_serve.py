@@ -219,6 +219,14 @@ def test_bad_settings_are_named(kw, match):
         _server(torch.nn.Linear(8, 3), torch.zeros(8), **kw)
 
 
+@pytest.mark.parametrize("kw", [{"max_batch_size": "8"}, {"instances": 2.0}, {"max_queue_delay_us": True},
+                                {"max_queue_size": None}])
+def test_settings_of_the_wrong_type_are_type_errors(kw):
+    name, value = next(iter(kw.items()))
+    with pytest.raises(TypeError, match=f"{name} must be an integer >= [01], got {value!r}"):
+        _server(torch.nn.Linear(8, 3), torch.zeros(8), **kw)
+
+
 @pytest.mark.parametrize("kw, match", [
     ({"scenario": "burst"}, "scenario"),
     ({"scenario": "server"}, "rate"),

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from .._checks import check_int
 from ..prepare.config import Config
 from .load import LoadSpec, ServeResult, load_spec
 from .naive import NaiveBatcher
@@ -58,8 +59,7 @@ def build(model: Any, config: str | Config = "fp32", sample_fn: Any = None, *, b
     samples loaded; returns it and the model's name."""
     if batcher not in BATCHERS:
         raise ValueError(f"batcher must be one of {', '.join(map(repr, BATCHERS))}, got {batcher!r}")
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise ValueError(f"samples must be an integer >= 1, got {samples!r}")
+    check_int("samples", samples)
     module, sample_fn, name = _model_and_samples(model, sample_fn)
     data = [sample_fn(i) for i in range(samples)]
     server = Server(module, config, data[0], device=device, max_batch_size=max_batch_size,

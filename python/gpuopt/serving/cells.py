@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from .._checks import check_int
 from ..prepare.config import Config
 from ..report.results import serving_mode
 from ..run import zoo
@@ -90,8 +91,7 @@ def _cell(entry: dict[str, Any], device: torch.device) -> SectionCell:
     batcher = entry["batcher"]
     if batcher not in BATCHERS:
         raise ValueError(f"batcher must be one of {', '.join(map(repr, BATCHERS))}, got {batcher!r}")
-    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
-        raise ValueError(f"samples must be an integer >= 1, got {samples!r}")
+    check_int("samples", samples)
     load = LoadSpec(**{k: entry[k] for k in _LOAD_KEYS if k in entry})
     load.options()
     server = {k: entry.get(k, default) for k, default in _SERVER_DEFAULTS.items()}

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._checks import check_int
 from .._ext import _C
 from ..report.results import Row
 
@@ -25,12 +26,6 @@ def _number(name: str, value: Any, *, low: float = 0.0, inclusive: bool = False)
     if not ok or (value < low if inclusive else value <= low):
         raise ValueError(f"{name} must be a finite number {'>=' if inclusive else '>'} {low:g}, got {value!r}")
     return float(value)
-
-
-def _count(name: str, value: Any, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return value
 
 
 def read_trace(path: str | os.PathLike) -> list[float]:
@@ -134,10 +129,10 @@ class LoadSpec:
         elif self.rate is not None:
             raise ValueError(f"rate applies to the server scenario only, not {self.scenario!r} (use concurrency "
                              f"for closed-loop)")
-        o.concurrency = _count("concurrency", self.concurrency, 1)
-        o.samples_per_query = _count("samples_per_query", self.samples_per_query, 1)
-        o.min_queries = _count("min_queries", self.min_queries, 1)
-        o.max_queries = _count("max_queries", self.max_queries, 0)
+        o.concurrency = check_int("concurrency", self.concurrency, 1)
+        o.samples_per_query = check_int("samples_per_query", self.samples_per_query, 1)
+        o.min_queries = check_int("min_queries", self.min_queries, 1)
+        o.max_queries = check_int("max_queries", self.max_queries, 0)
         if o.max_queries and o.max_queries < o.min_queries:
             raise ValueError(f"max_queries ({self.max_queries}) must be 0 (no cap) or >= min_queries ({self.min_queries})")
         o.min_duration_s = _number("duration_s", self.duration_s, inclusive=True)
@@ -154,7 +149,7 @@ class LoadSpec:
             o.priority_weights = [_number(f"priority_weights[{i}]", w, inclusive=True)
                                   for i, w in enumerate(self.priority_weights)]
         o.drain_timeout_s = _number("drain_timeout_s", self.drain_timeout_s)
-        o.seed = _count("seed", self.seed, 0)
+        o.seed = check_int("seed", self.seed, 0)
         o.validate()
         return o
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from .._checks import check_int
 from .._ext import _C
 from ..prepare.config import Prepared
 from ..report.results import NAIVE_PATH
@@ -31,8 +32,7 @@ class NaiveBatcher:
                  specs: list[tuple] | None = None):
         if not prepared.ok:
             raise RuntimeError(f"config {prepared.label} could not be prepared: {prepared.error}")
-        if isinstance(max_batch_size, bool) or not isinstance(max_batch_size, int) or max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be an integer >= 1, got {max_batch_size!r}")
+        check_int("max_batch_size", max_batch_size)
         if not (isinstance(max_wait_ms, (int, float)) and max_wait_ms >= 0):
             raise ValueError(f"max_wait_ms must be a number >= 0, got {max_wait_ms!r}")
         self.prepared, self.layout = prepared, layout

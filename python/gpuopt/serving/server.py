@@ -113,14 +113,10 @@ def batcher_options(*, max_batch_size: int, max_queue_delay_us: int, preferred_b
     """The C++ batcher's options, each checked and named here."""
     o = _C.BatcherOptions()
     o.max_batch_size = check_int("max_batch_size", max_batch_size)
-    if isinstance(max_queue_delay_us, bool) or not isinstance(max_queue_delay_us, int) or max_queue_delay_us < 0:
-        raise ValueError(f"max_queue_delay_us must be an integer >= 0, got {max_queue_delay_us!r}")
-    o.max_queue_delay_us = max_queue_delay_us
+    o.max_queue_delay_us = check_int("max_queue_delay_us", max_queue_delay_us, 0)
     o.preferred_batch_sizes = _sizes("preferred_batch_sizes", preferred_batch_sizes, max_batch_size)
     o.buckets = _sizes("buckets", buckets)
-    if isinstance(max_queue_size, bool) or not isinstance(max_queue_size, int) or max_queue_size < 0:
-        raise ValueError(f"max_queue_size must be an integer >= 0 (0: unbounded), got {max_queue_size!r}")
-    o.max_queue_size = max_queue_size
+    o.max_queue_size = check_int("max_queue_size", max_queue_size, 0)  # 0: unbounded
     o.priority_levels = check_int("priority_levels", priority_levels)
     if timeout_ms is not None and not (isinstance(timeout_ms, (int, float)) and not isinstance(timeout_ms, bool)
                                        and timeout_ms > 0 and math.isfinite(timeout_ms)):
