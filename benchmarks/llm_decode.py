@@ -77,18 +77,19 @@ def _runner(args, ceilings, results: dict, key: str, models, b: int, p: int, n: 
     budget = {"max_time_s": 3.0 if args.quick else 10.0}
     cells = results[key]["cells"]
 
-    def run(path, precision, **kw):
+    def run(path, precision, label=None, **kw):
         t0 = time.perf_counter()
+        label = label or f"{precision}+{path}"
         try:
             r = measure_decode(models, path=path, precision=precision, batch_size=b, prompt_len=p, new_tokens=n,
                                ceilings=ceilings, **budget, **kw)
         except Exception as exc:  # noqa: BLE001 - recorded; the part goes on
             traceback.print_exc()
-            cells[f"{precision}+{path}"] = {"error": f"{type(exc).__name__}: {exc}"}
+            cells[label] = {"error": f"{type(exc).__name__}: {exc}"}
             r = None
         else:
             print(r.summary(), f"[{time.perf_counter() - t0:.0f}s]", flush=True)
-            cells[f"{precision}+{path}"] = _cell(r)
+            cells[label] = _cell(r)
         _release()
         write(args, results, targets, final=False)
         return r
@@ -110,6 +111,13 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
     fast = done.get(best)
     int8 = run(best, "int8wo") if best else None
     results["opt"]["fast_path"] = best
+    # What fusing the sibling projections (q/k/v; on by default in gpuopt's static paths) brings: the
+    # fast path without it, in the same run.
+    unfused = run(best, "fp16", label=f"fp16+{best}+unfused", fuse=False) if best else None
+    if fast is not None and unfused is not None:
+        results["opt"]["fusion_speedup"] = unfused.tpot_ms["mean"] / fast.tpot_ms["mean"]
+        print(f"fused projections: {fast.fused_projections} groups, TPOT {unfused.tpot_ms['mean']:.3f} -> "
+              f"{fast.tpot_ms['mean']:.3f} ms ({results['opt']['fusion_speedup']:.3f}x)", flush=True)
 
     if fast is not None:
         floor = (f"floor {fast.floor_tpot_ms:.3f} ms/token at {fast.hbm_read_gbps:.0f} GB/s ({fast.hbm_read_source})"
@@ -202,7 +210,8 @@ def _step_breakdown(args, models, b, p, n, results, targets) -> None:
 
 
 def _decoder(models, path, b, p, n):
-    return Decoder(models.candidate("fp16"), path, models.prompt(b, p), n, gpuopt._C.StepClock(0, n), torch.float16)
+    model = models.candidate("fp16", fused=not path.startswith("hf-"))  # as measure_decode runs each path
+    return Decoder(model, path, models.prompt(b, p), n, gpuopt._C.StepClock(0, n), torch.float16)
 
 
 def _token_identity(args, models, b, p, n, results, targets) -> None:

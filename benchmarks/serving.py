@@ -127,9 +127,17 @@ def part_resnet(args, results: dict, targets: list[Target]) -> None:
     r["naive_max_rate"] = nsearch.max_rate
     r["naive_steps"] = [st.serving() for st in nsearch.steps]
     print("naive:", nsearch.summary())
+    name = f"resnet50: max rate at p99 <= {args.slo_ms} ms, gpuopt batcher / naive Python batcher"
     if r.get("max_rate") and nsearch.max_rate:
-        targets.append(Target(f"resnet50: max rate at p99 <= {args.slo_ms} ms, gpuopt batcher / naive Python batcher",
-                              r["max_rate"] / nsearch.max_rate, ">=", 10.0, "x", "naive batcher, same run"))
+        targets.append(Target(name, r["max_rate"] / nsearch.max_rate, ">=", 10.0, "x", "naive batcher, same run"))
+    elif r.get("max_rate") and nsearch.steps:
+        # The naive batcher met the SLO at no rate tried: its max rate is below the lowest one, so the
+        # ratio is at least max_rate / lowest (a lower bound, said so).
+        lowest = min(st.load.rate for st in nsearch.steps)
+        r["naive_max_rate_below"] = lowest
+        targets.append(Target(name + " (lower bound)", r["max_rate"] / lowest, ">=", 10.0, "x",
+                              f"naive batcher, same run: p99 > {args.slo_ms} ms at every rate tried, down to "
+                              f"{lowest:.1f} req/s"))
 
 
 def part_bert(args, results: dict, targets: list[Target]) -> None:
@@ -178,10 +186,20 @@ def part_bert(args, results: dict, targets: list[Target]) -> None:
                 s.close(drain=False)
     mean_len = sum(lengths) / len(lengths)
     r["ideal_linear_ratio"] = 512 / mean_len
+    # Bucketing's ceiling: the FLOPs of padding every request to 512 over those of running each at its
+    # own length (BERT-base per token and layer: 24 d^2 in the linear layers, 4 L d in attention).
+    d = 768
+
+    def flops(n: int) -> float:
+        return n * (24 * d * d + 4 * n * d)
+
+    r["zero_padding_flop_ratio"] = len(lengths) * flops(512) / sum(flops(n) for n in lengths)
     b, p = r["bucketed"], r["padded_512"]
     bv = b["verified_run"]["verification"]
     targets.append(Target("bert-base 16..512: bucketed / padded-to-512 offline throughput",
-                          b["throughput"] / p["throughput"], ">=", 2.0, "x", "padding to 512, same run"))
+                          b["throughput"] / p["throughput"], ">=", 2.0, "x",
+                          f"padding to 512, same run; with no padding at all the FLOPs ratio would be "
+                          f"{r['zero_padding_flop_ratio']:.2f}x"))
     targets.append(Target("bert-base bucketed: answers whose checksum differs from a direct unpadded call",
                           bv["mismatched"] + bv["lost"], "<=", 0, "",
                           "direct call per sample"))

@@ -208,6 +208,51 @@ def test_static_step_generates_what_generate_does(tiny_models, name):
     assert reqs["tokens"] == [n, n]
 
 
+@pytest.mark.parametrize("name", TINY)
+def test_fused_projections_generate_the_same_tokens_and_count_each_weight_once(tiny_models, name):
+    """gpuopt's static paths run q/k/v (and a gated MLP's gate/up) as one linear layer: same tokens,
+    logits within fp32 rounding, the same bytes per step; GPT-2's attention is fused already."""
+    models = tiny_models[name]
+    fused = models.candidate("fp32", fused=True)
+    layers = models.config.num_hidden_layers
+    assert models.fused_groups["fp32"] == {"tiny-llama": 2 * layers, "tiny-opt": layers, "tiny-gpt2": 0}[name]
+    assert decode_weight_bytes(fused, 1) == decode_weight_bytes(models.reference, 1)
+    prompt = models.prompt(2, 7)
+    n = 9
+    ref_tokens, ref_logits = models.reference_run(prompt, n)
+    d = Decoder(fused, "static", prompt, n, gpuopt._C.StepClock(-1, n), torch.float32)
+    tokens, logits = d.forced_logits(ref_tokens, n)
+    assert torch.equal(tokens, ref_tokens)
+    assert float((logits - ref_logits).abs().max() / ref_logits.abs().max()) < 1e-4
+
+
+def test_a_fused_projection_called_on_another_input_computes_its_own_output():
+    from gpuopt.llm.fuse import FusedProjections, ProjectionPart, fuse_projections
+
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.k_proj = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4, bias=False)
+            self.v_proj = torch.nn.Linear(8, 4)
+
+    a = Attn()
+    x, y = torch.randn(3, 8), torch.randn(3, 8)
+    want = [a.q_proj(x), a.k_proj(y), a.v_proj(x)]
+    assert fuse_projections(a) == 1
+    assert isinstance(a.q_proj, FusedProjections) and isinstance(a.k_proj, ProjectionPart)
+    assert [n for n, _ in a.named_parameters()] == ["q_proj.linear.weight", "q_proj.linear.bias"]
+    got = [a.q_proj(x), a.k_proj(y), a.v_proj(x)]  # k on y: not the fused call's input
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_fuse_applies_to_gpuopts_paths_only(tiny_models):
+    with pytest.raises(ValueError, match="fuse=True applies to gpuopt's static paths"):
+        gpuopt.measure_decode(tiny_models["tiny-opt"], path="hf-generate", precision="fp32", fuse=True)
+    with pytest.raises(TypeError, match="fuse must be True, False or None, got 'yes'"):
+        gpuopt.measure_decode(tiny_models["tiny-opt"], path="static", precision="fp32", fuse="yes")
+
+
 def test_teacher_forcing_feeds_the_reference_history(tiny_models):
     models = tiny_models["tiny-opt"]
     prompt = models.prompt(1, 5)
@@ -327,6 +372,7 @@ def test_measure_decode_on_cpu_follows_the_definitions(tiny_models, path):
     assert r.e2e_ms["p50"] <= r.measurement.p50 and r.e2e_ms["max"] <= r.measurement.max
     assert r.parity is not None and r.parity.passed and r.parity.steps == 6, r.parity.summary()
     assert r.parity.teacher_forced == (path == "static")
+    assert r.fused_projections == (0 if path == "hf-generate" else 2 * tiny_models["tiny-llama"].config.num_hidden_layers)
     assert r.kv_bytes_per_token == tiny_models["tiny-llama"].shape.kv_bytes_per_token(4)
     assert (r.kv_cache_bytes is None) == (path == "hf-generate")
     assert r.hbm_read_gbps is None and "CPU" in r.diagnosis

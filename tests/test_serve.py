@@ -269,7 +269,9 @@ def test_serve_scenarios_on_cpu():
 def test_the_naive_baseline_runs_every_batch_size_once_before_it_is_measured():
     """Like the C++ server, which captures its graphs first, the naive batcher runs the model at every
     batch size 1..max_batch_size before its first measured run (cuDNN autotuning and lazy kernel
-    loading would otherwise land in its first batches of each size), and only once."""
+    loading would otherwise land in its first batches of each size), and only once -- on the thread that
+    serves: PyTorch keeps cuDNN's autotuning results per thread, so the warm-up and every run share one
+    worker thread."""
     from gpuopt.serving import NaiveBatcher
     from gpuopt.serving.server import SampleLayout
 
@@ -278,9 +280,11 @@ def test_the_naive_baseline_runs_every_batch_size_once_before_it_is_measured():
             super().__init__()
             self.lin = torch.nn.Linear(8, 4)
             self.seen: list[int] = []
+            self.threads: set[int] = set()
 
         def forward(self, x):
             self.seen.append(x.shape[0])
+            self.threads.add(threading.get_ident())
             return self.lin(x)
 
     model = Sizes()
@@ -290,14 +294,20 @@ def test_the_naive_baseline_runs_every_batch_size_once_before_it_is_measured():
     with pytest.raises(ValueError, match="add samples first"):
         nb.warm_up()
     nb.add_samples([torch.randn(8) for _ in range(4)])
-    seen = next(m for m in nb.module.modules() if isinstance(m, Sizes)).seen  # the config's copy
+    copy = next(m for m in nb.module.modules() if isinstance(m, Sizes))  # the config's copy
+    seen = copy.seen
     seen.clear()
+    copy.threads.clear()
     r = nb.run_load(scenario="offline", min_queries=40, duration_s=0.0)
     assert seen[:5] == [1, 2, 3, 4, 5] and r.result["ok"] == 40 and r.settings["warmed_up"]
     assert len(seen) - 5 == r.server["batches"]
     before = len(seen)
     again = nb.run_load(scenario="offline", min_queries=40, duration_s=0.0)
     assert len(seen) - before == again.server["batches"], "the second run warms up no more"
+    assert len(copy.threads) == 1 and threading.get_ident() not in copy.threads
+    worker = nb._thread
+    nb.close(timeout_s=10)
+    assert worker is not None and not worker.is_alive()
 
 
 def test_server_scenario_counts_from_schedule():

@@ -10,6 +10,7 @@
 // Every wait is bounded (next_batch takes a timeout); close() wakes every waiter.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -127,6 +128,8 @@ class BatchQueue {
   const BatcherOptions options_;
   mutable std::mutex mu_;
   std::condition_variable changed_;
+  // Bumped by every push() and close(): next_batch() polls it while it spins before sleeping.
+  std::atomic<std::uint64_t> version_{0};
   std::vector<Level> levels_;
   std::vector<Expiry> expiries_;
   bool closed_ = false;

@@ -30,6 +30,7 @@ from ..report.results import Row
 from ..timing.inputs import device_index
 from ..timing.measurement import Measurement, format_ms, measure
 from . import parity as _parity
+from .fuse import fuse_projections
 from .models import (
     LLM_MODELS,
     Shape,
@@ -82,21 +83,27 @@ class Models:
             prepare_for_decoding(self.reference)
         self.config = self.reference.config
         self.shape = Shape.of(self.config)
-        self._by_precision: dict[str, torch.nn.Module] = {"fp32": self.reference}
+        self._by_precision: dict[tuple[str, bool], torch.nn.Module] = {("fp32", False): self.reference}
+        self.fused_groups: dict[str, int] = {}  # precision -> projection groups fused in its fused copy
         self._references: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def candidate(self, precision: str) -> torch.nn.Module:
+    def candidate(self, precision: str, fused: bool = False) -> torch.nn.Module:
+        """The model in ``precision``; ``fused``: a copy of its own with sibling projections fused
+        (:func:`gpuopt.llm.fuse.fuse_projections`, before quantization, so int8 fuses too)."""
         check_precision(precision)
-        if precision not in self._by_precision:
+        key = (precision, bool(fused))
+        if key not in self._by_precision:
             m = copy.deepcopy(self.reference)
+            if fused:
+                self.fused_groups[precision] = fuse_projections(m)
             if precision == "int8wo":
                 from ..quant import quantize_int8_weight_only
 
                 m = quantize_int8_weight_only(m, torch.float16)
             else:
                 m = m.to(_DTYPES[precision])
-            self._by_precision[precision] = m.eval()
-        return self._by_precision[precision]
+            self._by_precision[key] = m.eval()
+        return self._by_precision[key]
 
     def prompt(self, batch_size: int, prompt_len: int) -> torch.Tensor:
         """Random token ids [batch, prompt_len], the same for a given shape and seed."""
@@ -115,9 +122,9 @@ class Models:
 
     def free(self, precision: str | None = None) -> None:
         """Drops a precision's copy (all but the reference when None)."""
-        for p in [precision] if precision else [p for p in self._by_precision if p != "fp32"]:
-            if p != "fp32":
-                self._by_precision.pop(p, None)
+        for key in list(self._by_precision):
+            if key != ("fp32", False) and (precision is None or key[0] == precision):
+                self._by_precision.pop(key)
 
 
 @dataclass
@@ -156,6 +163,7 @@ class DecodeResult:
     diagnosis: str
     parity: _parity.DecodeParity | None = None
     parity_error: str | None = None
+    fused_projections: int = 0  # groups of sibling projections run as one linear layer (gpuopt.llm.fuse)
     build_s: float = 0.0
     warnings: list[str] = field(default_factory=list)
 
@@ -254,14 +262,17 @@ def _diagnose(r: DecodeResult) -> str:
 def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static-graph", precision: str = "fp16",
                    batch_size: int = 1, prompt_len: int = 128, new_tokens: int = 128,
                    device: torch.device | str | int | None = None, seed: int = 0, parity: bool = True,
-                   parity_tokens: int = 32, ceilings: dict | None = None, **measure_options: Any) -> DecodeResult:
+                   parity_tokens: int = 32, ceilings: dict | None = None, fuse: bool | None = None,
+                   **measure_options: Any) -> DecodeResult:
     """Measures one decode cell: ``batch_size`` random prompts of ``prompt_len`` tokens, ``new_tokens``
     generated greedily by ``path`` (see :data:`gpuopt.llm.PATHS`) in ``precision``.
 
     ``model`` is a built-in name (:data:`gpuopt.llm.LLM_MODELS`, random weights), a Hugging Face causal
     LM module (its fp32 copy is the reference), or a :class:`Models` shared across cells. ``parity``
     compares the first ``parity_tokens`` tokens and logits with the fp32 reference
-    (:mod:`gpuopt.llm.parity`). ``ceilings`` (``gpuopt.ceilings()``) gives the HBM read bandwidth;
+    (:mod:`gpuopt.llm.parity`). ``fuse``: run sibling projections (q/k/v, gate/up) as one linear layer
+    (:mod:`gpuopt.llm.fuse`); by default on for gpuopt's static paths, and never for the ``hf-*``
+    baselines, which run the model as transformers ships it. ``ceilings`` (``gpuopt.ceilings()``) gives the HBM read bandwidth;
     without it the cached measurement, else the datasheet, is used. Other keywords are
     :func:`gpuopt.measure` options (defaults :data:`MEASURE_DEFAULTS`).
 
@@ -286,6 +297,13 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
     if path != "hf-generate" and not supports_static_cache(models.reference):
         raise ValueError(f"path {path!r} needs a static KV cache, which {models.name} "
                          f"({type(models.reference).__name__}) does not support; use 'hf-generate'")
+    if fuse is None:
+        fuse = not path.startswith("hf-")
+    elif not isinstance(fuse, bool):
+        raise TypeError(f"fuse must be True, False or None, got {fuse!r}")
+    elif fuse and path.startswith("hf-"):
+        raise ValueError(f"fuse=True applies to gpuopt's static paths; path {path!r} is a baseline that runs the "
+                         "model as transformers ships it")
     index = models.device.index if on_gpu else None
     dtype = _DTYPES[precision]
     element = torch.finfo(dtype).bits // 8
@@ -293,7 +311,7 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
     _check_fits(kv_per_token * batch_size * (prompt_len + new_tokens), index, models.name, batch_size)
 
     t0 = time.perf_counter()
-    candidate = models.candidate(precision)
+    candidate = models.candidate(precision, fused=fuse)
     prompt = models.prompt(batch_size, prompt_len)
     clock = _C.StepClock(-1 if index is None else index, new_tokens)
     decoder = Decoder(candidate, path, prompt, new_tokens, clock, dtype)
@@ -311,6 +329,7 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
         got = token_times(reqs, m.n, new_tokens)
         result = _result(models, decoder, m, got, path=path, precision=precision, index=index, element=element,
                          kv_per_token=kv_per_token, ceilings=ceilings, build_s=build_s)
+        result.fused_projections = models.fused_groups.get(precision, 0) if fuse else 0
         if parity:
             try:
                 result.parity = _check_parity(models, decoder, prompt, min(parity_tokens, new_tokens), precision)

@@ -106,8 +106,7 @@ def serve(model: Any, config: str | Config = "fp32", sample_fn: Any = None, *, s
             return target.run_load(spec, records=records, model_name=name)
         return target.run_load(spec, records=records, verify=verify, model_name=name)
     finally:
-        if isinstance(target, Server):
-            target.close(drain=False)
+        target.close(**({"drain": False} if isinstance(target, Server) else {}))
 
 
 @dataclass

@@ -1,7 +1,12 @@
 """The seeds' naive Python batcher, kept as a named baseline (``batcher="naive"``): a ``queue.Queue``
 of requests and one worker thread that takes the first request, gathers whatever else arrives within
 ``max_wait_ms`` (up to ``max_batch_size``), stacks the samples, moves the batch to the device, calls
-the eager model and answers each request. Measured by the same C++ load generator as the server."""
+the eager model and answers each request. Measured by the same C++ load generator as the server.
+
+The worker thread lives as long as the batcher (as a real server's would), and the warm-up runs on it:
+PyTorch keeps cuDNN's autotuning results per thread (``cudnn.benchmark``), so a warm-up on another
+thread, or a new thread per run, would leave every batch size to be autotuned again inside the
+measurement."""
 
 from __future__ import annotations
 
@@ -20,6 +25,17 @@ from .load import LoadSpec, ServeResult, load_spec
 from .server import SampleLayout, output_tensor
 
 _STOP = object()
+_WARM_UP_TIMEOUT_S = 1800.0  # cuDNN autotunes every batch size once: minutes at most
+
+
+def _serve_jobs(jobs: queue.Queue) -> None:
+    """The worker thread: runs the jobs it is given until a None (it holds no reference to the batcher,
+    so a batcher that is dropped is collected and its __del__ ends the thread)."""
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        job()
 
 
 class NaiveBatcher:
@@ -42,19 +58,61 @@ class NaiveBatcher:
         self._dtypes = [s[0] for s in specs] if specs else None
         self._samples: list[list[torch.Tensor]] = []
         self.warmed_up = False
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def _submit(self, fn: Any) -> tuple[threading.Event, dict[str, BaseException]]:
+        """Runs ``fn`` on the batcher's worker thread (started on first use); returns (done, errors)."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=_serve_jobs, args=(self._jobs,), name="gpuopt-naive-batcher",
+                                            daemon=True)
+            self._thread.start()
+        done, errors = threading.Event(), {}
+
+        def job() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                errors["error"] = exc
+            finally:
+                done.set()
+
+        self._jobs.put(job)
+        return done, errors
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Ends the worker thread (after the job it is running, waiting at most ``timeout_s``)."""
+        thread, self._thread = self._thread, None
+        self._jobs.put(None)
+        if thread is not None:
+            thread.join(timeout=timeout_s)
+
+    def __del__(self) -> None:
+        jobs = self.__dict__.get("_jobs")
+        if jobs is not None:
+            jobs.put(None)
 
     def warm_up(self) -> None:
         """Runs the model once at every batch size from 1 to ``max_batch_size``, so that no measured
         batch pays a shape's first run (cuDNN's autotuning under ``cudnn.benchmark``, CUDA's lazy kernel
         loading): the C++ server captures its graphs before it is measured, and the baseline gets the
-        same start. :meth:`run_load` calls it once."""
+        same start. :meth:`run_load` calls it once. It runs on the worker thread, where cuDNN keeps what
+        it learned."""
         if not self._samples:
             raise ValueError("add samples first (add_samples)")
         cfg, dev = self.prepared.config, self.device
-        for b in range(1, self.max_batch_size + 1):  # as the worker runs a batch
-            batch = [torch.stack([t] * b).to(dev) for t in self._samples[0]]
-            with cfg.guard(dev.type):
-                output_tensor(self.layout.call(self.module, batch)).cpu()
+
+        def every_size() -> None:
+            for b in range(1, self.max_batch_size + 1):  # as the worker runs a batch
+                batch = [torch.stack([t] * b).to(dev) for t in self._samples[0]]
+                with cfg.guard(dev.type):
+                    output_tensor(self.layout.call(self.module, batch)).cpu()
+
+        done, errors = self._submit(every_size)
+        if not done.wait(_WARM_UP_TIMEOUT_S):
+            raise TimeoutError(f"the naive batcher's warm-up did not finish within {_WARM_UP_TIMEOUT_S:.0f} s")
+        if "error" in errors:
+            raise errors["error"]
         self.warmed_up = True
 
     def add_samples(self, samples: list[Any]) -> int:
@@ -126,9 +184,7 @@ class NaiveBatcher:
 
         generator = _C.LoadGenerator(options, issue)
         stats = {"batches": 0, "busy_s": 0.0}
-        worker = threading.Thread(target=self._worker, args=(q, generator, stats), name="gpuopt-naive-batcher",
-                                  daemon=True)
-        worker.start()
+        served, errors = self._submit(lambda: self._worker(q, generator, stats))
         t0 = time.perf_counter()
         try:
             run = generator.run(records)
@@ -139,7 +195,9 @@ class NaiveBatcher:
                 except queue.Empty:
                     break
             q.put(_STOP)
-            worker.join(timeout=spec.drain_timeout_s)
+            served.wait(timeout=spec.drain_timeout_s)
+        if "error" in errors:
+            raise errors["error"]
         run["wall_s"] = time.perf_counter() - t0
         run["busy_s"] = stats["busy_s"]
         recs = run.pop("records")

@@ -1,0 +1,96 @@
+"""Fused input projections for gpuopt's decode paths.
+
+At batch 1 a decode step is a chain of matrix-vector products, each reading one weight matrix; a small
+matrix costs a kernel's launch and ramp-up as much as its bytes (on an H100, OPT-1.3B's 2048 x 2048
+projections ran at 1.3 TB/s, its 2048 x 8192 ones at 2.4 TB/s). The projections that read the same
+input -- an attention layer's q, k and v, a gated MLP's gate and up -- are fused here into one linear
+layer over their concatenated weights: one larger GEMM (or one int8 kernel after quantization) instead
+of two or three, with the same arithmetic per output (the parity check compares every cell with the
+unfused fp32 reference).
+
+The model's own forward is unchanged: the first projection computes all outputs and returns its
+slice, the others return theirs from that same call (and compute afresh if called on another input,
+so a model that does not follow the q, k, v order stays correct, only unfused).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# The sibling projections fused, in the order a model's forward calls them.
+GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class FusedProjections(nn.Module):
+    """Several linear layers reading one input, as one (``linear``, their weights concatenated)."""
+
+    def __init__(self, linears: list[nn.Linear]):
+        super().__init__()
+        first = linears[0]
+        w = first.weight
+        has_bias = any(m.bias is not None for m in linears)
+        self.sizes = tuple(m.out_features for m in linears)
+        self.linear = nn.Linear(first.in_features, sum(self.sizes), bias=has_bias, device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.cat([m.weight for m in linears]))
+            if has_bias:
+                self.linear.bias.copy_(torch.cat([m.bias if m.bias is not None else
+                                                  torch.zeros(m.out_features, device=w.device, dtype=w.dtype)
+                                                  for m in linears]))
+        self.linear.requires_grad_(False)
+        self._last: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The first projection's output; the others' are kept for :meth:`part`."""
+        parts = self.linear(x).split(self.sizes, dim=-1)
+        self._last = (x, parts)
+        return parts[0]
+
+    def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        last = self._last
+        if last is not None and last[0] is x:
+            return last[1][index]
+        return self.linear(x).split(self.sizes, dim=-1)[index]
+
+    def extra_repr(self) -> str:
+        return f"sizes={self.sizes}"
+
+
+class ProjectionPart(nn.Module):
+    """Projection ``index`` (> 0) of a :class:`FusedProjections`: its slice of the fused output."""
+
+    def __init__(self, fused: FusedProjections, index: int):
+        super().__init__()
+        self._fused = (fused,)  # not a submodule: its weights are counted once, under the fused module
+        self.index = index
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._fused[0].part(x, self.index)
+
+    def extra_repr(self) -> str:
+        return f"index={self.index}"
+
+
+def fuse_projections(model: nn.Module) -> int:
+    """Fuses, in place, every group of :data:`GROUPS` found as plain ``nn.Linear`` siblings with one
+    input size, dtype and device; returns how many groups were fused."""
+    count = 0
+    for module in list(model.modules()):
+        for names in GROUPS:
+            linears = [getattr(module, n, None) for n in names]
+            if not all(type(m) is nn.Linear for m in linears):
+                continue
+            w0 = linears[0].weight
+            if any(m.in_features != linears[0].in_features or m.weight.dtype != w0.dtype or
+                   m.weight.device != w0.device for m in linears):
+                continue
+            fused = FusedProjections(linears)
+            setattr(module, names[0], fused)
+            for i, n in enumerate(names[1:], start=1):
+                setattr(module, n, ProjectionPart(fused, i))
+            count += 1
+    return count
+
+
+__all__ = ["GROUPS", "FusedProjections", "ProjectionPart", "fuse_projections"]
