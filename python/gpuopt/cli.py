@@ -151,6 +151,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=_devices,
                    help="one process per GPU through torch.distributed: 'all', a count, or indices 0,2; with "
                         "--device cpu the number of CPU ranks (see README: Several GPUs)")
+    p.add_argument("--strategy", default="replicas",
+                   help="with --gpus: replicas (each rank its own batches, default) or split (each batch size is "
+                        "the global batch, scattered over the ranks and gathered back)")
     p.add_argument("--output", help="results folder (default gpuopt-results/<model>-<time>)")
     _measure_args(p)
     p.set_defaults(run=_run_bench)
@@ -181,9 +184,10 @@ def _run_bench(args: argparse.Namespace) -> int:
     try:
         plan = plan_benchmark(model, configs=configs[0] if len(configs) == 1 else configs,
                               batch_sizes=args.batch_sizes or [1, 8, 16, 32],
-                              modes=args.modes or ("latency", "throughput"), parity=not args.no_parity,
+                              modes=args.modes, parity=not args.no_parity,
                               train=args.train, output_dir=out, device=args.device, profile=args.profile,
-                              progress=not args.quiet, devices=args.gpus, **_measure_options(args))
+                              progress=not args.quiet, devices=args.gpus, strategy=args.strategy,
+                              **_measure_options(args))
     except (ValueError, TypeError, ImportError) as exc:
         raise UsageError(str(exc)) from exc
     if not gpu and args.device is None and not args.quiet:  # after the usage checks: their error comes alone

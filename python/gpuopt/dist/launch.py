@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from ..report.results import Results
 from ..run.bench import BenchmarkPlan
-from . import worker
+from . import split, worker
 from .worker import RankFailedError
 
 # torchrun() waits this many collective timeouts for a job of its own, then kills it (a benchmark's
@@ -49,12 +49,17 @@ def resolve(devices: Any, plan: BenchmarkPlan, call: dict[str, Any]) -> Callable
                          "and the GPUs in devices, e.g. devices=[1, 2]")
     joined = worker.torchrun_env()
     if joined is not None:
-        return functools.partial(worker.run_rank, cuda_indices=_joined_devices(devices, cuda, joined[1]))
+        indices = _joined_devices(devices, cuda, joined[1])
+        if plan.strategy == "split":
+            split.check_batches(plan.batch_sizes, joined[1])
+        return functools.partial(worker.run_rank, cuda_indices=indices)
     if not cuda and call["device"] is None:  # no GPU visible: CPU ranks only when asked for by name
         visible = torch.cuda.device_count()
         raise ValueError(f"devices={devices!r} asks for GPUs and {visible} are visible; for ranks on the CPU give "
                          "device='cpu' (e.g. devices=2, device='cpu')")
     indices = _cuda_devices(devices) if cuda else list(range(_cpu_ranks(devices)))
+    if plan.strategy == "split":
+        split.check_batches(plan.batch_sizes, len(indices))
     spec = _spec(call, plan)
     return functools.partial(launch_benchmark, spec=spec, cuda_indices=indices if cuda else None, nproc=len(indices))
 

@@ -43,6 +43,7 @@ from ..report.results import Results, Row, dist_mode, read_cells
 from ..run.bench import BenchmarkPlan, benchmark
 from ..run.runner import ProgressBar
 from ..timing import nvml
+from . import split
 from .aggregate import aggregate_row
 
 TIMEOUT_ENV = "GPUOPT_DIST_TIMEOUT_S"
@@ -273,7 +274,17 @@ def _phases(plan: BenchmarkPlan, device: torch.device, rank: int, world: int, lo
             if alone is not None:
                 alone.run_batch(batch, [config])
             group.align()  # the other ranks wait here while rank 0 measures this cell alone
-            together.run_batch(batch, [config])
+            if plan.strategy == "split":
+                cell = f"{one.work.name} b{batch} {config.label} split over {world} ranks"
+                bar("start", cell)
+                row = split.run_cell(one, config, batch, single[-1] if single else None, group, device)
+                if row is not None:
+                    mine.append(row)
+                    if files is not None:
+                        files.add(row)
+                bar("done", cell)
+            else:
+                together.run_batch(batch, [config])
     finally:
         bar.close()
     gathered = group.gather([r.to_dict() for r in mine])
@@ -283,7 +294,8 @@ def _phases(plan: BenchmarkPlan, device: torch.device, rank: int, world: int, lo
         results = Results(mine, env=own.env, build=own.build, spec=own.spec, ceilings=own.ceilings,
                           profiles=own.profiles)
     else:
-        results = _combine(own, single, [[Row.from_dict(d) for d in rows] for rows in gathered], world, device)
+        results = (_combine_split(own, single, mine, world, device) if plan.strategy == "split" else
+                   _combine(own, single, [[Row.from_dict(d) for d in rows] for rows in gathered], world, device))
         if plan.output_dir is not None:
             results.save(plan.output_dir)
     if files is not None:
@@ -294,11 +306,28 @@ def _phases(plan: BenchmarkPlan, device: torch.device, rank: int, world: int, lo
     return results
 
 
+def _dist_spec(own: Results, world: int, device: torch.device, strategy: str) -> Results:
+    return Results(env=own.env, build=own.build, ceilings=own.ceilings, profiles=own.profiles,
+                   spec={**own.spec, "dist": {"world_size": world, "backend": dist.get_backend(),
+                                              "device_type": device.type, "strategy": strategy}})
+
+
+def _combine_split(own: Results, single: list[Row], split_rows: list[Row], world: int,
+                   device: torch.device) -> Results:
+    """Rank 0's Results of the split strategy: per cell the baseline (rank 0 alone, global batch) and
+    the split row."""
+    results = _dist_spec(own, world, device, "split")
+    singles = {(r.model, r.config, r.batch_size): r for r in single}
+    for row in split_rows:
+        base = singles.get((row.model, row.config, row.batch_size))
+        for r in ([base] if base is not None else []) + [row]:
+            results.add(r)
+    return results
+
+
 def _combine(own: Results, single: list[Row], per_rank: list[list[Row]], world: int, device: torch.device) -> Results:
     """Rank 0's Results: per cell the baseline, each rank's row and their aggregate."""
-    results = Results(env=own.env, build=own.build, ceilings=own.ceilings, profiles=own.profiles,
-                      spec={**own.spec, "dist": {"world_size": world, "backend": dist.get_backend(),
-                                                 "device_type": device.type}})
+    results = _dist_spec(own, world, device, "replicas")
     singles = {(r.model, r.config, r.batch_size, r.dist["mode"]): r for r in single}
     for cell in zip(*per_rank, strict=True):
         keys = {(r.model, r.config, r.batch_size, r.dist["mode"]) for r in cell}
