@@ -90,13 +90,15 @@ def ranks_dir(output_dir: str | os.PathLike) -> Path:
 class RankFiles:
     """One rank's files: its rows as they finish and its state (running, done, failed: its own error,
     aborted: a collective failed because another rank stopped). ``done`` is final: a rank whose part
-    is complete (rank 0: the results written) stays done if another rank stops afterwards."""
+    is complete (rank 0: the results written) stays done if another rank stops afterwards. With
+    ``rows=False`` (a sweep: its ranks keep their cells files of their own) only the state."""
 
-    def __init__(self, output_dir: str | os.PathLike, rank: int):
+    def __init__(self, output_dir: str | os.PathLike, rank: int, rows: bool = True):
         self.dir, self.rank, self.current = ranks_dir(output_dir), rank, None
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rows_path = self.dir / f"rank{rank}.jsonl"
-        self.rows_path.write_text("")
+        if rows:
+            self.rows_path.write_text("")
         self.state("running")
 
     def state(self, state: str, error: str | None = None) -> None:
@@ -163,8 +165,9 @@ class _Group:
     """The collectives of this rank, each turning a failure into a RankFailedError naming the rank
     that stopped (read from the ranks' files where there are some)."""
 
-    def __init__(self, rank: int, world: int, files: RankFiles | None, output_dir: str | None):
+    def __init__(self, rank: int, world: int, files: RankFiles | None, output_dir: str | None, pg: Any = None):
         self.rank, self.world, self.files, self.output_dir = rank, world, files, output_dir
+        self.pg = pg  # the process group of the collectives (None: the default one)
         self.t0 = time.monotonic()  # when this rank left the last aligning barrier
 
     def _run(self, what: str, fn: Callable[[], Any]) -> Any:
@@ -181,13 +184,24 @@ class _Group:
                                   [r for r, _ in stopped]) from exc
 
     def align(self, what: str = "the barrier") -> None:
-        self._run(what, dist.barrier)
+        self._run(what, lambda: dist.barrier(group=self.pg))
         self.t0 = time.monotonic()
 
     def gather(self, payload: Any) -> list[Any] | None:
         out = [None] * self.world if self.rank == 0 else None
-        self._run("gathering the rows on rank 0", lambda: dist.gather_object(payload, out, dst=0))
+        self._run("gathering the rows on rank 0", lambda: dist.gather_object(payload, out, dst=0, group=self.pg))
         return out
+
+    def all_gather(self, what: str, payload: Any) -> list[Any]:
+        out = [None] * self.world
+        self._run(what, lambda: dist.all_gather_object(out, payload, group=self.pg))
+        return out
+
+    def broadcast(self, what: str, payload: Any) -> Any:
+        """Rank 0's ``payload``, on every rank."""
+        box = [payload]
+        self._run(what, lambda: dist.broadcast_object_list(box, src=0, group=self.pg))
+        return box[0]
 
 
 def _neighbours(index: int) -> list[str]:
