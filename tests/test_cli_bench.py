@@ -165,10 +165,10 @@ def test_sweep_resume_interrupt_and_no_resume_from_the_command_line(tmp_path, mo
     spec = _spec_file(tmp_path, batch_sizes=[1, 2, 3, 4])
     real = gpuopt.run.runner.Runner.run_batch
 
-    def interrupted_after_two(self, batch):
+    def interrupted_after_two(self, batch, configs=None):
         if batch == 3:
             raise KeyboardInterrupt
-        real(self, batch)
+        real(self, batch, configs)
 
     monkeypatch.setattr(gpuopt.run.runner.Runner, "run_batch", interrupted_after_two)
     assert main(["sweep", spec, "--output", str(out)]) == 130

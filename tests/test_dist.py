@@ -288,7 +288,8 @@ def test_two_cpu_ranks_give_rows_per_rank_an_aggregate_and_the_efficiency(two_ra
     results, out = two_ranks
     assert not results.failed
     assert results.modes() == ["host @1 rank", "host @rank0/2", "host @rank1/2", "host @2 ranks"]
-    assert results.spec["dist"] == {"world_size": 2, "backend": "gloo", "device_type": "cpu"}
+    assert results.spec["dist"] == {"world_size": 2, "backend": "gloo", "device_type": "cpu",
+                                   "strategy": "replicas"}
     for b in (1, 2):
         single = results.find("tiny-cnn", "fp32", b, "host @1 rank")
         ranks = [results.find("tiny-cnn", "fp32", b, f"host @rank{r}/2") for r in (0, 1)]

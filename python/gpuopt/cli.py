@@ -151,6 +151,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", type=_devices,
                    help="one process per GPU through torch.distributed: 'all', a count, or indices 0,2; with "
                         "--device cpu the number of CPU ranks (see README: Several GPUs)")
+    p.add_argument("--strategy", default="replicas",
+                   help="with --gpus: replicas (each rank its own batches, default) or split (each batch size is "
+                        "the global batch, scattered over the ranks and gathered back)")
     p.add_argument("--output", help="results folder (default gpuopt-results/<model>-<time>)")
     _measure_args(p)
     p.set_defaults(run=_run_bench)
@@ -181,9 +184,10 @@ def _run_bench(args: argparse.Namespace) -> int:
     try:
         plan = plan_benchmark(model, configs=configs[0] if len(configs) == 1 else configs,
                               batch_sizes=args.batch_sizes or [1, 8, 16, 32],
-                              modes=args.modes or ("latency", "throughput"), parity=not args.no_parity,
+                              modes=args.modes, parity=not args.no_parity,
                               train=args.train, output_dir=out, device=args.device, profile=args.profile,
-                              progress=not args.quiet, devices=args.gpus, **_measure_options(args))
+                              progress=not args.quiet, devices=args.gpus, strategy=args.strategy,
+                              **_measure_options(args))
     except (ValueError, TypeError, ImportError) as exc:
         raise UsageError(str(exc)) from exc
     if not gpu and args.device is None and not args.quiet:  # after the usage checks: their error comes alone
@@ -193,9 +197,9 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 def _run_plan(plan: BenchmarkPlan | SweepPlan, command: str, out: str, quiet: bool, where: str,
-              resume_hint: str) -> int:
-    """Run a validated plan: 0 when every cell succeeded, 1 when one failed or the run stopped, 130
-    when interrupted (the results so far are written in every case)."""
+              resume_hint: str, failed_cells: int = 1) -> int:
+    """Run a validated plan: 0 when every cell succeeded, ``failed_cells`` when one failed, 1 when the
+    run stopped, 130 when interrupted (the results so far are written in every case)."""
     try:
         results = plan.run()
     except KeyboardInterrupt:
@@ -217,7 +221,7 @@ def _run_plan(plan: BenchmarkPlan | SweepPlan, command: str, out: str, quiet: bo
     else:
         print(results.table())
         print(f"\nresults: {where}")
-    return 1 if results.failed else 0
+    return failed_cells if results.failed else 0
 
 
 def _add_sweep(sub: argparse._SubParsersAction) -> None:
@@ -227,16 +231,30 @@ def _add_sweep(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-resume", action="store_true",
                    help="start over: an earlier sweep's files in --output are moved to previous-<time>/")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the final summary and errors")
+    p.add_argument("--gpus", type=_devices,
+                   help="spread the cells over one process per GPU through torchrun: 'all', a count, or indices "
+                        "0,2; with device = 'cpu' in the spec the number of CPU ranks. Inside a torchrun job "
+                        "(yours, several machines too) the default is 'all': its ranks (see README: Several GPUs)")
     p.set_defaults(run=_run_sweep)
 
 
 def _run_sweep(args: argparse.Namespace) -> int:
+    from .dist.worker import torchrun_env
     from .run.sweeps import plan_sweep
 
+    devices = args.gpus if args.gpus is not None or torchrun_env() is None else "all"
     try:
-        plan = plan_sweep(args.spec, args.output, resume=not args.no_resume, progress=not args.quiet)
+        plan = plan_sweep(args.spec, args.output, resume=not args.no_resume, progress=not args.quiet,
+                          devices=devices)
     except (ValueError, TypeError, ImportError) as exc:
         raise UsageError(str(exc)) from exc
+    joined = torchrun_env()
+    if joined is not None:  # one rank of several: a line of its own; rank 0 merged every rank's cells
+        rank, world, _ = joined
+        where = f"{args.output}/ ({'merged by this rank, 0' if rank == 0 else f'rank {rank}'} of {world})"
+        # exit 0 with failed cells: a rank's error status would make torchrun stop the job
+        return _run_plan(plan, f"sweep (rank {rank})", args.output, True, where,
+                         f" (cells-rank{rank}.jsonl); rerun the same command to resume", failed_cells=0)
     return _run_plan(plan, "sweep", args.output, args.quiet, f"{args.output}/",
                      " (cells.jsonl); rerun the same command to resume")
 

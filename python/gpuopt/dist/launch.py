@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from ..report.results import Results
 from ..run.bench import BenchmarkPlan
-from . import worker
+from . import split, worker
 from .worker import RankFailedError
 
 # torchrun() waits this many collective timeouts for a job of its own, then kills it (a benchmark's
@@ -49,12 +49,17 @@ def resolve(devices: Any, plan: BenchmarkPlan, call: dict[str, Any]) -> Callable
                          "and the GPUs in devices, e.g. devices=[1, 2]")
     joined = worker.torchrun_env()
     if joined is not None:
-        return functools.partial(worker.run_rank, cuda_indices=_joined_devices(devices, cuda, joined[1]))
+        indices = _joined_devices(devices, cuda, joined[1])
+        if plan.strategy == "split":
+            split.check_batches(plan.batch_sizes, joined[1])
+        return functools.partial(worker.run_rank, cuda_indices=indices)
     if not cuda and call["device"] is None:  # no GPU visible: CPU ranks only when asked for by name
         visible = torch.cuda.device_count()
         raise ValueError(f"devices={devices!r} asks for GPUs and {visible} are visible; for ranks on the CPU give "
                          "device='cpu' (e.g. devices=2, device='cpu')")
     indices = _cuda_devices(devices) if cuda else list(range(_cpu_ranks(devices)))
+    if plan.strategy == "split":
+        split.check_batches(plan.batch_sizes, len(indices))
     spec = _spec(call, plan)
     return functools.partial(launch_benchmark, spec=spec, cuda_indices=indices if cuda else None, nproc=len(indices))
 
@@ -140,11 +145,7 @@ def launch_benchmark(plan: BenchmarkPlan, *, spec: dict[str, Any], nproc: int,
     spec_path = worker.ranks_dir(out) / "spec.json"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(json.dumps({**spec, "output_dir": str(out), "devices": nproc}, indent=1))
-    env = dict(os.environ)
-    if cuda_indices is not None:
-        given = os.environ.get("CUDA_VISIBLE_DEVICES")
-        names = given.split(",") if given else [str(i) for i in range(torch.cuda.device_count())]
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(names[i] for i in cuda_indices)
+    env = environment(cuda_indices)
     try:
         torchrun(["-m", "gpuopt.dist", str(spec_path)], nproc, output_dir=out, env=env, echo=plan.progress,
                  timeout_s=_job_timeout_s(plan))
@@ -158,6 +159,17 @@ def launch_benchmark(plan: BenchmarkPlan, *, spec: dict[str, Any], nproc: int,
     return results
 
 
+def environment(cuda_indices: Sequence[int] | None) -> dict[str, str]:
+    """This process's environment for a job's ranks: on CUDA only the GPUs ``cuda_indices`` names
+    visible, in that order (local rank i takes the i-th)."""
+    env = dict(os.environ)
+    if cuda_indices is not None:
+        given = os.environ.get("CUDA_VISIBLE_DEVICES")
+        names = given.split(",") if given else [str(i) for i in range(torch.cuda.device_count())]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(names[i] for i in cuda_indices)
+    return env
+
+
 def _job_timeout_s(plan: BenchmarkPlan) -> float:
     """How long the launcher waits for a benchmark's job (a net for a job hung on every rank): per cell
     (a config at a batch size) two collective timeouts -- rank 0 alone, which the others wait for at most
@@ -168,16 +180,19 @@ def _job_timeout_s(plan: BenchmarkPlan) -> float:
 
 
 def torchrun(target: Sequence[str], nproc: int, *, output_dir: str | os.PathLike, env: dict[str, str] | None = None,
-             echo: bool = True, timeout_s: float | None = None) -> None:
+             echo: bool = True, timeout_s: float | None = None, keep: Callable[[], int] | None = None) -> None:
     """``python -m torch.distributed.run --nproc-per-node N --rdzv-backend c10d --rdzv-endpoint localhost:0
     TARGET`` (e.g. ``["-m", "gpuopt.dist", "spec.json"]``), its output in
     ``OUTPUT/ranks/torchrun.log`` (and on stderr with ``echo``), waited for at most ``timeout_s`` (default:
     three collective timeouts and two minutes). A rank that fails raises :class:`RankFailedError` naming
     it (torchrun's exit status per rank, the rank's own report); the rows finished so far are then in
-    ``OUTPUT/results.json``, as after a timeout (the job is stopped: TimeoutError) or Ctrl-C. The rank
+    ``OUTPUT/results.json``, as after a timeout (the job is stopped: TimeoutError) or Ctrl-C -- written
+    by ``keep``, which returns how many (default: a benchmark's rows from the ranks' files). The rank
     files of an earlier job in ``OUTPUT/ranks/`` are removed first."""
     if timeout_s is None:
         timeout_s = _WAIT_TIMEOUTS * worker.timeout_s() + _START_S
+    if keep is None:
+        keep = functools.partial(_keep_rows, output_dir, nproc)
     log_path = worker.ranks_dir(output_dir) / "torchrun.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     worker.clear_rank_files(output_dir)
@@ -195,18 +210,22 @@ def torchrun(target: Sequence[str], nproc: int, *, output_dir: str | os.PathLike
         except subprocess.TimeoutExpired:
             _kill(proc, output_dir, nproc, run_id)
             copier.join(timeout=10)
-            kept = len(worker.save_rows_so_far(output_dir, nproc).rows)
+            kept = keep()
             raise TimeoutError(f"the {nproc} ranks did not finish within {timeout_s:g} s and were stopped; the {kept} "
                                f"rows finished so far are in {Path(output_dir) / 'results.json'}") from None
         except BaseException:  # Ctrl-C: the job is in a session of its own, so the terminal's signal missed it
             _kill(proc, output_dir, nproc, run_id)
-            worker.save_rows_so_far(output_dir, nproc)
+            keep()
             raise
         copier.join(timeout=10)
     if code == 0:
         return
     text = log_path.read_text(errors="replace")
-    raise _failure(text, nproc, code, output_dir, log_path)
+    raise _failure(text, nproc, code, output_dir, log_path, keep)
+
+
+def _keep_rows(output_dir: str | os.PathLike, nproc: int) -> int:
+    return len(worker.save_rows_so_far(output_dir, nproc).rows)
 
 
 def _copy(stream, log, echo: bool) -> None:
@@ -279,7 +298,8 @@ def _describe(code: int) -> str:
     return f"exit code {code}"
 
 
-def _failure(text: str, nproc: int, code: int, output_dir: str | os.PathLike, log_path: Path) -> RankFailedError:
+def _failure(text: str, nproc: int, code: int, output_dir: str | os.PathLike, log_path: Path,
+             keep: Callable[[], int] | None = None) -> RankFailedError:
     root, codes = exit_codes(text)
     states = worker.reports(output_dir, nproc)
     # The ranks that stopped on their own: the first torchrun saw fail, those that exited with a status of
@@ -304,8 +324,8 @@ def _failure(text: str, nproc: int, code: int, output_dir: str | os.PathLike, lo
         parts.append(f"rank {r} stopped{how}: {error}")
     if not parts:
         parts.append(f"torchrun exited with code {code} (its output: {log_path})")
-    kept = worker.save_rows_so_far(output_dir, nproc)
+    kept = (keep or functools.partial(_keep_rows, output_dir, nproc))()
     done = states.get(0, {}).get("state") == "done"
     where = Path(output_dir) / "results.json"
     return RankFailedError(f"{'; '.join(parts)}; " + (f"rank 0 had finished: the complete results are in {where}" if done
-                           else f"the {len(kept.rows)} rows finished so far are in {where}"), culprits)
+                           else f"the {kept} rows finished so far are in {where}"), culprits)

@@ -43,6 +43,7 @@ from ..report.results import Results, Row, dist_mode, read_cells
 from ..run.bench import BenchmarkPlan, benchmark
 from ..run.runner import ProgressBar
 from ..timing import nvml
+from . import split
 from .aggregate import aggregate_row
 
 TIMEOUT_ENV = "GPUOPT_DIST_TIMEOUT_S"
@@ -89,13 +90,15 @@ def ranks_dir(output_dir: str | os.PathLike) -> Path:
 class RankFiles:
     """One rank's files: its rows as they finish and its state (running, done, failed: its own error,
     aborted: a collective failed because another rank stopped). ``done`` is final: a rank whose part
-    is complete (rank 0: the results written) stays done if another rank stops afterwards."""
+    is complete (rank 0: the results written) stays done if another rank stops afterwards. With
+    ``rows=False`` (a sweep: its ranks keep their cells files of their own) only the state."""
 
-    def __init__(self, output_dir: str | os.PathLike, rank: int):
+    def __init__(self, output_dir: str | os.PathLike, rank: int, rows: bool = True):
         self.dir, self.rank, self.current = ranks_dir(output_dir), rank, None
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rows_path = self.dir / f"rank{rank}.jsonl"
-        self.rows_path.write_text("")
+        if rows:
+            self.rows_path.write_text("")
         self.state("running")
 
     def state(self, state: str, error: str | None = None) -> None:
@@ -162,8 +165,9 @@ class _Group:
     """The collectives of this rank, each turning a failure into a RankFailedError naming the rank
     that stopped (read from the ranks' files where there are some)."""
 
-    def __init__(self, rank: int, world: int, files: RankFiles | None, output_dir: str | None):
+    def __init__(self, rank: int, world: int, files: RankFiles | None, output_dir: str | None, pg: Any = None):
         self.rank, self.world, self.files, self.output_dir = rank, world, files, output_dir
+        self.pg = pg  # the process group of the collectives (None: the default one)
         self.t0 = time.monotonic()  # when this rank left the last aligning barrier
 
     def _run(self, what: str, fn: Callable[[], Any]) -> Any:
@@ -180,13 +184,24 @@ class _Group:
                                   [r for r, _ in stopped]) from exc
 
     def align(self, what: str = "the barrier") -> None:
-        self._run(what, dist.barrier)
+        self._run(what, lambda: dist.barrier(group=self.pg))
         self.t0 = time.monotonic()
 
     def gather(self, payload: Any) -> list[Any] | None:
         out = [None] * self.world if self.rank == 0 else None
-        self._run("gathering the rows on rank 0", lambda: dist.gather_object(payload, out, dst=0))
+        self._run("gathering the rows on rank 0", lambda: dist.gather_object(payload, out, dst=0, group=self.pg))
         return out
+
+    def all_gather(self, what: str, payload: Any) -> list[Any]:
+        out = [None] * self.world
+        self._run(what, lambda: dist.all_gather_object(out, payload, group=self.pg))
+        return out
+
+    def broadcast(self, what: str, payload: Any) -> Any:
+        """Rank 0's ``payload``, on every rank."""
+        box = [payload]
+        self._run(what, lambda: dist.broadcast_object_list(box, src=0, group=self.pg))
+        return box[0]
 
 
 def _neighbours(index: int) -> list[str]:
@@ -273,7 +288,17 @@ def _phases(plan: BenchmarkPlan, device: torch.device, rank: int, world: int, lo
             if alone is not None:
                 alone.run_batch(batch, [config])
             group.align()  # the other ranks wait here while rank 0 measures this cell alone
-            together.run_batch(batch, [config])
+            if plan.strategy == "split":
+                cell = f"{one.work.name} b{batch} {config.label} split over {world} ranks"
+                bar("start", cell)
+                row = split.run_cell(one, config, batch, single[-1] if single else None, group, device)
+                if row is not None:
+                    mine.append(row)
+                    if files is not None:
+                        files.add(row)
+                bar("done", cell)
+            else:
+                together.run_batch(batch, [config])
     finally:
         bar.close()
     gathered = group.gather([r.to_dict() for r in mine])
@@ -283,7 +308,8 @@ def _phases(plan: BenchmarkPlan, device: torch.device, rank: int, world: int, lo
         results = Results(mine, env=own.env, build=own.build, spec=own.spec, ceilings=own.ceilings,
                           profiles=own.profiles)
     else:
-        results = _combine(own, single, [[Row.from_dict(d) for d in rows] for rows in gathered], world, device)
+        results = (_combine_split(own, single, mine, world, device) if plan.strategy == "split" else
+                   _combine(own, single, [[Row.from_dict(d) for d in rows] for rows in gathered], world, device))
         if plan.output_dir is not None:
             results.save(plan.output_dir)
     if files is not None:
@@ -294,11 +320,28 @@ def _phases(plan: BenchmarkPlan, device: torch.device, rank: int, world: int, lo
     return results
 
 
+def _dist_spec(own: Results, world: int, device: torch.device, strategy: str) -> Results:
+    return Results(env=own.env, build=own.build, ceilings=own.ceilings, profiles=own.profiles,
+                   spec={**own.spec, "dist": {"world_size": world, "backend": dist.get_backend(),
+                                              "device_type": device.type, "strategy": strategy}})
+
+
+def _combine_split(own: Results, single: list[Row], split_rows: list[Row], world: int,
+                   device: torch.device) -> Results:
+    """Rank 0's Results of the split strategy: per cell the baseline (rank 0 alone, global batch) and
+    the split row."""
+    results = _dist_spec(own, world, device, "split")
+    singles = {(r.model, r.config, r.batch_size): r for r in single}
+    for row in split_rows:
+        base = singles.get((row.model, row.config, row.batch_size))
+        for r in ([base] if base is not None else []) + [row]:
+            results.add(r)
+    return results
+
+
 def _combine(own: Results, single: list[Row], per_rank: list[list[Row]], world: int, device: torch.device) -> Results:
     """Rank 0's Results: per cell the baseline, each rank's row and their aggregate."""
-    results = Results(env=own.env, build=own.build, ceilings=own.ceilings, profiles=own.profiles,
-                      spec={**own.spec, "dist": {"world_size": world, "backend": dist.get_backend(),
-                                                 "device_type": device.type}})
+    results = _dist_spec(own, world, device, "replicas")
     singles = {(r.model, r.config, r.batch_size, r.dist["mode"]): r for r in single}
     for cell in zip(*per_rank, strict=True):
         keys = {(r.model, r.config, r.batch_size, r.dist["mode"]) for r in cell}

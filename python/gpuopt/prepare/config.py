@@ -331,8 +331,24 @@ class Prepared:
         self._check_ok()
         if self._graph is not None:
             self(inputs)  # loads the static buffers
-            graph = self._graph
-            return graph.replay
+            return self._graph.replay
+        return self.bound(inputs)[0]
+
+    def bound(self, inputs: Any) -> tuple[Callable[[], Any], tuple[tuple, dict]]:
+        """:meth:`runner` that returns the outputs, and the ``(args, kwargs)`` it reads on every call:
+        writing new values into those tensors in place (a collective receiving the next batch) changes
+        what the next call computes. For a cudagraph config they are the graph's static inputs, and the
+        outputs its static outputs (overwritten by the next call)."""
+        self._check_ok()
+        if self._graph is not None:
+            self(inputs)  # loads the static buffers
+            replay, out = self._graph.replay, self._static_out
+
+            def replayed():
+                replay()
+                return out
+
+            return replayed, self._static_in
         args, kwargs = self.convert_inputs(inputs)
         module, guard = self.module, self._guard()  # one guard object, entered per call
 
@@ -340,7 +356,7 @@ class Prepared:
             with guard:
                 return module(*args, **kwargs)
 
-        return run
+        return run, (args, kwargs)
 
     def to_dict(self) -> dict[str, Any]:
         return {"config": str(self.config), "label": self.label, "ok": self.ok, "error": self.error,

@@ -70,9 +70,10 @@ class Row:
     # An LLM decode cell (mode "llm:p<prompt>+n<new tokens>"): TTFT, TPOT, ITL, tokens/s, bytes and
     # bandwidth, the prefill's roofline placement (gpuopt.llm.DecodeResult.llm_dict()).
     llm: dict[str, Any] | None = None
-    # A row of a distributed benchmark (mode "<mode> @rank1/4", "<mode> @4 ranks" or "<mode> @1 rank", see
-    # dist_mode): role ("rank", "aggregate", "single"), rank, world size, host, sampling window; the
-    # aggregate's per-rank throughputs, common interval and scaling efficiency (gpuopt.dist).
+    # A row of a distributed benchmark (mode "<mode> @rank1/4", "<mode> @4 ranks", "<mode> @1 rank" or
+    # "host split @4 ranks", see dist_mode): role ("rank", "aggregate", "single", "split"), strategy, rank,
+    # world size, host, sampling window; the aggregate's per-rank throughputs, common interval and scaling
+    # efficiency; a split row's global and per-rank batch and its phases (scatter, compute, gather) (gpuopt.dist).
     dist: dict[str, Any] | None = None
 
     @property
@@ -233,21 +234,26 @@ def serving_mode(load: dict[str, Any], *, naive: bool = False, label: str | None
     return " ".join(parts)
 
 
-DIST_ROLES = ("rank", "aggregate", "single")
+DIST_ROLES = ("rank", "aggregate", "single", "split")
 
 
 def dist_mode(mode: str, role: str, world_size: int, rank: int = 0) -> str:
     """A distributed row's mode: ``throughput @rank1/4`` (one rank's replica), ``throughput @4 ranks``
     (the aggregate of all ranks), ``throughput @1 rank`` (rank 0 alone: the baseline of the scaling
-    efficiency). Rows are keyed by model, config, batch size and mode, so all of them fit one Results.
+    efficiency), ``host split @4 ranks`` (one global batch split over the ranks, timed on rank 0).
+    Rows are keyed by model, config, batch size and mode, so all of them fit one Results.
 
     >>> dist_mode("throughput", "rank", 4, rank=1), dist_mode("throughput", "aggregate", 4)
     ('throughput @rank1/4', 'throughput @4 ranks')
+    >>> dist_mode("host", "split", 2)
+    'host split @2 ranks'
     """
     if role == "rank":
         return f"{mode} @rank{rank}/{world_size}"
     if role == "aggregate":
         return f"{mode} @{world_size} ranks"
+    if role == "split":
+        return f"{mode} split @{world_size} ranks"
     if role == "single":
         return f"{mode} @1 rank"
     raise ValueError(f"role must be one of {', '.join(DIST_ROLES)}, got {role!r}")
@@ -295,14 +301,15 @@ CSV_COLUMNS = [
     "peak_allocated_mib", "parity_passed", "parity_worst_rel_l2", "prepare_s", "first_call_ms",
     "runner_overhead_s", "achieved_tflops", "pct_of_compute_ceiling", "achieved_gbps", "bound", "diagnosis",
     "device", "p90_ms", "p99_9_ms", "offered_rate_per_s", "valid", "ttft_p50_ms", "tpot_p50_ms", "pct_of_hbm_read",
-    "rank", "world_size", "scaling_efficiency",
+    "rank", "world_size", "scaling_efficiency", "strategy", "scatter_ms", "gather_ms", "compute_share",
 ]
 # The DataFrame's dtypes: numbers stay numbers (NaN where a cell failed or a figure is missing).
 _FLOAT_COLUMNS = [
     "p50_ms", "p95_ms", "p99_ms", "mean_ms", "ci95_low_ms", "ci95_high_ms", "throughput_items_per_s", "ci_rel",
     "peak_allocated_mib", "parity_worst_rel_l2", "prepare_s", "first_call_ms", "runner_overhead_s",
     "achieved_tflops", "pct_of_compute_ceiling", "achieved_gbps", "p90_ms", "p99_9_ms", "offered_rate_per_s",
-    "ttft_p50_ms", "tpot_p50_ms", "pct_of_hbm_read", "scaling_efficiency",
+    "ttft_p50_ms", "tpot_p50_ms", "pct_of_hbm_read", "scaling_efficiency", "scatter_ms", "gather_ms",
+    "compute_share",
 ]
 
 
@@ -331,7 +338,9 @@ def _flat(row: Row) -> dict[str, Any]:
         "ttft_p50_ms": (llm.get("ttft_ms") or {}).get("p50"), "tpot_p50_ms": (llm.get("tpot_ms") or {}).get("p50"),
         "pct_of_hbm_read": llm.get("pct_of_hbm_read"),
         "rank": dist.get("rank"), "world_size": dist.get("world_size"),
-        "scaling_efficiency": dist.get("scaling_efficiency"),
+        "scaling_efficiency": dist.get("scaling_efficiency"), "strategy": dist.get("strategy"),
+        "scatter_ms": dist.get("scatter_ms"), "gather_ms": dist.get("gather_ms"),
+        "compute_share": dist.get("compute_share"),
     }
 
 

@@ -49,6 +49,7 @@ class BenchmarkPlan:
     results: Results | None = None  # the rows so far, once run() started (also after an interrupt)
     # With devices=: what gpuopt.dist resolved them to, which runs the plan once per rank (None: this process).
     distributed: Callable[[BenchmarkPlan], Results] | None = None
+    strategy: str = "replicas"  # with devices=: one of STRATEGIES
 
     def run(self) -> Results:
         """Every cell, recorded as a row (a failing cell or batch size with its reason); the results
@@ -95,6 +96,11 @@ class BenchmarkPlan:
 _Resolve = Callable[[Any, BenchmarkPlan, dict[str, Any]], Callable[[BenchmarkPlan], Results]]
 _DISTRIBUTED: list[_Resolve] = []
 
+# How devices= uses the devices: each rank its own batches (independent replicas), or one global batch
+# scattered from rank 0 to all ranks and the outputs gathered back (split).
+STRATEGIES = ("replicas", "split")
+DEFAULT_MODES = ("latency", "throughput")
+
 
 def register_distributed(resolve: _Resolve) -> None:
     """Let ``devices=`` of :func:`benchmark` run through ``resolve`` (called by :mod:`gpuopt.dist`)."""
@@ -109,7 +115,7 @@ def plan_benchmark(
     input_fn: Callable[[int], Any] | None = None,
     configs: str | Config | Sequence[str | Config] | None = None,
     batch_sizes: Sequence[int] | int = (1, 8, 16, 32),
-    modes: Sequence[str] | str = ("latency", "throughput"),
+    modes: Sequence[str] | str | None = None,
     parity: bool = True,
     train: bool = False,
     output_dir: str | None = None,
@@ -117,6 +123,7 @@ def plan_benchmark(
     profile: bool = False,
     progress: bool = True,
     devices: str | int | Sequence[int] | None = None,
+    strategy: str = "replicas",
     **measure_options: Any,
 ) -> BenchmarkPlan:
     """Validate the arguments of :func:`benchmark` (ValueError / TypeError naming the bad one, before
@@ -124,6 +131,7 @@ def plan_benchmark(
     for name, flag in (("parity", parity), ("train", train), ("profile", profile), ("progress", progress)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be True or False, got {flag!r}")
+    modes = _strategy_modes(strategy, modes, devices=devices, train=train, inputs=inputs, profile=profile)
     work = workload(model_or_name, inputs=inputs, input_shape=input_shape, input_fn=input_fn)
     dev = resolve_device(device)
     cfgs = resolve_configs(configs, device=dev, train=train)
@@ -132,16 +140,42 @@ def plan_benchmark(
     opts = check_measure_options(dict(measure_options), mode_list, dev)
     if output_dir is not None:
         check_writable(output_dir)
-    plan = BenchmarkPlan(work, cfgs, batches, mode_list, dev, parity, opts, output_dir, profile, progress)
+    plan = BenchmarkPlan(work, cfgs, batches, mode_list, dev, parity, opts, output_dir, profile, progress,
+                         strategy=strategy)
     if devices is not None:
         if not _DISTRIBUTED:
             raise ImportError("devices= is run by gpuopt.dist: import gpuopt (or gpuopt.dist) first")
         call = {"model_or_name": model_or_name, "inputs": inputs, "input_shape": input_shape, "input_fn": input_fn,
                 "configs": configs, "batch_sizes": batch_sizes, "modes": modes, "parity": parity, "train": train,
                 "output_dir": output_dir, "device": device, "profile": profile, "progress": progress,
-                **measure_options}
+                "strategy": strategy, **measure_options}
         plan.distributed = _DISTRIBUTED[0](devices, plan, call)
     return plan
+
+
+def _strategy_modes(strategy: Any, modes: Sequence[str] | str | None, *, devices: Any, train: bool,
+                    inputs: Any, profile: bool) -> Sequence[str] | str:
+    """The modes a strategy measures (ValueError naming strategy, or modes, when they do not fit)."""
+    if not isinstance(strategy, str) or strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(map(repr, STRATEGIES))}, got {strategy!r}")
+    if strategy == "replicas":
+        return DEFAULT_MODES if modes is None else modes
+    if devices is None:
+        raise ValueError("strategy='split' scatters one global batch over several devices: give devices= too "
+                         "(e.g. devices=2)")
+    if train:
+        raise ValueError("strategy='split' times inference (scatter, forward, gather); train=True runs with "
+                         "strategy='replicas'")
+    if profile:
+        raise ValueError("profile=True profiles each rank's replica, and strategy='split' has none: profile with "
+                         "strategy='replicas'")
+    if inputs is not None:
+        raise ValueError("strategy='split' makes each rank's share of the batch itself: give a zoo model, "
+                         "input_shape= or input_fn=, not fixed inputs=")
+    if modes is not None and list([modes] if isinstance(modes, str) else modes) != ["host"]:
+        raise ValueError(f"strategy='split' times each iteration end to end on rank 0 (scatter, forward, gather, "
+                         f"then a device synchronize: host mode); modes must be 'host' or left out, got {modes!r}")
+    return ["host"]
 
 
 def benchmark(
@@ -152,7 +186,7 @@ def benchmark(
     input_fn: Callable[[int], Any] | None = None,
     configs: str | Config | Sequence[str | Config] | None = None,
     batch_sizes: Sequence[int] | int = (1, 8, 16, 32),
-    modes: Sequence[str] | str = ("latency", "throughput"),
+    modes: Sequence[str] | str | None = None,
     parity: bool = True,
     train: bool = False,
     output_dir: str | None = None,
@@ -160,6 +194,7 @@ def benchmark(
     profile: bool = False,
     progress: bool = True,
     devices: str | int | Sequence[int] | None = None,
+    strategy: str = "replicas",
     **measure_options: Any,
 ) -> Results:
     """Benchmark a model under several configs and batch sizes; return a :class:`Results`.
@@ -176,6 +211,10 @@ def benchmark(
     ``devices`` (``"all"``, a number of GPUs or a list of indices; with ``device="cpu"`` a number of CPU
     ranks) runs one process per device through ``torch.distributed`` (:mod:`gpuopt.dist`): per-rank
     rows, an aggregate row and the scaling efficiency against one device measured in the same job.
+    ``strategy`` with ``devices``: ``"replicas"`` (each rank its own batches) or ``"split"`` (each batch
+    size is the global batch, scattered from rank 0 to the ranks and the outputs gathered back; one
+    row per cell, timed on rank 0 in host mode, with the scatter and gather times). ``modes`` default:
+    latency and throughput; host with ``strategy="split"``.
     ``configs`` default: the ``bench`` preset on CUDA, ``bench-cpu`` on the CPU, and with ``train=True``
     their ``-train`` variants (no inference-only backend), as ``gpuopt bench`` chooses.
 
@@ -186,4 +225,4 @@ def benchmark(
     return plan_benchmark(model_or_name, inputs=inputs, input_shape=input_shape, input_fn=input_fn, configs=configs,
                           batch_sizes=batch_sizes, modes=modes, parity=parity, train=train, output_dir=output_dir,
                           device=device, profile=profile, progress=progress, devices=devices,
-                          **measure_options).run()
+                          strategy=strategy, **measure_options).run()

@@ -5,12 +5,14 @@ fingerprint), so two different sweeps never mix."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import itertools
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,16 @@ class Section:
 # Sections of engines above ``run`` (it cannot import them): each registers itself when imported, and
 # ``import gpuopt`` imports them all.
 SECTIONS: dict[str, Section] = {}
+
+# How a sweep runs over several devices: gpuopt.dist registers resolve(devices, plan, call), which validates
+# ``devices`` (ValueError / TypeError naming it) and returns what runs the plan.
+_Resolve = Callable[[Any, "SweepPlan", dict[str, Any]], Callable[["SweepPlan"], Results]]
+_DISTRIBUTED: list[_Resolve] = []
+
+
+def register_distributed(resolve: _Resolve) -> None:
+    """Let ``devices=`` of :func:`sweep` run through ``resolve`` (called by :mod:`gpuopt.dist`)."""
+    _DISTRIBUTED[:] = [resolve]
 
 
 def register_section(name: str, section: Section) -> None:
@@ -171,6 +183,8 @@ class SweepPlan:
     progress: bool
     results: Results | None = None  # the rows so far, once run() started (also after an interrupt)
     section_cells: list[SectionCell] = field(default_factory=list)  # serve: and other engines' cells
+    # With devices=: what gpuopt.dist resolved them to, which runs the plan's cells over ranks.
+    distributed: Callable[[SweepPlan], Results] | None = None
 
     @property
     def total_cells(self) -> int:
@@ -190,6 +204,8 @@ class SweepPlan:
         finishes; a failing cell or batch size is recorded with its reason and the sweep goes on. The
         results are saved to ``output_dir`` also when the sweep is interrupted. Without ``resume``, an
         earlier sweep's files are moved to ``output_dir/previous-<time>/`` first, never deleted."""
+        if self.distributed is not None:
+            return self.distributed(self)
         out = self.output_dir
         cells_path = out / "cells.jsonl"
         done = self.done or {}
@@ -202,63 +218,131 @@ class SweepPlan:
         results = self.results = Results.new(spec=dict(self.spec))
         for row in done.values():
             results.add(row)
-        write_atomic(out / "sweep.json", json.dumps({"schema_version": SCHEMA_VERSION, "created": results.created,
-                                                      "env": results.env, "build": results.build,
-                                                      "spec": self.spec, "fingerprint": self.fingerprint},
-                                                     indent=1, default=str))
-        todo = sum(any((m.name, c.label, b, mode) not in done for mode in self.modes)
-                   for m in self.models for b in m.batch_sizes for c in self.configs)
-        todo += sum(cell.key not in done for cell in self.section_cells)
+        self.write_header(results)
+        units = self.units()
+        todo = sum(not u.done(done, self.modes) for u in units)
         bar = ProgressBar(todo, self.progress)  # one step per config and batch size (or section cell) to run
-        cut_short = _ends_without_newline(cells_path)
-        with cells_path.open("a") as cells:
-            if cut_short:
-                cells.write("\n")  # end the line a crash cut short, so the next row starts a line of its own
+        try:
+            with CellsFile(cells_path) as cells:
 
-            def record(row: Row) -> None:
-                cells.write(json.dumps(row.to_dict(), default=str) + "\n")
-                cells.flush()
-                os.fsync(cells.fileno())
-                results.add(row)
+                def record(row: Row) -> None:
+                    cells.add(row)
+                    results.add(row)
 
-            try:
-                for m in self.models:
-                    try:
-                        work = workload(m.name, input_shape=m.input_shape)
-                    except Exception as exc:  # noqa: BLE001  (a model that cannot be built fails its cells)
-                        self._fail_model(m, f"building the model failed: {type(exc).__name__}: {exc}", done, record,
-                                         bar)
-                        continue
-                    runner = Runner(work, self.configs, self.modes, parity=self.parity, device=self.device,
-                                    measure_options=self.measure_options, on_row=record, skip=done.__contains__,
-                                    progress=bar)
-                    results.ceilings = runner.ceilings
-                    for b in m.batch_sizes:
-                        runner.run_batch(b)
-                    del runner, work
-                for cell in self.section_cells:
-                    if cell.key in done:
-                        continue
-                    try:
-                        row = cell.run()
-                    except Exception as exc:  # noqa: BLE001  (a failing cell is recorded with its reason)
-                        row = cell.failed(f"{type(exc).__name__}: {exc}")
-                    record(row)
-                    model, config, batch_size, mode = cell.key
-                    bar("done", f"{model} {config} {mode}" + ("" if row.ok else " (failed)"))
-            finally:
-                bar.close()
-                results.save(out)  # also after Ctrl-C: what finished is in the report
+                self.run_units(units, done, record, bar)
+        finally:
+            bar.close()
+            results.save(out)  # also after Ctrl-C: what finished is in the report
         return results
 
-    def _fail_model(self, m: SweepModel, reason: str, done: dict, record, bar) -> None:
-        for b in m.batch_sizes:
-            for config in self.configs:
-                for mode in self.modes:
-                    if (m.name, config.label, b, mode) not in done:
-                        record(Row.failed(reason, model=m.name, config=config.label, batch_size=b, mode=mode,
-                                          precision=config.precision))
-                bar("done", f"{m.name} b{b} {config.label} (failed)")
+    def write_header(self, results: Results) -> None:
+        """``sweep.json``: how the folder's cells were measured (the fingerprint a resume compares) and
+        the environment of ``results``."""
+        write_atomic(self.output_dir / "sweep.json", json.dumps(
+            {"schema_version": SCHEMA_VERSION, "created": results.created, "env": results.env, "build": results.build,
+             "spec": self.spec, "fingerprint": self.fingerprint}, indent=1, default=str))
+
+    def units(self) -> list[SweepUnit]:
+        """The sweep's work in order: each model's batch sizes, each config at each (all its modes:
+        they share the preparation and parity), then the section cells."""
+        return ([SweepUnit(m, b, c) for m in self.models for b in m.batch_sizes for c in self.configs]
+                + [SweepUnit(section=cell) for cell in self.section_cells])
+
+    def run_units(self, units: list[SweepUnit], done: Container[Key], record: Callable[[Row], None],
+                  bar: Callable[[str, str], None]) -> None:
+        """Run ``units`` (in their order) but the cells in ``done``, each row handed to ``record``; the
+        consecutive units of a model at one batch size share its FP32 reference. A failing cell or batch
+        size is recorded with its reason and the sweep goes on."""
+        i = 0
+        while i < len(units):
+            u = units[i]
+            if u.section is not None:
+                if u.section.key not in done:
+                    try:
+                        row = u.section.run()
+                    except Exception as exc:  # noqa: BLE001  (a failing cell is recorded with its reason)
+                        row = u.section.failed(f"{type(exc).__name__}: {exc}")
+                    record(row)
+                    model, config, batch_size, mode = u.section.key
+                    bar("done", f"{model} {config} {mode}" + ("" if row.ok else " (failed)"))
+                i += 1
+                continue
+            run = list(itertools.takewhile(functools.partial(_same_model, u), units[i:]))
+            i += len(run)
+            if all(v.done(done, self.modes) for v in run):
+                continue
+            try:
+                work = workload(u.model.name, input_shape=u.model.input_shape)
+            except Exception as exc:  # noqa: BLE001  (a model that cannot be built fails its cells)
+                self._fail_units(run, f"building the model failed: {type(exc).__name__}: {exc}", done, record, bar)
+                continue
+            runner = Runner(work, self.configs, self.modes, parity=self.parity, device=self.device,
+                            measure_options=self.measure_options, on_row=record, skip=done.__contains__,
+                            progress=bar)
+            if self.results is not None:
+                self.results.ceilings = runner.ceilings
+            for batch, group in itertools.groupby(run, key=lambda v: v.batch):
+                runner.run_batch(batch, [v.config for v in group])
+            del runner, work
+
+    def _fail_units(self, units: list[SweepUnit], reason: str, done: Container[Key], record, bar) -> None:
+        for u in units:
+            for mode in self.modes:
+                if (u.model.name, u.config.label, u.batch, mode) not in done:
+                    record(Row.failed(reason, model=u.model.name, config=u.config.label, batch_size=u.batch, mode=mode,
+                                      precision=u.config.precision))
+            bar("done", f"{u.model.name} b{u.batch} {u.config.label} (failed)")
+
+
+def _same_model(a: SweepUnit, b: SweepUnit) -> bool:
+    return b.section is None and b.model is a.model
+
+
+@dataclass(frozen=True)
+class SweepUnit:
+    """A piece of a sweep that runs as one: a config at a batch size of a model, in every mode (they
+    share its preparation and parity gate), or a section cell (``serve:``)."""
+
+    model: SweepModel | None = None
+    batch: int | None = None
+    config: Config | None = None
+    section: SectionCell | None = None
+
+    def keys(self, modes: list[str]) -> list[Key]:
+        if self.section is not None:
+            return [self.section.key]
+        return [(self.model.name, self.config.label, self.batch, mode) for mode in modes]
+
+    def done(self, done: Container[Key], modes: list[str]) -> bool:
+        return all(k in done for k in self.keys(modes))
+
+    def __str__(self) -> str:
+        if self.section is not None:
+            return " ".join(str(x) for x in self.section.key)
+        return f"{self.model.name} b{self.batch} {self.config.label}"
+
+
+class CellsFile:
+    """A cells file opened for appending: one JSON row per line, each flushed and fsynced as it is
+    added, so a crash loses no finished cell. A line a crash cut short is ended first."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self) -> CellsFile:
+        cut_short = _ends_without_newline(self.path)
+        self.file = self.path.open("a")
+        if cut_short:
+            self.file.write("\n")  # end the line a crash cut short, so the next row starts a line of its own
+        return self
+
+    def add(self, row: Row) -> None:
+        self.file.write(json.dumps(row.to_dict(), default=str) + "\n")
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def __exit__(self, *exc: Any) -> None:
+        self.file.close()
 
 
 # What a sweep writes into its folder (plots aside): moved together by resume=False.
@@ -268,10 +352,10 @@ _SWEEP_FILES = ("cells.jsonl", "sweep.json", "results.json", "results.csv", "rep
 def _move_aside(out: Path) -> Path | None:
     """Move an earlier sweep's files (and its plots) into ``out/previous-<time>/``; None when there
     were none. Measured data is never deleted."""
-    cells = out / "cells.jsonl"
-    if not cells.exists() or cells.stat().st_size == 0:
+    files = [p for p in cells_files(out) if p.stat().st_size > 0]
+    if not files:
         return None
-    models = {row.model for row in read_cells(cells)}
+    models = {row.model for p in files for row in read_cells(p)}
     plots = [p for p in out.iterdir() if p.suffix in (".png", ".svg") and any(p.name.startswith(f"{m}-")
                                                                                    for m in models)]
     dest = out / f"previous-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -280,10 +364,21 @@ def _move_aside(out: Path) -> Path | None:
         n += 1
         dest = out / f"previous-{time.strftime('%Y%m%d-%H%M%S')}-{n}"
     dest.mkdir()
-    for p in [out / name for name in _SWEEP_FILES] + plots:
+    for p in [out / name for name in _SWEEP_FILES] + cells_files(out) + plots:
         if p.exists():
             os.replace(p, dest / p.name)
     return dest
+
+
+def cells_files(out: Path) -> list[Path]:
+    """A sweep folder's cells files: ``cells.jsonl`` and, from a sweep over several devices, each
+    rank's ``cells-rank<R>.jsonl``."""
+    return [p for p in [out / "cells.jsonl", *sorted(out.glob("cells-rank*.jsonl"))] if p.is_file()]
+
+
+def cells_in(out: Path) -> dict[Key, Row]:
+    """Every cell in a sweep folder's cells files, by key (each once)."""
+    return {row.key: row for path in cells_files(out) for row in read_cells(path)}
 
 
 def _ends_without_newline(path: Path) -> bool:
@@ -296,7 +391,7 @@ def _ends_without_newline(path: Path) -> bool:
 
 def _fingerprint(models: list[SweepModel], configs: list[Config], modes: list[str], parity: bool,
                  device: torch.device, options: dict[str, Any],
-                 sections: dict[str, list[SectionCell]] | None = None) -> dict[str, Any]:
+                 sections: dict[str, list[SectionCell]] | None = None, per_rank: bool = False) -> dict[str, Any]:
     """The sweep as it will be measured -- resolved models, configs (label and canonical string),
     modes, parity, every measure option with its default, the cells of sections such as ``serve``,
     the device and its name, gpuopt's and torch's versions -- and nothing else (no times): two sweeps
@@ -312,7 +407,8 @@ def _fingerprint(models: list[SweepModel], configs: list[Config], modes: list[st
         "modes": list(modes),
         "parity": parity,
         "measure": measure,
-        "device": f"cuda:{torch.cuda.current_device() if device.index is None else device.index}"
+        "device": ("cuda (one GPU per rank)" if per_rank else
+                   f"cuda:{torch.cuda.current_device() if device.index is None else device.index}")
                   if device.type == "cuda" else "cpu",
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "gpuopt": build_info()["gpuopt_version"],
@@ -335,8 +431,7 @@ def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def _resumable(out: Path, fingerprint: dict[str, Any]) -> dict[Key, Row]:
     """The cells of ``out`` to resume from; ValueError naming every difference when they were
     measured under another spec, options, device or gpuopt (or when the folder does not say)."""
-    cells_path = out / "cells.jsonl"
-    done = {row.key: row for row in read_cells(cells_path)} if cells_path.exists() else {}
+    done = cells_in(out)
     if not done:
         return {}
     header_path = out / "sweep.json"
@@ -358,10 +453,11 @@ def _resumable(out: Path, fingerprint: dict[str, Any]) -> dict[Key, Row]:
 
 
 def plan_sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *, resume: bool = True,
-               progress: bool = True) -> SweepPlan:
+               progress: bool = True, devices: str | int | Sequence[int] | None = None) -> SweepPlan:
     """Validate a sweep (the spec, every model name, batch sizes, modes, measure options, the output
     folder and, with ``resume``, that the cells already there were measured the same way) and return
-    its plan; ValueError / TypeError naming the problem before anything runs."""
+    its plan; ValueError / TypeError naming the problem before anything runs. ``devices``: see
+    :func:`sweep`."""
     doc = load_spec(spec)
     for name, flag in (("resume", resume), ("progress", progress)):
         if not isinstance(flag, bool):
@@ -407,16 +503,22 @@ def plan_sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *,
             raise ValueError(f"two cells of the sweep would both be the row {c.key} (cells {seen[c.key] + 1} and "
                              f"{i + 1} of its sections); give them distinct labels")
         seen[c.key] = i
-    fingerprint = _fingerprint(models, configs, modes, parity, device, options, sections)
+    fingerprint = _fingerprint(models, configs, modes, parity, device, options, sections,
+                               per_rank=devices is not None)
     out = Path(output_dir)
     done = _resumable(out, fingerprint) if resume and out.is_dir() else ({} if resume else None)
     check_writable(out)
-    return SweepPlan(doc, out, models, configs, modes, device, parity, options, fingerprint, done, progress,
+    plan = SweepPlan(doc, out, models, configs, modes, device, parity, options, fingerprint, done, progress,
                      section_cells=cells)
+    if devices is not None:
+        if not _DISTRIBUTED:
+            raise ImportError("devices= is run by gpuopt.dist: import gpuopt (or gpuopt.dist) first")
+        plan.distributed = _DISTRIBUTED[0](devices, plan, {"spec": spec, "resume": resume})
+    return plan
 
 
 def sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *, resume: bool = True,
-          progress: bool = True) -> Results:
+          progress: bool = True, devices: str | int | Sequence[int] | None = None) -> Results:
     """Run a sweep into ``output_dir`` and return all its Results (also saved there).
 
     Cells are (model, config, batch size, mode). Each finished cell is appended to
@@ -429,6 +531,11 @@ def sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *, resu
     reference fails; after an out-of-memory error the CUDA caching allocator is emptied. A bad spec
     raises ValueError or TypeError before anything runs (see :func:`plan_sweep`).
 
+    ``devices`` (``"all"``, a number of GPUs or a list of indices; with ``device = "cpu"`` a number of
+    CPU ranks) spreads the cells over one process per device through torchrun (:mod:`gpuopt.dist.sweep`):
+    each rank measures its share on its own device, appending to ``cells-rank<R>.jsonl``, and rank 0
+    merges them into the results. Inside a torchrun job (yours, several machines too) ``"all"`` joins it.
+
     Spec keys: name, models, configs, batch_sizes, modes, parity, train, device, measure, and the
     sections of engines above ``run``: ``serve`` (serving runs, see :mod:`gpuopt.serving.cells`;
     a spec of serving runs alone needs no models). Example (TOML)::
@@ -439,4 +546,4 @@ def sweep(spec: str | os.PathLike | dict, output_dir: str | os.PathLike, *, resu
         modes = ["latency", "throughput"]
         measure = { max_time_s = 2 }
     """
-    return plan_sweep(spec, output_dir, resume=resume, progress=progress).run()
+    return plan_sweep(spec, output_dir, resume=resume, progress=progress, devices=devices).run()

@@ -1,0 +1,144 @@
+"""A sweep spread over ranks on the CPU (gloo): gpuopt's launcher, resume from the ranks' cells files,
+two "machines" (two torchrun launches sharing a rendezvous) with folders of their own, a rank that
+stops, and the shares."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import gpuopt
+from gpuopt import Results
+from gpuopt.cli import main
+from gpuopt.dist import RankFailedError
+from gpuopt.dist.sweep import assign
+from gpuopt.report.results import read_cells
+
+SPEC = {"models": ["tiny-cnn"], "configs": ["fp32", "bf16-amp"], "batch_sizes": [1, 2], "modes": ["host"],
+        "parity": False, "device": "cpu", "measure": {"max_time_s": 0.05, "min_time_s": 0.0}}
+CELLS = {("tiny-cnn", c, b, "host") for c in ("fp32", "bf16-amp") for b in (1, 2)}
+
+
+@pytest.fixture(autouse=True)
+def _short_timeouts(monkeypatch):
+    monkeypatch.setenv("GPUOPT_DIST_TIMEOUT_S", "60")
+
+
+@pytest.fixture
+def spec(tmp_path):
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(SPEC))
+    return path
+
+
+def test_assign_is_deterministic_balanced_and_leaves_extra_ranks_idle(np_rng):
+    costs = list(np_rng.integers(1, 100, 40).astype(float))
+    shares = assign(costs, 3)
+    assert shares == assign(costs, 3)
+    assert sorted(i for s in shares for i in s) == list(range(40)) and all(s == sorted(s) for s in shares)
+    loads = [sum(costs[i] for i in s) for s in shares]
+    assert max(loads) - min(loads) <= max(costs)  # greedy, largest first: within the largest unit
+    assert assign([5.0, 1.0], 4) == [[0], [1], [], []]
+    with pytest.raises(ValueError, match="world_size"):
+        assign([1.0], 0)
+
+
+def _keys(path) -> list:
+    return [r.key for r in read_cells(path)]
+
+
+def test_two_ranks_share_the_cells_and_rank_0_merges_them_once(spec, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "--output", str(out), "--gpus", "2", "--quiet"]) == 0
+    results = Results.load(out / "results.json")
+    assert {r.key for r in results.rows} == CELLS and len(results.rows) == len(CELLS) and not results.failed
+    shares = results.spec["dist"]["shares"]
+    assert results.spec["dist"]["world_size"] == 2 and sorted(set(shares.values())) == [0, 1] and len(shares) == 4
+    ranks = [set(_keys(out / f"cells-rank{r}.jsonl")) for r in (0, 1)]
+    assert ranks[0] | ranks[1] == CELLS and not ranks[0] & ranks[1]
+    assert sorted(_keys(out / "cells.jsonl")) == sorted(CELLS)  # merged: every cell once
+    assert "4 cells, 0 failed" in capsys.readouterr().out
+
+    # Resume: rank 1's file is gone and nothing was merged; rank 0's cells are kept, not measured again.
+    kept = {r.key: r.measurement.samples_ms for r in read_cells(out / "cells-rank0.jsonl")}
+    for name in ("cells-rank1.jsonl", "cells.jsonl", "results.json"):
+        (out / name).unlink()
+    assert main(["sweep", str(spec), "--output", str(out), "--gpus", "2", "--quiet"]) == 0
+    again = Results.load(out / "results.json")
+    assert {r.key for r in again.rows} == CELLS and len(again.rows) == len(CELLS)
+    for key, samples in kept.items():
+        assert again.find(*key).measurement.samples_ms == samples
+    lines = [line for r in (0, 1) for line in (out / f"cells-rank{r}.jsonl").read_text().splitlines()]
+    assert len(lines) == len(CELLS)  # only the two missing cells were measured, each once
+
+
+def test_more_ranks_than_units_leave_some_idle(tmp_path):
+    results = gpuopt.sweep({**SPEC, "configs": ["fp32"], "batch_sizes": [1]}, tmp_path / "out", devices=2,
+                           progress=False)
+    assert [r.key for r in results.rows] == [("tiny-cnn", "fp32", 1, "host")]
+    assert _keys(tmp_path / "out" / "cells-rank1.jsonl") == []
+
+
+def test_a_rank_that_stops_is_named_and_the_finished_cells_are_kept(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "cells-rank1.jsonl").mkdir()  # rank 1 cannot open its cells file
+    with pytest.raises(RankFailedError, match=r"rank 1 stopped \(exit code 1\): IsADirectoryError") as exc:
+        gpuopt.sweep(SPEC, out, devices=2, progress=False)
+    assert exc.value.ranks == [1]
+    kept = Results.load(out / "results.json")  # whatever rank 0 finished before the job stopped
+    assert {r.key for r in kept.rows} <= CELLS
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--gpus", "2"], "asks for GPUs and 0 are visible; for ranks on the CPU give device = 'cpu'"),
+    (["--gpus", "0"], "devices must be at least 1"),
+])
+def test_sweep_gpus_usage_errors_exit_2(args, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({k: v for k, v in SPEC.items() if k != "device"} if args == ["--gpus", "2"] else SPEC))
+    with pytest.raises(SystemExit) as exc:
+        main(["sweep", str(spec), "--output", str(tmp_path / "out"), *args])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_no_resume_inside_a_torchrun_job_is_refused(spec, tmp_path, capsys, monkeypatch):
+    for name, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")):
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exc:
+        main(["sweep", str(spec), "--output", str(tmp_path / "out"), "--no-resume"])
+    assert exc.value.code == 2
+    assert "--no-resume) is refused inside a torchrun job" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_two_machines_with_folders_of_their_own_merge_every_cell_once(spec, tmp_path):
+    port = _free_port()
+    procs = []
+    for node in (0, 1):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", "two-nodes",
+               "--max-restarts", "0", "-m", "gpuopt", "sweep", str(spec), "--output", str(tmp_path / f"node{node}")]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ))
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(logs)
+    merged = [n for n in (0, 1) if (tmp_path / f"node{n}" / "results.json").exists()]
+    assert len(merged) == 1, logs  # rank 0's machine
+    results = Results.load(tmp_path / f"node{merged[0]}" / "results.json")
+    assert sorted(r.key for r in results.rows) == sorted(CELLS)  # every cell once, from both machines
+    other = tmp_path / f"node{1 - merged[0]}"
+    assert _keys(next(other.glob("cells-rank*.jsonl")))  # the other machine measured its share there
+    assert (other / "sweep.json").exists()  # and can resume from its folder
+    assert sorted(_keys(tmp_path / f"node{merged[0]}" / "cells.jsonl")) == sorted(CELLS)
