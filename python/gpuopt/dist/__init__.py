@@ -3,7 +3,8 @@
 the rows and raw samples and writes one Results with per-rank rows, the aggregate (pooled latency
 percentiles, summed throughput) and the scaling efficiency against one GPU measured in the same job.
 On the CPU (gloo) the same code runs with CPU ranks. Entry points: ``gpuopt.benchmark(..., devices=...)``,
-``gpuopt bench --gpus N``, ``torchrun ... -m gpuopt.dist SPEC.json``.
+``gpuopt bench --gpus N``, ``torchrun ... -m gpuopt.dist SPEC.json``. Several processes on one GPU (with MPS
+where available) against one process: :func:`shared_gpu`.
 
 Layer: above run (it registers ``devices=`` there when imported); nothing above it is imported.
 """
@@ -11,9 +12,10 @@ Layer: above run (it registers ``devices=`` there when imported); nothing above 
 from ..run.bench import register_distributed
 from .aggregate import aggregate_row, common_interval, pooled, scaling_efficiency
 from .launch import resolve, torchrun
+from .shared import MpsDaemon, shared_gpu
 from .worker import RankFailedError, run_rank
 
 register_distributed(resolve)
 
-__all__ = ["RankFailedError", "aggregate_row", "common_interval", "pooled", "run_rank", "scaling_efficiency",
-           "torchrun"]
+__all__ = ["MpsDaemon", "RankFailedError", "aggregate_row", "common_interval", "pooled", "run_rank",
+           "scaling_efficiency", "shared_gpu", "torchrun"]
