@@ -122,3 +122,46 @@ def test_checksums_on_the_gpu_tell_large_fp16_outputs_apart(rng):
     assert v["answered"] == 500 and v["mismatched"] == 0 and v["lost"] == 0, v
     assert v["conclusive"] and v["swap_detection"] >= 0.99, v
     assert bool(r.records["checksum"].isfinite().all())
+
+
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")
+
+
+@two_gpus
+@pytest.mark.parametrize("config", ["fp32+cudagraph", "fp32"])
+def test_two_gpus_each_serve_batches_and_answers_equal_direct_calls(config, rng):
+    """A replica per GPU, `instances` executors per GPU (graphs captured on their GPU, or the Python path
+    calling the replica of the batch's GPU): every answer right, both GPUs busy, per-GPU figures summing
+    to the server's."""
+    model = _mlp()
+    xs = [torch.randn(32, generator=rng) for _ in range(400)]
+    with Server(model, config, xs[0], devices=[0, 1], instances=2, max_batch_size=8, max_queue_delay_us=200) as s:
+        assert [str(d) for d in s.devices] == ["cuda:0", "cuda:1"]
+        outs = [f.result(60) for f in [s.submit(x) for x in xs]]
+        s.add_samples(xs[:32])
+        r = s.run_load(scenario="closed-loop", concurrency=64, min_queries=4000, duration_s=0.0)
+        st = s.stats()
+    ref = model.cuda()(torch.stack(xs).cuda()).cpu()
+    for o, want in zip(outs, ref):
+        torch.testing.assert_close(o, want, rtol=1e-4, atol=1e-4)
+    assert st["devices"] == [0, 1] and len(st["batches_per_instance"]) == 4
+    assert sum(st["batches_per_device"]) == st["batches"] and min(st["batches_per_device"]) > 0
+    assert all(b <= st["busy_s"] + 1e-6 for b in st["busy_s_per_device"])
+    busy = r.gpu_busy_per_device
+    assert set(busy) == {"cuda:0", "cuda:1"} and all(0 < b <= 1 for b in busy.values())
+    assert sum(r.batches_per_device.values()) > 0 and "cuda:1" in r.summary()
+
+
+@two_gpus
+def test_serve_over_all_gpus_from_the_one_call():
+    r = gpuopt.serve("tiny-cnn", "fp16+cudagraph", devices="all", scenario="offline", min_queries=2000,
+                     duration_s=0.0, max_batch_size=16)
+    assert r.result["ok"] >= 2000 and r.settings["devices"][:2] == ["cuda:0", "cuda:1"]
+    assert r.serving()["gpu_busy_per_device"] is not None
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 1, reason="needs a CUDA device")
+def test_devices_beyond_the_visible_gpus_name_the_count():
+    n = torch.cuda.device_count()
+    with pytest.raises(ValueError, match=rf"devices=\[0, {n}\] names GPU\(s\) \[{n}\]; {n} visible"):
+        Server(_mlp(), "fp32", torch.randn(32), devices=[0, n])

@@ -18,6 +18,7 @@
 #include "../torch/server.h"
 #include "bindings.h"
 #include "gpuopt/batcher.h"
+#include "gpuopt/busy.h"
 #include "gpuopt/loadgen.h"
 
 #ifdef GPUOPT_WITH_CUDA
@@ -214,6 +215,9 @@ py::dict stats_dict(const torch_ext::ServerStats& s) {
   d["failed_batches"] = s.failed_batches;
   d["batches_per_instance"] = s.batches_per_instance;
   d["busy_s"] = s.busy_s;
+  d["devices"] = s.devices;
+  d["busy_s_per_device"] = s.busy_s_per_device;
+  d["batches_per_device"] = s.batches_per_device;
   d["uptime_s"] = s.uptime_s;
   d["stage_ms"] = s.stage_ms;
   d["model_ms"] = s.model_ms;
@@ -360,6 +364,8 @@ void bind_serve(py::module_& m) {
       },
       py::arg("options"), py::arg("count"), py::arg("seed") = 0,
       "Offsets (s) of the first `count` arrivals of the options' arrival process.");
+  m.def("executor_devices", &serve::executor_devices, py::arg("devices"), py::arg("instances"),
+        "The device of each executor of a server over `devices` with `instances` per device (interleaved).");
   m.def("early_stop_min_queries", &serve::early_stop_min_queries, py::arg("percentile"), py::arg("confidence"));
   m.attr("CHECKSUMS") = serve::kChecksums;
   m.def(
@@ -398,7 +404,8 @@ void bind_serve(py::module_& m) {
                        const std::vector<std::tuple<at::ScalarType, std::vector<std::int64_t>, std::string>>& inputs,
                        std::int64_t instances, std::optional<py::function> fn,
                        std::optional<std::vector<std::vector<py::tuple>>> graphs, bool checksums,
-                       const std::string& name, std::shared_ptr<torch_ext::TensorPool> pinned) {
+                       const std::string& name, std::shared_ptr<torch_ext::TensorPool> pinned,
+                       const std::vector<std::int64_t>& devices) {
              torch_ext::ServerOptions o;
              o.batcher = batcher;
              o.device = device;
@@ -413,11 +420,22 @@ void bind_serve(py::module_& m) {
              if (fn) {
                TORCH_CHECK_VALUE(instances >= 1 && instances <= 64, name, ": instances must be in [1, 64], got ",
                                  instances);
-               for (std::int64_t i = 0; i < instances; ++i) {
-                 executors.push_back(std::make_unique<PyExecutor>(*fn, device, o.inputs));
+               const std::vector<std::int64_t> of_executor =
+                   devices.empty() ? std::vector<std::int64_t>(static_cast<std::size_t>(instances), device)
+                                   : serve::executor_devices(devices, instances);
+               if (!devices.empty()) o.executor_devices = of_executor;
+               for (const std::int64_t d : of_executor) {
+                 executors.push_back(std::make_unique<PyExecutor>(*fn, d, o.inputs));
                }
              } else {
                TORCH_CHECK_VALUE(!graphs->empty(), name, ": graphs must list the graphs of each instance");
+               if (!devices.empty()) {
+                 TORCH_CHECK_VALUE(graphs->size() % devices.size() == 0, name, ": graphs must list the graphs of ",
+                                   "each executor, instances per device times ", devices.size(), " devices, got ",
+                                   graphs->size());
+                 o.executor_devices = serve::executor_devices(
+                     devices, static_cast<std::int64_t>(graphs->size() / devices.size()));
+               }
                for (const std::vector<py::tuple>& per_instance : *graphs) {
                  std::vector<torch_ext::GraphEntry> entries;
                  for (const py::tuple& t : per_instance) {
@@ -430,14 +448,15 @@ void bind_serve(py::module_& m) {
                    e.output = t[4].cast<at::Tensor>();
                    entries.push_back(std::move(e));
                  }
-                 executors.push_back(std::make_unique<torch_ext::GraphExecutor>(std::move(entries), device));
+                 const std::int64_t d = devices.empty() ? device : o.executor_devices[executors.size()];
+                 executors.push_back(std::make_unique<torch_ext::GraphExecutor>(std::move(entries), d));
                }
              }
              return ServerHolder(new Server(std::move(o), std::move(executors), std::move(pinned)));
            }),
            py::arg("batcher"), py::arg("device"), py::arg("inputs"), py::arg("instances") = 1,
            py::arg("fn") = py::none(), py::arg("graphs") = py::none(), py::arg("checksums") = false,
-           py::arg("name") = "Server", py::arg("pinned_pool"))
+           py::arg("name") = "Server", py::arg("pinned_pool"), py::arg("devices") = std::vector<std::int64_t>{})
       .def("submit", &Server::submit, py::arg("inputs"), py::arg("priority") = 0, py::arg("timeout_us") = -1)
       .def("add_sample", &Server::add_sample, py::arg("inputs"))
       .def_property_readonly("sample_count", &Server::sample_count)
@@ -453,6 +472,8 @@ void bind_serve(py::module_& m) {
             }
             py::dict d = result_dict(run.result);
             d["busy_s"] = run.busy_s;
+            d["busy_s_per_device"] = run.busy_s_per_device;
+            d["batches_per_device"] = run.batches_per_device;
             d["wall_s"] = run.wall_s;
             d["records"] = records ? py::object(records_dict(run.records)) : py::object(py::none());
             return d;

@@ -56,6 +56,27 @@ at::Tensor mix32(at::Tensor x) {
   return at::bitwise_xor(x, at::bitwise_right_shift(x, 16));
 }
 
+// The device of each executor: as given, or every executor on the server's device.
+std::vector<std::int64_t> devices_of_executors(const ServerOptions& o, std::size_t executors) {
+  return o.executor_devices.empty() ? std::vector<std::int64_t>(executors, o.device) : o.executor_devices;
+}
+
+std::vector<std::int64_t> distinct(const std::vector<std::int64_t>& values) {
+  std::vector<std::int64_t> out;
+  for (const std::int64_t v : values) {
+    if (std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+  }
+  return out;
+}
+
+std::vector<std::size_t> slots_of(const std::vector<std::int64_t>& of_executor, const std::vector<std::int64_t>& devices) {
+  std::vector<std::size_t> out;
+  for (const std::int64_t d : of_executor) {
+    out.push_back(static_cast<std::size_t>(std::find(devices.begin(), devices.end(), d) - devices.begin()));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<std::int64_t> output_row_shape(at::IntArrayRef out_shape, std::int64_t padded_length,
@@ -225,6 +246,10 @@ Server::Server(ServerOptions options, std::vector<std::unique_ptr<Executor>> exe
                std::shared_ptr<TensorPool> pinned)
     : options_(std::move(options)),
       executors_(std::move(executors)),
+      executor_device_(devices_of_executors(options_, executors_.size())),
+      devices_(distinct(executor_device_)),
+      executor_slot_(slots_of(executor_device_, devices_)),
+      busy_(std::max<std::size_t>(devices_.size(), 1)),
       pinned_(std::move(pinned)),
       queue_(options_.batcher),
       started_(Clock::now()) {
@@ -238,7 +263,13 @@ Server::Server(ServerOptions options, std::vector<std::unique_ptr<Executor>> exe
   } else {
     TORCH_CHECK_VALUE(options_.device == -1, name, ": device must be a CUDA index >= 0 or -1 for CPU, got ",
                       options_.device);
+    TORCH_CHECK_VALUE(options_.executor_devices.empty(), name, ": executor devices are CUDA devices; a CPU server "
+                      "(device -1) runs every executor on the CPU, got ", at::IntArrayRef(options_.executor_devices));
   }
+  TORCH_CHECK_VALUE(options_.executor_devices.empty() || options_.executor_devices.size() == executors_.size(), name,
+                    ": executor_devices must give the device of each of the ", executors_.size(), " executors, got ",
+                    options_.executor_devices.size());
+  for (const std::int64_t d : options_.executor_devices) checked_cuda_device(d, "Server executor device");
   const bool bucketed = !options_.batcher.buckets.empty();
   for (std::size_t k = 0; k < options_.inputs.size(); ++k) {
     const InputSpec& s = options_.inputs[k];
@@ -405,23 +436,13 @@ void Server::answer(Request& r, QueryStatus status, const std::string& error, do
   }
 }
 
-void Server::busy_begin() {
-  const std::lock_guard<std::mutex> lock(stats_mu_);
-  if (active_++ == 0) busy_since_ = Clock::now();
-}
-
-void Server::busy_end() {
-  const std::lock_guard<std::mutex> lock(stats_mu_);
-  if (--active_ == 0) stats_.busy_s += std::chrono::duration<double>(Clock::now() - busy_since_).count();
-}
-
 void Server::run_instance(std::size_t instance) {
   cuda::StreamHandle copy_stream = nullptr;
 #ifdef GPUOPT_WITH_CUDA
   std::optional<c10::cuda::CUDAGuard> device_guard;
   std::optional<c10::cuda::CUDAStreamGuard> stream_guard;
-  if (options_.device >= 0) {
-    const auto device = static_cast<c10::DeviceIndex>(options_.device);
+  if (executor_device_[instance] >= 0) {
+    const auto device = static_cast<c10::DeviceIndex>(executor_device_[instance]);
     device_guard.emplace(device);
     stream_guard.emplace(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device));
     copy_stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device).stream();
@@ -485,7 +506,8 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
   if (n == 0) return;
   const std::int64_t padded = options_.batcher.buckets.empty() ? 0 : batch.padded_length;
   Executor& exec = *executors_[instance];
-  busy_begin();
+  const std::int64_t device = executor_device_[instance];
+  busy_.begin(executor_slot_[instance]);
   std::string error;
   at::Tensor host_out;
   at::Tensor host_sums;  // [n, kChecksums] float64 on the host, when this batch's answers get checksums
@@ -495,9 +517,9 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
   at::ScalarType out_dtype = at::kFloat;
   std::vector<std::int64_t> out_shape;
 #ifdef GPUOPT_WITH_CUDA
-  const bool on_cuda = options_.device >= 0;
+  const bool on_cuda = device >= 0;
   cuda::StreamHandle exec_stream = nullptr;
-  if (on_cuda) exec_stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(options_.device)).stream();
+  if (on_cuda) exec_stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
 #else
   (void)copy_stream;
 #endif
@@ -536,11 +558,11 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
 #ifdef GPUOPT_WITH_CUDA
     cuda::EventHandle copied = nullptr;
     if (on_cuda) {
-      copied = cuda::acquire_event(static_cast<int>(options_.device));
+      copied = cuda::acquire_event(static_cast<int>(device));
       cuda::record_event(copied, copy_stream);
       cuda::stream_wait_event(exec_stream, copied);
       // Recycled at once: cudaStreamWaitEvent took its snapshot, a later record does not change it.
-      cuda::release_event(static_cast<int>(options_.device), copied);
+      cuda::release_event(static_cast<int>(device), copied);
     }
 #endif
     dst.clear();
@@ -608,7 +630,7 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
         cuda::copy_async(host_sums.data_ptr(), sums.data_ptr(), static_cast<std::size_t>(sums.nbytes()), exec_stream);
       }
       ran = Clock::now();
-      const int dev = static_cast<int>(options_.device);
+      const int dev = static_cast<int>(device);
       cuda::EventHandle finished = cuda::acquire_event(dev);
       try {
         cuda::record_event(finished, exec_stream);
@@ -649,7 +671,7 @@ void Server::run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHa
     }
   }
   done = Clock::now();
-  busy_end();
+  busy_.end(executor_slot_[instance]);
   const double compute_us = us_between(start, done);
   {
     const std::lock_guard<std::mutex> lock(stats_mu_);
@@ -708,7 +730,12 @@ LoadRun Server::run_load(serve::LoadOptions options) {
   LoadRun run;
   run.result = generator->run();
   run.wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  run.busy_s = stats().busy_s - before.busy_s;
+  const ServerStats after = stats();
+  run.busy_s = after.busy_s - before.busy_s;
+  for (std::size_t d = 0; d < after.devices.size(); ++d) {
+    run.busy_s_per_device.push_back(after.busy_s_per_device[d] - before.busy_s_per_device[d]);
+    run.batches_per_device.push_back(after.batches_per_device[d] - before.batches_per_device[d]);
+  }
   run.records = generator->records();
   return run;
 }
@@ -755,8 +782,12 @@ ServerStats Server::stats() const {
   {
     const std::lock_guard<std::mutex> lock(stats_mu_);
     s = stats_;
-    if (active_ > 0) s.busy_s += std::chrono::duration<double>(Clock::now() - busy_since_).count();
   }
+  const serve::BusyClock::Reading busy = busy_.read();
+  s.busy_s = busy.any_s;
+  s.devices = devices_;
+  s.busy_s_per_device = busy.device_s;
+  s.batches_per_device = busy.batches;
   s.uptime_s = std::chrono::duration<double>(Clock::now() - started_).count();
   s.queue = queue_.stats();
   return s;

@@ -1,6 +1,8 @@
 // The serving engine: gpuopt::serve::BatchQueue forms batches, `instances` executor threads each run
 // one batch at a time on their own CUDA stream (copies on a copy stream of their own, so one
 // instance's copies overlap another's compute), and outputs are scattered back to each request.
+// Executors may serve different GPUs (ServerOptions::executor_devices, each with the model's replica
+// there): the first free executor takes the next batch, so a busier or slower GPU takes fewer.
 //
 // A request's inputs live in pinned host memory from gpuopt's pinned pool, laid out as one row of
 // the batch (the batch's memory format), so staging a batch is one DMA per request and input, plus
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "gpuopt/batcher.h"
+#include "gpuopt/busy.h"
 #include "gpuopt/cuda_fwd.h"
 #include "gpuopt/loadgen.h"
 #include "pools.h"
@@ -92,6 +95,8 @@ class GraphExecutor final : public Executor {
 struct ServerOptions {
   serve::BatcherOptions batcher;
   std::int64_t device = -1;  // CUDA device index; -1: CPU
+  // The CUDA device of each executor (serve::executor_devices); empty: every executor on `device`.
+  std::vector<std::int64_t> executor_devices;
   std::vector<InputSpec> inputs;
   bool checksums = false;    // each load-generator answer's checksums (answer_checksums) in its record
   std::string name = "Server";
@@ -128,6 +133,9 @@ struct ServerStats {
   std::int64_t batches = 0, failed_batches = 0;
   std::vector<std::int64_t> batches_per_instance;
   double busy_s = 0;     // time with at least one batch in service (staging to outputs)
+  std::vector<std::int64_t> devices;             // the server's devices, in order (-1: CPU)
+  std::vector<double> busy_s_per_device;         // per device: time with a batch in service there
+  std::vector<std::int64_t> batches_per_device;  // per device: batches served (failed ones included)
   double uptime_s = 0;   // since the server started
   double stage_ms = 0, model_ms = 0, output_ms = 0;  // summed over batches (host time per phase)
   std::int64_t checksum_failures = 0;  // batches whose answer checksums could not be computed (left NaN)
@@ -140,6 +148,8 @@ struct LoadRun {
   serve::LoadResult result;
   std::vector<serve::QueryRecord> records;
   double busy_s = 0;  // the server's busy time during the run
+  std::vector<double> busy_s_per_device;         // during the run, per device (ServerStats::devices)
+  std::vector<std::int64_t> batches_per_device;  // during the run, per device
   double wall_s = 0;
 };
 
@@ -187,11 +197,13 @@ class Server {
               std::int64_t batch_size, at::Tensor output = {}, const serve::Checksums& checksum = serve::no_checksums());
   void run_instance(std::size_t instance);
   void run_batch(std::size_t instance, serve::Batch& batch, cuda::StreamHandle copy_stream);
-  void busy_begin();
-  void busy_end();
 
   ServerOptions options_;
   std::vector<std::unique_ptr<Executor>> executors_;
+  std::vector<std::int64_t> executor_device_;  // per executor: its CUDA device, -1 on the CPU
+  std::vector<std::int64_t> devices_;          // the distinct devices, in order of first executor
+  std::vector<std::size_t> executor_slot_;     // per executor: its device's index in devices_
+  serve::BusyClock busy_;
   std::shared_ptr<TensorPool> pinned_;
   serve::BatchQueue queue_;
   const Clock::time_point started_;
@@ -204,9 +216,7 @@ class Server {
   std::vector<std::int64_t> sample_lengths_;
 
   mutable std::mutex stats_mu_;
-  ServerStats stats_;
-  std::int64_t active_ = 0;
-  Clock::time_point busy_since_{};
+  ServerStats stats_;  // its busy and per-device figures are busy_'s
 
   std::mutex shutdown_mu_;
   std::atomic<bool> closed_{false};

@@ -54,8 +54,24 @@ def format_env(e: dict, build: dict) -> str:
                              f"{g['clock_mem_mhz']}/{g['max_clock_mem_mhz']} MHz, power limit "
                              f"{g['power_limit_w']} W, persistence {pers}, ECC {ecc}, "
                              f"{g['temperature_c']} C"))
+        if g.get("mig"):
+            rows.append(("", format_mig(g["mig"])))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def format_mig(mig: dict) -> str:
+    """One line for a GPU's MIG layout (gpuopt.timing.nvml.mig_layout)."""
+    mode = mig.get("mode", "unavailable")
+    if mode == "unavailable":
+        return f"MIG: unknown ({mig.get('reason') or 'NVML unavailable'})"
+    text = f"MIG {mode}" + (f" (pending {mig['pending']} after a GPU reset)" if mig.get("pending") else "")
+    if mode == "enabled":
+        parts = [f"{d['uuid'] or '?'}: {_gib(d['memory_bytes'])}" + ("" if d["sm_count"] is None else
+                                                                      f", {d['sm_count']} SMs")
+                 for d in mig.get("devices", [])]
+        text += f", {len(parts)} MIG device(s)" + (": " + "; ".join(parts) if parts else "")
+    return text
 
 
 def _add_env(sub: argparse._SubParsersAction) -> None:
@@ -477,6 +493,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-queries", type=_positive_int, help="issue at least this many queries")
     p.add_argument("--samples", type=_positive_int, default=64, help="distinct request inputs (default 64)")
     p.add_argument("--device", help="cuda, cuda:1 or cpu")
+    p.add_argument("--gpus", type=_devices,
+                   help="serve a replica on each of several GPUs: 'all', a count, or indices 0,2; --instances "
+                        "executors per GPU, the first free one takes the next batch (see README: Several GPUs)")
     p.add_argument("--find-max-rate", action="store_true",
                    help="bisect for the highest Poisson rate whose p99 stays under --slo-ms")
     p.add_argument("--curve", type=_positive_float, nargs="+", metavar="POINT",
@@ -517,10 +536,23 @@ def _serve_plan(args: argparse.Namespace):
     server_kw = {"max_batch_size": args.max_batch_size, "preferred_batch_sizes": args.preferred_batch_sizes,
                  "buckets": args.buckets, "instances": args.instances, "max_queue_size": args.max_queue_size,
                  "timeout_ms": args.timeout_ms}
+    if args.gpus is not None:
+        if args.device is not None:
+            raise UsageError("--gpus serves on several GPUs and --device names one: give one of them")
+        if args.batcher == "naive":
+            raise UsageError("--gpus applies to --batcher gpuopt (the naive baseline serves on one device)")
     try:
         zoo.spec(args.model)
         config = Config.parse(args.config)
-        device = resolve_device(args.device)
+        device = resolve_device(args.device) if args.gpus is None else None
+        if args.gpus is not None:
+            import torch
+
+            from ._checks import cuda_indices
+
+            if not torch.cuda.is_available():
+                raise ValueError(f"--gpus {args.gpus} serves on GPUs and none is visible")
+            server_kw["devices"] = cuda_indices("--gpus", args.gpus)
         probe = {"scenario": args.scenario, "rate": 1.0 if args.find_max_rate else args.rate, "slo_ms": args.slo_ms,
                  **load}
         if args.curve:  # its first point stands for all
@@ -579,7 +611,8 @@ def _run_serve(args: argparse.Namespace) -> int:
         print(f"gpuopt serve: the run stopped: {reason}", file=sys.stderr)
         mode = serving_mode({"scenario": args.scenario, "rate": args.rate, **load}, naive=args.batcher == "naive")
         results.add(Row.failed(reason, model=args.model, config=config.label, batch_size=args.max_batch_size,
-                               mode=mode, item_unit="requests", device=str(device), precision=config.precision))
+                               mode=mode, item_unit="requests", device=str(device or "cuda"),
+                               precision=config.precision))
         status = 1
     finally:
         if isinstance(target, Server):

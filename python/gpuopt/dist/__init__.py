@@ -7,7 +7,8 @@ outputs back (:mod:`gpuopt.dist.split`): one row per cell, timed on rank 0, with
 gather times. ``sweep(..., devices=...)`` / ``gpuopt sweep SPEC --gpus N`` spreads a sweep's cells over
 the ranks (:mod:`gpuopt.dist.sweep`).
 On the CPU (gloo) the same code runs with CPU ranks. Entry points: ``gpuopt.benchmark(..., devices=...)``,
-``gpuopt bench --gpus N``, ``torchrun ... -m gpuopt.dist SPEC.json``.
+``gpuopt bench --gpus N``, ``torchrun ... -m gpuopt.dist SPEC.json``. Several processes on one GPU (with MPS
+where available) against one process: :func:`shared_gpu`.
 
 Layer: above run (it registers ``devices=`` there when imported); nothing above it is imported.
 """
@@ -18,10 +19,11 @@ from . import sweep
 from .aggregate import aggregate_row, common_interval, pooled, scaling_efficiency
 from .launch import resolve, torchrun
 from .split import SplitStep
+from .shared import MpsDaemon, shared_gpu
 from .worker import RankFailedError, run_rank
 
 register_distributed(resolve)
 sweeps.register_distributed(sweep.resolve)
 
-__all__ = ["RankFailedError", "SplitStep", "aggregate_row", "common_interval", "pooled", "run_rank",
-           "scaling_efficiency", "torchrun"]
+__all__ = ["MpsDaemon", "RankFailedError", "SplitStep", "aggregate_row", "common_interval", "pooled", "run_rank",
+           "scaling_efficiency", "shared_gpu", "torchrun"]

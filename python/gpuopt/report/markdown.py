@@ -154,6 +154,8 @@ def _serving(rows: list[Row]) -> list[str]:
         batcher = f"{settings['path']}, max {settings['max_batch_size']}" if settings else "-"
         if "max_queue_delay_us" in settings:
             batcher += f", delay {settings['max_queue_delay_us']} us, {settings.get('instances', 1)} inst."
+            if len(settings.get("devices") or []) > 1:
+                batcher += f" x {len(settings['devices'])} GPUs"
         elif "max_wait_ms" in settings:
             batcher += f", wait {settings['max_wait_ms']:g} ms"
         counts = s.get("counts")
@@ -165,7 +167,7 @@ def _serving(rows: list[Row]) -> list[str]:
             lat, q, c = r.latency_ms, s["queue_ms"], s["compute_ms"]
             figures = [f"{r.throughput_items_per_s:,.0f}", *(f"{lat[k]:.3g}" for k in ("p50", "p90", "p99", "p99.9")),
                        f"{q['p50']:.3g} / {c['p50']:.3g}",
-                       "-" if s.get("gpu_busy") is None else f"{100 * s['gpu_busy']:.0f}%"]
+                       _busy(s)]
             verdict = "yes" if s["valid"] else "no: " + "; ".join(s["invalid_reasons"])
         else:
             figures = ["-"] * 7
@@ -177,6 +179,18 @@ def _serving(rows: list[Row]) -> list[str]:
     return ["## Serving", "", "End-to-end latency counted from each request's scheduled arrival (no coordinated "
             "omission). A run is valid when it had the queries its early-stopping percentile needs, that "
             "percentile met the SLO, it kept up with its rate and every query was answered.", ""] + _table(header, table, 4, left_from=len(header) - 1) + [""]
+
+
+def _busy(serving: dict) -> str:
+    """The busy column of a serving row: the server's share of wall time with a batch in service, and
+    each GPU's when it served on several."""
+    if serving.get("gpu_busy") is None:
+        return "-"
+    text = f"{100 * serving['gpu_busy']:.0f}%"
+    per_device = serving.get("gpu_busy_per_device")
+    if per_device:
+        text += " (" + ", ".join(f"{d} {100 * b:.0f}%" for d, b in per_device.items()) + ")"
+    return text
 
 
 def _largest_batch_rows(results: Results, model: str) -> list[Row]:

@@ -60,6 +60,9 @@ def build(model: Any, config: str | Config = "fp32", sample_fn: Any = None, *, b
     if batcher not in BATCHERS:
         raise ValueError(f"batcher must be one of {', '.join(map(repr, BATCHERS))}, got {batcher!r}")
     check_int("samples", samples)
+    if batcher == "naive" and server_kw.get("devices") is not None:
+        raise ValueError(f"devices={server_kw['devices']!r} applies to batcher='gpuopt'; the naive baseline serves on "
+                         "one device")
     module, sample_fn, name = _model_and_samples(model, sample_fn)
     data = [sample_fn(i) for i in range(samples)]
     server = Server(module, config, data[0], device=device, max_batch_size=max_batch_size,
@@ -83,7 +86,8 @@ def serve(model: Any, config: str | Config = "fp32", sample_fn: Any = None, *, s
     ``sample_fn(i)`` returns request i's inputs without a batch axis (a zoo name brings its own);
     ``samples`` of them are loaded and queries draw from them. Batcher settings (``max_batch_size``,
     ``max_queue_delay_us``, ``preferred_batch_sizes``, ``buckets``, ``instances``, ``max_queue_size``,
-    ``priority_levels``, ``timeout_ms``, ``timeout_action``, ``executor``) and load settings (any
+    ``priority_levels``, ``timeout_ms``, ``timeout_action``, ``executor``, ``devices`` for a replica on
+    each of several GPUs with ``instances`` executors per GPU) and load settings (any
     :class:`LoadSpec` field: ``arrival``, ``concurrency``, ``min_queries``, ``duration_s``, ...) are
     keywords.
 

@@ -221,6 +221,24 @@ class ServeResult:
         busy, wall = self.result.get("busy_s"), self.result.get("wall_s")
         return None if busy is None or not wall else min(1.0, busy / wall)
 
+    @property
+    def gpu_busy_per_device(self) -> dict[str, float] | None:
+        """Per device of a server over several (``devices=``): the share of the run's wall time with a
+        batch in service on it, keyed by device name (None for one device or targets that do not say)."""
+        busy, wall = self.result.get("busy_s_per_device"), self.result.get("wall_s")
+        names = self.settings.get("devices") or []
+        if not busy or not wall or len(busy) < 2 or len(names) != len(busy):
+            return None
+        return {name: min(1.0, b / wall) for name, b in zip(names, busy)}
+
+    @property
+    def batches_per_device(self) -> dict[str, int] | None:
+        """Batches each device served during the run (None for one device)."""
+        counts, names = self.result.get("batches_per_device"), self.settings.get("devices") or []
+        if not counts or len(counts) < 2 or len(names) != len(counts):
+            return None
+        return dict(zip(names, (int(c) for c in counts)))
+
     def serving(self) -> dict[str, Any]:
         """What a result row keeps of the run (everything but the per-query records)."""
         r = self.result
@@ -233,7 +251,8 @@ class ServeResult:
             "duration_s": r["duration_s"], "latency_ms": dict(r["latency_ms"]), "queue_ms": dict(r["queue_ms"]),
             "compute_ms": dict(r["compute_ms"]), "early_stop": dict(r["early_stop"]),
             "issue_lag_p99_ms": r["issue_lag_p99_ms"], "batch_size_counts": list(r["batch_size_counts"]),
-            "gpu_busy": self.gpu_busy, "errors": list(r["errors"]), "server": dict(self.server),
+            "gpu_busy": self.gpu_busy, "gpu_busy_per_device": self.gpu_busy_per_device,
+            "batches_per_device": self.batches_per_device, "errors": list(r["errors"]), "server": dict(self.server),
             "verification": self.verification,
         }
 
@@ -256,6 +275,10 @@ class ServeResult:
                 f"(early-stopping p{100 * es['percentile']:g} {est}), {r['ok']}/{r['issued']} ok")
         if self.gpu_busy is not None:
             head += f", busy {100 * self.gpu_busy:.0f}%"
+        per_device = self.gpu_busy_per_device
+        if per_device:
+            batches = self.batches_per_device or {}
+            head += " (" + ", ".join(f"{d} {100 * b:.0f}%, {batches.get(d, 0)} batches" for d, b in per_device.items()) + ")"
         return head + ("" if r["valid"] else f" -- INVALID: {'; '.join(r['invalid_reasons'])}")
 
 

@@ -9,6 +9,11 @@ How a batch runs (``Server.path``):
   from C++ without the GIL (a batch is padded up to the smallest captured size that holds it);
 - ``python``: anything else (eager, TorchScript, ``compile:reduce-overhead``, any callable): the model is
   called from the executor's thread with the GIL.
+
+Several GPUs (``devices=``): a replica of the model per GPU, prepared with the same config, and
+``instances`` executors per GPU, each with its graphs captured and its streams on its GPU. All pull
+from one queue: the first free executor takes the next batch (least-loaded dispatch), and the stats
+give each GPU's busy time and batches.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_int
+from .._checks import check_int, cuda_indices
 from .._ext import _C
 from ..memory.pools import PinnedPool
 from ..prepare.config import Config, Prepared
@@ -189,6 +194,10 @@ class Server:
     ...     y = s.infer(torch.randn(8))
     >>> tuple(y.shape), s.path
     ((4,), 'python')
+
+    ``devices`` (``"all"``, a number of GPUs or a list of indices; not with ``device``) serves a replica
+    on each GPU with ``instances`` executors per GPU; ``stats()`` then has ``busy_s_per_device`` and
+    ``batches_per_device``.
     """
 
     def __init__(self, model: torch.nn.Module | Prepared, config: str | Config = "fp32", sample: Any = None, *,
@@ -196,7 +205,8 @@ class Server:
                  preferred_batch_sizes: Sequence[int] | None = None, buckets: Sequence[int] | None = None,
                  instances: int = 2, max_queue_size: int = 0, priority_levels: int = 1,
                  timeout_ms: float | None = None, timeout_action: str = "reject", executor: str = "auto",
-                 graph_sizes: Sequence[int] | None = None, checksums: bool = False, name: str = "Server"):
+                 graph_sizes: Sequence[int] | None = None, checksums: bool = False, name: str = "Server",
+                 devices: str | int | Sequence[int] | None = None):
         if sample is None:
             raise ValueError("sample is required: one request's inputs (no batch axis), e.g. torch.randn(3, 224, 224)")
         if executor not in ("auto", "graph", "python"):
@@ -210,6 +220,9 @@ class Server:
         self.instances = check_int("instances", instances)
         if self.instances > 64:
             raise ValueError(f"instances must be <= 64, got {instances}")
+        indices = self._devices(devices, device, model)
+        if len(indices) == 1:  # one GPU: the single-device server on it
+            device, indices = torch.device("cuda", indices[0]), []
         self.buckets = list(self.options.buckets)
         tensors = self.layout.tensors(sample)
         if self.buckets:
@@ -217,8 +230,12 @@ class Server:
                 if t.dim() < 1:
                     raise ValueError(f"with buckets every input's first axis is its sequence axis; input {i} is a "
                                      f"scalar")
-        self.prepared = self._prepare(model, config, tensors, device)
+        self.prepared = self._prepare(model, config, tensors, torch.device("cuda", indices[0]) if indices else device)
+        # One replica per GPU with devices=, prepared alike; the first is `prepared`.
+        self.replicas = [self.prepared] + [self._prepare(model, config, tensors, torch.device("cuda", i))
+                                           for i in indices[1:]]
         self.device = self.prepared.device
+        self.devices = [r.device for r in self.replicas]
         cfg = self.prepared.config
         self.config = cfg
         # (dtype, sample shape, memory format) of each input, as requests are staged.
@@ -237,20 +254,37 @@ class Server:
         self._expected: tuple[torch.Tensor, torch.Tensor] | None = None
         self._checksums = bool(checksums)
         kwargs: dict[str, Any] = dict(batcher=self.options, device=dev, inputs=self.input_specs, checksums=checksums,
-                                      name=name, pinned_pool=self._pool._native)
+                                      name=name, pinned_pool=self._pool._native, devices=indices)
         if self.path == "cuda-graph":
             self.graph_sizes = _sizes("graph_sizes", graph_sizes, max_batch_size) or graph_batch_sizes(
                 max_batch_size, self.options.preferred_batch_sizes)
             if self.graph_sizes[-1] != max_batch_size:
                 raise ValueError(f"graph_sizes must include max_batch_size={max_batch_size}, got {self.graph_sizes}")
-            kwargs["graphs"] = self._capture_all()
+            kwargs["graphs"] = self._capture_all(indices)
         else:
             self.graph_sizes = []
-            kwargs["fn"] = self.direct_fn()
+            kwargs["fn"] = self._fn_by_device() if indices else self.direct_fn()
             kwargs["instances"] = self.instances
         self._native = _C.Server(**kwargs)
 
     # ---- preparation ---------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _devices(devices: Any, device: Any, model: Any) -> list[int]:
+        """The GPU indices of ``devices=`` (empty without it), checked against ``device`` and the model."""
+        if devices is None:
+            return []
+        if device is not None:
+            raise ValueError(f"give device= (one device) or devices= (several GPUs), not both; got device={device!r} "
+                             f"and devices={devices!r}")
+        if not torch.cuda.is_available():
+            raise ValueError(f"devices={devices!r} spreads the server over GPUs and none is visible; on the CPU give "
+                             "device='cpu' (one server, several instances) instead")
+        indices = cuda_indices("devices", devices)
+        if isinstance(model, Prepared) and len(indices) > 1:
+            raise ValueError("devices= prepares a replica of the model on each GPU: give the torch.nn.Module, not a "
+                             "Prepared (which lives on one device)")
+        return indices
 
     def _prepare(self, model: Any, config: Any, tensors: list[torch.Tensor], device: Any) -> Prepared:
         if isinstance(model, Prepared):
@@ -289,15 +323,24 @@ class Server:
             return "python"
         return "cuda-graph"
 
-    def _module(self) -> Callable[..., Any]:
-        p = self.prepared
+    def _module(self, replica: Prepared | None = None) -> Callable[..., Any]:
+        p = replica or self.prepared
         return p.eager_module if p.config.backend == "cudagraph" else p.module
 
-    def direct_fn(self) -> Callable[..., torch.Tensor]:
+    def _fn_by_device(self) -> Callable[..., torch.Tensor]:
+        """The Python executors' call over several GPUs: each batch runs on the replica of its GPU."""
+        fns = {r.device.index: self.direct_fn(r) for r in self.replicas}
+
+        def run(*batch: torch.Tensor) -> torch.Tensor:
+            return fns[batch[0].device.index](*batch)
+
+        return run
+
+    def direct_fn(self, replica: Prepared | None = None) -> Callable[..., torch.Tensor]:
         """The model as one call on a batch already on the device (the config's guard, the eager or
-        compiled module): what the Python executor runs, what graphs are captured from, and the direct
-        call answers are verified against."""
-        module, layout, cfg, device_type = self._module(), self.layout, self.prepared.config, self.device.type
+        compiled module of ``replica``, default the first): what the Python executor runs, what graphs
+        are captured from, and the direct call answers are verified against."""
+        module, layout, cfg, device_type = self._module(replica), self.layout, self.prepared.config, self.device.type
 
         def run(*batch: torch.Tensor) -> torch.Tensor:
             with cfg.guard(device_type):  # one guard per call: instances run this on several threads
@@ -305,46 +348,56 @@ class Server:
 
         return run
 
-    def _capture_all(self) -> list[list[tuple]]:
-        """Per instance, per bucket: static inputs for the largest graph batch, and one graph per graph
-        batch size on views of them, sharing the instance's memory pool (never replayed concurrently)."""
-        module, layout, cfg = self._module(), self.layout, self.prepared.config
+    def _capture_all(self, indices: Sequence[int]) -> list[list[tuple]]:
+        """Per executor (``instances``, or with several GPUs ``instances`` per GPU in the order of
+        ``_C.executor_devices``), per bucket: static inputs for the largest graph batch, and one graph per
+        graph batch size on views of them, sharing the executor's memory pool (never replayed
+        concurrently), all on the executor's GPU with its replica."""
+        layout, cfg = self.layout, self.prepared.config
         buckets = self.buckets or [None]
+        replica = {r.device.index: r for r in self.replicas}
+        order = _C.executor_devices(list(indices), self.instances) if indices else [self.device.index] * self.instances
         per_instance: list[list[tuple]] = []
-        for _ in range(self.instances):
-            pool = torch.cuda.graph_pool_handle()
-            # A capture stream per instance: torch keys cuBLAS workspaces by (handle, stream), so graphs
-            # captured on one stream (torch.cuda.graph's shared default) would all write the same
-            # workspace -- and replayed concurrently by two instances, race on it (split-K GEMMs then
-            # deadlock on the GPU).
-            stream = torch.cuda.Stream(self.device)
-            entries: list[tuple] = []
-            for b_index, length in enumerate(buckets):
-                static = []
-                for dtype, shape, fmt in self.input_specs:
-                    full = [self.graph_sizes[-1], *shape]
-                    if length is not None:
-                        full[1] = length
-                    mf = torch.channels_last if fmt == "channels_last" else torch.contiguous_format
-                    static.append(torch.zeros(full, dtype=dtype, device=self.device).contiguous(memory_format=mf))
-                for rows in reversed(self.graph_sizes):
-                    views = [s[:rows] for s in static]
-                    graph, out = self._capture(module, layout, cfg, views, pool, stream)
-                    self._graphs.append(graph)
-                    entries.append((b_index if length is not None else -1, rows, graph.raw_cuda_graph_exec(), views,
-                                    out))
-            per_instance.append(entries)
-        torch.cuda.synchronize(self.device)
+        for index in order:
+            with torch.cuda.device(index):
+                per_instance.append(self._capture_executor(self._module(replica[index]), layout, cfg, buckets,
+                                                           torch.device("cuda", index)))
+        for d in self.devices:
+            torch.cuda.synchronize(d)
         return per_instance
 
-    def _capture(self, module, layout, cfg, views, pool, stream):
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream), cfg.guard(self.device.type, capture=True):
+    def _capture_executor(self, module, layout, cfg, buckets, device: torch.device) -> list[tuple]:
+        pool = torch.cuda.graph_pool_handle()
+        # A capture stream per executor: torch keys cuBLAS workspaces by (handle, stream), so graphs
+        # captured on one stream (torch.cuda.graph's shared default) would all write the same
+        # workspace -- and replayed concurrently by two executors, race on it (split-K GEMMs then
+        # deadlock on the GPU).
+        stream = torch.cuda.Stream(device)
+        entries: list[tuple] = []
+        for b_index, length in enumerate(buckets):
+            static = []
+            for dtype, shape, fmt in self.input_specs:
+                full = [self.graph_sizes[-1], *shape]
+                if length is not None:
+                    full[1] = length
+                mf = torch.channels_last if fmt == "channels_last" else torch.contiguous_format
+                static.append(torch.zeros(full, dtype=dtype, device=device).contiguous(memory_format=mf))
+            for rows in reversed(self.graph_sizes):
+                views = [s[:rows] for s in static]
+                graph, out = self._capture(module, layout, cfg, views, pool, stream, device)
+                self._graphs.append(graph)
+                entries.append((b_index if length is not None else -1, rows, graph.raw_cuda_graph_exec(), views, out))
+        return entries
+
+    @staticmethod
+    def _capture(module, layout, cfg, views, pool, stream, device: torch.device):
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream), cfg.guard(device.type, capture=True):
             for _ in range(2):  # lazy initialisation, cuDNN autotuning: outside the capture
                 output_tensor(layout.call(module, views))
-        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with cfg.guard(self.device.type, capture=True), torch.cuda.graph(graph, pool=pool, stream=stream):
+        with cfg.guard(device.type, capture=True), torch.cuda.graph(graph, pool=pool, stream=stream):
             out = output_tensor(layout.call(module, views)).contiguous()
         return graph, out
 
@@ -431,8 +484,8 @@ class Server:
         return self._expected
 
     def stats(self) -> dict[str, Any]:
-        """Requests by outcome, batches (per instance), busy time, host time per phase, the queue's
-        counters and batch-size histogram."""
+        """Requests by outcome, batches (per instance and per device), busy time (of the server and per
+        device), host time per phase, the queue's counters and batch-size histogram."""
         return dict(self._native.stats())
 
     def close(self, drain: bool = True, timeout_s: float = 30.0) -> None:
@@ -459,8 +512,9 @@ class Server:
                 "buckets": list(o.buckets), "max_queue_size": o.max_queue_size,
                 "priority_levels": o.priority_levels, "timeout_us": o.default_timeout_us,
                 "timeout_action": o.timeout_action, "graph_sizes": list(self.graph_sizes),
-                "device": str(self.device), "config": self.prepared.label}
+                "device": str(self.device), "devices": [str(d) for d in self.devices], "config": self.prepared.label}
 
     def __repr__(self) -> str:
-        return (f"Server({self.prepared.label} on {self.device}, path={self.path}, instances={self.instances}, "
+        where = ", ".join(map(str, self.devices))
+        return (f"Server({self.prepared.label} on {where}, path={self.path}, instances={self.instances}, "
                 f"max_batch_size={self.options.max_batch_size}, max_queue_delay_us={self.options.max_queue_delay_us})")

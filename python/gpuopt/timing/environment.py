@@ -55,6 +55,7 @@ def _gpu(index: int) -> dict[str, Any]:
         "uuid": str(getattr(p, "uuid", "")) or None,
     }
     gpu.update(_nvml.device_facts(index))
+    gpu["mig"] = _nvml.mig_layout(index)
     return gpu
 
 
@@ -62,7 +63,8 @@ def env() -> dict[str, Any]:
     """Describe this machine for the record: GPUs, driver, CUDA, cuDNN, torch, Python, CPU.
 
     With nvidia-ml-py installed, each GPU also carries current and max clocks, power limit,
-    persistence mode, ECC state and temperature. JSON-serialisable.
+    persistence mode, ECC state and temperature, and each GPU its MIG layout (``mig``: mode and MIG
+    devices, see :func:`gpuopt.timing.nvml.mig_layout`). JSON-serialisable.
 
     >>> import gpuopt
     >>> e = gpuopt.env()

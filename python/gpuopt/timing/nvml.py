@@ -140,3 +140,55 @@ def clock_monitor(device_index: int, interval_ms: float = 100.0) -> _C.ClockMoni
     the timed loop holds. Inactive, with ``monitor.reason``, where NVML or the device is missing.
     """
     return _C.ClockMonitor(device_index, _uuid(device_index), interval_ms)
+
+
+def _error_name(exc: BaseException) -> str:
+    return type(exc).__name__.removeprefix("NVMLError_")
+
+
+def mig_layout(device_index: int) -> dict[str, Any]:
+    """The MIG layout of torch's CUDA device ``device_index`` as NVML reports it (reading only: changing
+    it needs ``nvidia-smi mig`` as root). ``mode`` is ``enabled``, ``disabled``, ``unsupported`` (a GPU
+    without MIG) or ``unavailable`` (NVML cannot tell: ``reason`` says why); ``pending`` the mode after
+    the next GPU reset when it differs; with MIG enabled, ``devices`` lists each MIG device: ``index``,
+    ``uuid``, ``memory_bytes``, ``sm_count``, ``gpu_instance_id``, ``compute_instance_id`` (None where
+    the driver does not say).
+
+    >>> mig_layout(0)["mode"] in ("enabled", "disabled", "unsupported", "unavailable")
+    True
+    """
+    nv = _nvml()
+    if nv is None:
+        return {"mode": "unavailable", "reason": unavailable_reason()}
+    h = handle(device_index)
+    if h is None:
+        return {"mode": "unavailable", "reason": f"NVML has no device for cuda:{device_index}"}
+    try:
+        current, pending = nv.nvmlDeviceGetMigMode(h)
+    except Exception as exc:  # noqa: BLE001 - pynvml raises one class per NVML status
+        if _error_name(exc) == "NotSupported":
+            return {"mode": "unsupported"}
+        return {"mode": "unavailable", "reason": f"nvmlDeviceGetMigMode failed: {exc}"}
+    enabled = getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
+    out: dict[str, Any] = {"mode": "enabled" if current == enabled else "disabled"}
+    if pending != current:
+        out["pending"] = "enabled" if pending == enabled else "disabled"
+    if current != enabled:
+        return out
+    devices = []
+    for i in range(_call(nv.nvmlDeviceGetMaxMigDeviceCount, h, default=0) or 0):
+        mig = _call(nv.nvmlDeviceGetMigDeviceHandleByIndex, h, i)
+        if mig is None:  # a slot without a MIG device
+            continue
+        memory = _call(nv.nvmlDeviceGetMemoryInfo, mig)
+        attributes = _call(nv.nvmlDeviceGetAttributes, mig)
+        devices.append({
+            "index": i,
+            "uuid": _str(_call(nv.nvmlDeviceGetUUID, mig)),
+            "memory_bytes": None if memory is None else int(memory.total),
+            "sm_count": None if attributes is None else int(attributes.multiprocessorCount),
+            "gpu_instance_id": _call(nv.nvmlDeviceGetGpuInstanceId, mig),
+            "compute_instance_id": _call(nv.nvmlDeviceGetComputeInstanceId, mig),
+        })
+    out["devices"] = devices
+    return out
