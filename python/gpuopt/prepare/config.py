@@ -268,6 +268,12 @@ class Prepared:
                 return torch.jit.optimize_for_inference(frozen)
 
     def _capture(self, m: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        # On the model's GPU as the current device: torch.cuda.graph() captures on a stream of the
+        # current device, and a capture there of work on another GPU fails.
+        with torch.cuda.device(self.device):
+            self._capture_here(m, args, kwargs)
+
+    def _capture_here(self, m: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         # Static buffers the graph reads; warm-up on a side stream (lazy init, cuDNN autotuning).
         self._static_in = (
             tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args),
@@ -288,7 +294,11 @@ class Prepared:
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
         if self._graph is not None:
-            self._graph.replay()
+            if self.device.index is not None and self.device.index != torch.cuda.current_device():
+                with torch.cuda.device(self.device):  # replayed on the current stream of its own GPU
+                    self._graph.replay()
+            else:
+                self._graph.replay()
             return self._static_out
         with self._guard():
             return self.module(*args, **kwargs)
