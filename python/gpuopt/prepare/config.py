@@ -268,8 +268,10 @@ class Prepared:
                 return torch.jit.optimize_for_inference(frozen)
 
     def _capture(self, m: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        # On the model's GPU as the current device: torch.cuda.graph() captures on a stream of the
-        # current device, and a capture there of work on another GPU fails.
+        # On the model's GPU as the current device, and on a capture stream of that GPU: without a
+        # stream, torch.cuda.graph() uses one default capture stream made on the device current at
+        # its first use, so a model on cuda:1 captured after one on cuda:0 ran on cuda:0's stream and
+        # the capture failed ("operation failed due to a previous error during capture").
         with torch.cuda.device(self.device):
             self._capture_here(m, args, kwargs)
 
@@ -287,18 +289,15 @@ class Prepared:
                 m(*s_args, **s_kwargs)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with self._guard(capture=True), torch.cuda.graph(graph):
+        capture_stream = torch.cuda.Stream(self.device)
+        with self._guard(capture=True), torch.cuda.graph(graph, stream=capture_stream):
             self._static_out = m(*s_args, **s_kwargs)
         self._graph = graph
         self.module = m
 
     def _call(self, args: tuple, kwargs: dict) -> Any:
         if self._graph is not None:
-            if self.device.index is not None and self.device.index != torch.cuda.current_device():
-                with torch.cuda.device(self.device):  # replayed on the current stream of its own GPU
-                    self._graph.replay()
-            else:
-                self._graph.replay()
+            self._graph.replay()  # torch replays on its capture device's current stream
             return self._static_out
         with self._guard():
             return self.module(*args, **kwargs)
