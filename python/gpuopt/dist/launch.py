@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .._checks import check_devices, cuda_indices
 from ..report.results import Results
 from ..run.bench import BenchmarkPlan
 from . import split, worker
@@ -65,35 +66,12 @@ def resolve(devices: Any, plan: BenchmarkPlan, call: dict[str, Any]) -> Callable
 
 
 def _check_form(devices: Any) -> None:
-    if isinstance(devices, str):
-        if devices != "all":
-            raise ValueError(f"devices must be 'all', a number of devices or a list of GPU indices, got {devices!r}")
-    elif isinstance(devices, bool) or not isinstance(devices, (int, list, tuple)):
-        raise TypeError(f"devices must be 'all', a number of devices or a list of GPU indices, got {devices!r}")
-    elif isinstance(devices, int) and devices < 1:
-        raise ValueError(f"devices must be at least 1, got {devices}")
-    elif isinstance(devices, (list, tuple)):
-        bad = [d for d in devices if isinstance(d, bool) or not isinstance(d, int) or d < 0]
-        if not devices or bad or len(set(devices)) != len(devices):
-            raise ValueError(f"devices as a list must hold distinct GPU indices (non-negative integers), got "
-                             f"{list(devices)!r}")
+    check_devices("devices", devices)
 
 
 def _cuda_devices(devices: Any) -> list[int]:
     """The CUDA indices ``devices`` names among those visible."""
-    _check_form(devices)
-    visible = torch.cuda.device_count()
-    seen = f"{visible} visible (cuda:0 to cuda:{visible - 1})" if visible else "none visible"
-    if devices == "all":
-        return list(range(visible))
-    if isinstance(devices, int):
-        if devices > visible:
-            raise ValueError(f"devices={devices} asks for {devices} GPUs; {seen}")
-        return list(range(devices))
-    missing = [d for d in devices if d >= visible]
-    if missing:
-        raise ValueError(f"devices={list(devices)!r} names GPU(s) {missing}; {seen}")
-    return list(devices)
+    return cuda_indices("devices", devices)
 
 
 def _cpu_ranks(devices: Any) -> int:
