@@ -109,11 +109,12 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
     done = {path: r for path, r in fast_paths.items() if r is not None}
     best = min(done, key=lambda path: done[path].tpot_ms["mean"]) if done else None
     fast = done.get(best)
-    int8 = run(best, "int8wo") if best else None
     results["opt"]["fast_path"] = best
     # What fusing the sibling projections (q/k/v; on by default in gpuopt's static paths) brings: the
-    # fast path without it, in the same run.
+    # fast path without it, in the same run and right after the fused paths (the H100's clocks drift
+    # under its power cap over a run: the two are compared close together).
     unfused = run(best, "fp16", label=f"fp16+{best}+unfused", fuse=False) if best else None
+    int8 = run(best, "int8wo") if best else None
     if fast is not None and unfused is not None:
         results["opt"]["fusion_speedup"] = unfused.tpot_ms["mean"] / fast.tpot_ms["mean"]
         print(f"fused projections: {fast.fused_projections} groups, TPOT {unfused.tpot_ms['mean']:.3f} -> "

@@ -23,6 +23,7 @@ from _common import Target, parse_args, require_gpu, write
 
 import gpuopt
 from gpuopt.dist import shared_gpu
+from gpuopt.dist.aggregate import MIN_OVERLAP
 
 MODEL, CONFIG = "resnet50", "fp16+channels_last"
 
@@ -47,13 +48,23 @@ def part_replicas(args, results: dict, targets: list[Target]) -> None:
     per_rank = [r.find(MODEL, CONFIG, args.batch, f"throughput @rank{i}/{n}") for i in range(n)]
     d = {"gpus": n, "batch_per_gpu": args.batch, "single_img_s": single.throughput_items_per_s,
          "aggregate_img_s": agg.throughput_items_per_s, "per_rank_img_s": [x.throughput_items_per_s for x in per_rank],
-         "scaling_efficiency": agg.dist.get("scaling_efficiency"), "aggregate_dist": agg.dist}
+         "scaling_efficiency": agg.dist.get("scaling_efficiency"), "overlap": agg.dist.get("overlap"),
+         "common_interval_s": agg.dist.get("common_interval_s"), "warnings": agg.warnings,
+         "aggregate_dist": agg.dist}
     results["replicas"] = d
     print(f"replicas: {n} GPUs {d['aggregate_img_s']:,.0f} img/s, one GPU {d['single_img_s']:,.0f} img/s, "
-          f"efficiency {d['scaling_efficiency']:.3f}", flush=True)
+          f"efficiency {d['scaling_efficiency']:.3f}, ranks sampled at once for {d['common_interval_s']:.2f} s "
+          f"(overlap {d['overlap']:.2f})", flush=True)
+    # A sum of rates counts only where the ranks ran at once: the overlap is a target of its own.
+    targets.append(_overlap_target(f"{MODEL} {CONFIG} b{args.batch} replicas", d["overlap"]))
     targets.append(Target(f"{MODEL} {CONFIG} b{args.batch} replicas: {n} GPUs / one GPU throughput",
                           d["aggregate_img_s"] / d["single_img_s"], ">=", 1.9 * n / 2, "x",
                           "one GPU, same job (rank 0 alone)"))
+
+
+def _overlap_target(what: str, overlap: float | None) -> Target:
+    return Target(f"{what}: share of the sampling windows all ranks ran at once", overlap or 0.0, ">=",
+                  MIN_OVERLAP, "", "the longest rank's sampling window")
 
 
 def part_split(args, results: dict, targets: list[Target]) -> None:
@@ -94,13 +105,15 @@ def part_shared(args, results: dict, targets: list[Target]) -> None:
                     "vs_one_process": agg.dist.get("vs_one_process"),
                     "one_process_p99_ms": (one.latency_ms or {}).get("p99"),
                     "per_process_p99_ms": [(x.latency_ms or {}).get("p99") for x in r.rows[1:-1]],
-                    "aggregate_p99_ms": (agg.latency_ms or {}).get("p99"), "dist": agg.dist}
+                    "aggregate_p99_ms": (agg.latency_ms or {}).get("p99"), "overlap": agg.dist.get("overlap"),
+                    "warnings": agg.warnings, "dist": agg.dist}
             out[work] = cell
             print(f"two processes on one GPU ({work}, mps={cell['mps']}): {cell['aggregate_items_s']:,.0f}/s vs one "
                   f"process {cell['one_process_items_s']:,.0f}/s = {cell['vs_one_process']:.3f}x; p99 "
                   f"{cell['per_process_p99_ms']} vs {cell['one_process_p99_ms']} ms", flush=True)
             print(f"REPORT two processes on one GPU ({work}, mps={cell['mps']}): {cell['vs_one_process']:.3f}x one "
-                  f"process's throughput", flush=True)
+                  f"process's throughput (overlap {cell['overlap']:.2f})", flush=True)
+            targets.append(_overlap_target(f"two processes on one GPU ({work})", cell["overlap"]))
         except Exception as exc:  # noqa: BLE001 - recorded; the other work still runs
             traceback.print_exc()
             out[work] = {"error": f"{type(exc).__name__}: {exc}"}

@@ -207,6 +207,39 @@ def test_a_failing_config_is_recorded_and_the_rest_goes_on():
     assert "## Failed cells" in res.to_markdown()
 
 
+def test_the_runner_calls_before_mode_once_per_cell_after_preparation_and_before_timing():
+    """The hook a distributed rank aligns on: once per cell and mode -- a failed cell's too, so every
+    rank calls it equally often -- after the cell's preparation and parity (the model already ran), right
+    before the timed part."""
+    events: list[str] = []
+
+    class Logged(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            events.append("call")
+            return self.lin(x)
+
+    plan = plan_benchmark(Logged(), input_shape=(8,), configs=["fp32", "fp32+cudagraph", "bf16"], batch_sizes=[2],
+                          modes=["host"], device="cpu", **FAST)
+    rows: list[Row] = []
+    runner = plan.runner(lambda row: (rows.append(row), events.append("row")), profile_dir=None,
+                         before_mode=lambda: events.append("ready"))
+    runner.run_batch(2)
+    marks = [e for e in events if e != "call"]
+    assert marks == ["ready", "row"] * 3, marks
+    assert [r.status for r in rows] == ["ok", "failed", "ok"]
+    # Each cell's events, up to its row: a measured cell's model ran before "ready" (its preparation)
+    # and again after it (warm-up and the timed calls).
+    cells = " ".join(events).split(" row")[:3]
+    for row, cell in zip(rows, cells):
+        before, after = cell.split("ready")
+        if row.ok:
+            assert "call" in before and after.count("call") > 1, cell
+
+
 class Overflow(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -244,6 +244,14 @@ def test_a_fused_projection_called_on_another_input_computes_its_own_output():
     got = [a.q_proj(x), a.k_proj(y), a.v_proj(x)]  # k on y: not the fused call's input
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+    # The same tensor changed in place since the fused call (a static buffer of the next step): the
+    # parts are computed afresh, never the stale ones.
+    a.q_proj(x)
+    x.add_(1.0)
+    torch.testing.assert_close(a.k_proj(x), x @ a.q_proj.linear.weight[8:12].T)
+    # Once every part was taken, nothing of the call is kept (no activations held until the next call).
+    a.q_proj(y), a.k_proj(y), a.v_proj(y)
+    assert a.q_proj._last is None
 
 
 def test_fuse_applies_to_gpuopts_paths_only(tiny_models):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from gpuopt.cli import format_mig
 from gpuopt.timing import nvml
@@ -60,11 +61,21 @@ def test_without_nvml_the_answer_is_unavailable_with_the_reason(monkeypatch):
     assert format_mig(layout) == "MIG: unknown (nvidia-ml-py is not installed)"
 
 
-def test_on_this_machine_the_answer_is_one_of_the_modes():
+def test_on_this_machine_nvml_answers_or_says_why_not():
+    """On a GPU with NVML the real answer (an H100 or H200 is MIG-capable: enabled with its MIG devices,
+    or disabled); without NVML or a GPU, "unavailable" with the reason, never a guess."""
     layout = nvml.mig_layout(0)
-    assert layout["mode"] in ("enabled", "disabled", "unsupported", "unavailable")
-    if not nvml.available():
-        assert layout["mode"] == "unavailable" and layout["reason"]
+    if not nvml.available() or not torch.cuda.is_available():
+        assert layout["mode"] == "unavailable" and layout["reason"], layout
+        return
+    name = torch.cuda.get_device_name(0)
+    if any(k in name for k in ("H100", "H200", "A100", "A30", "B200")):
+        assert layout["mode"] in ("enabled", "disabled"), (name, layout)
+    else:
+        assert layout["mode"] in ("enabled", "disabled", "unsupported"), (name, layout)
+    if layout["mode"] == "enabled":
+        assert layout["devices"] and all(d["uuid"].startswith("MIG-") for d in layout["devices"]), layout
+    assert format_mig(layout).startswith(f"MIG {layout['mode']}"), format_mig(layout)
 
 
 def test_enabled_mig_lists_each_mig_device_skipping_empty_slots(with_nvml):

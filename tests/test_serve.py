@@ -308,6 +308,14 @@ def test_the_naive_baseline_runs_every_batch_size_once_before_it_is_measured():
     worker = nb._thread
     nb.close(timeout_s=10)
     assert worker is not None and not worker.is_alive()
+    # Closed, it still serves (on a new worker thread); a close() with no thread running leaves nothing
+    # behind that would end the next thread at once (its warm-up or run would wait for ever).
+    nb.close(timeout_s=10)
+    nb.close(timeout_s=10)
+    third = nb.run_load(scenario="offline", min_queries=20, duration_s=0.0)
+    assert third.result["ok"] == 20 and nb._thread is not None and nb._thread.is_alive()
+    assert nb._thread is not worker
+    nb.close(timeout_s=10)
 
 
 def test_server_scenario_counts_from_schedule():

@@ -111,7 +111,7 @@ def test_per_gpu_busy_fractions_reach_the_row_the_summary_and_the_report():
     row = r.row()
     assert row.serving["gpu_busy_per_device"] == r.gpu_busy_per_device
     assert row.serving["batches_per_device"] == {"cuda:0": 30, "cuda:1": 14}
-    assert _busy(row.serving) == "90% (cuda:0 80%, cuda:1 40%)"
+    assert _busy(row.serving) == "any GPU 90% (cuda:0 80%, cuda:1 40%)"
     assert _busy({"gpu_busy": 0.5}) == "50%" and _busy({}) == "-"
 
 

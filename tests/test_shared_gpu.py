@@ -89,7 +89,7 @@ def test_with_the_control_program_a_gpu_run_gets_a_daemon(fake_mps, tmp_path):
     ({"work": "train"}, ValueError, "work must be one of 'benchmark', 'serve', got 'train'"),
     ({"iters": 1.5}, TypeError, "iters must be an integer"),
     ({"mps": "yes"}, ValueError, "mps must be 'auto', True or False"),
-    ({"device": "cuda:7"}, ValueError, "device='cuda:7'"),
+    ({"device": "cuda:7"}, ValueError, "device 'cuda:7'"),
 ])
 def test_bad_input_is_refused_before_any_process_starts(kwargs, error, match, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

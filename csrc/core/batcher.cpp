@@ -16,11 +16,8 @@ constexpr std::int64_t kMaxPriorityLevels = 64;
 // A longer next_batch() timeout waits this long (about three years): it keeps the deadline's
 // arithmetic far from the clock's range.
 constexpr double kMaxWaitS = 1e8;
-// Before it sleeps on the condition variable, next_batch() polls for a new request this long: a
-// request that arrives soon after a batch (a closed loop's next query, the next Poisson arrival at a
-// high rate) is picked up without the sleeping thread's wake-up latency (tens of microseconds on a
-// slow host, 10% of a ResNet-50 batch-1 latency), for at most this much CPU per empty wait.
-constexpr auto kIdleSpin = std::chrono::microseconds(200);
+// The largest idle_spin_us: polling longer than 0.1 s gains nothing over the condition variable.
+constexpr std::int64_t kMaxIdleSpinUs = 100000;
 
 // t + us, saturating at the clock's end (a delay or timeout of years must not wrap around).
 Clock::time_point after_us(Clock::time_point t, std::int64_t us) {
@@ -68,6 +65,8 @@ void validate(const BatcherOptions& o) {
                      "priority_levels must be in [1, ", kMaxPriorityLevels, "], got ", o.priority_levels);
   GPUOPT_CHECK_VALUE(o.default_timeout_us >= 0, "default_timeout_us must be >= 0 (0: none), got ",
                      o.default_timeout_us);
+  GPUOPT_CHECK_VALUE(o.idle_spin_us >= 0 && o.idle_spin_us <= kMaxIdleSpinUs, "idle_spin_us must be in [0, ",
+                     kMaxIdleSpinUs, "] (0: never poll), got ", o.idle_spin_us);
   GPUOPT_CHECK_VALUE(o.timeout_action == TimeoutAction::kReject || o.timeout_action == TimeoutAction::kDelay,
                      "timeout_action must be kReject or kDelay, got ", static_cast<int>(o.timeout_action));
 }
@@ -286,12 +285,15 @@ std::optional<Batch> BatchQueue::next_batch(double timeout_s, std::vector<Queued
     // Leave with a batch; with rejected requests for the caller to fail on time; when drained; or
     // on timeout.
     if (batch || (expired != nullptr && expired->size() > expired_before) || closed_ || now >= deadline) break;
-    if (!spun) {  // once per call: poll briefly for a push, then sleep
+    // Once per call, and by one waiter at a time: poll briefly for a push, then sleep. The version is
+    // read under the lock, so a push after this evaluation changes it.
+    if (!spun && options_.idle_spin_us > 0 && !spinning_.exchange(true, std::memory_order_acq_rel)) {
       spun = true;
       const std::uint64_t seen = version_.load(std::memory_order_acquire);
-      const auto until = std::min(wake, now + std::chrono::duration_cast<Clock::duration>(kIdleSpin));
+      const auto until = std::min(wake, after_us(now, options_.idle_spin_us));
       lock.unlock();
       while (Clock::now() < until && version_.load(std::memory_order_acquire) == seen) std::this_thread::yield();
+      spinning_.store(false, std::memory_order_release);
       lock.lock();
       continue;
     }

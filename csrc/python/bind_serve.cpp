@@ -299,6 +299,7 @@ void bind_serve(py::module_& m) {
       .def_readwrite("max_queue_size", &BatcherOptions::max_queue_size)
       .def_readwrite("priority_levels", &BatcherOptions::priority_levels)
       .def_readwrite("default_timeout_us", &BatcherOptions::default_timeout_us)
+      .def_readwrite("idle_spin_us", &BatcherOptions::idle_spin_us)
       .def_property(
           "timeout_action",
           [](const BatcherOptions& o) { return o.timeout_action == serve::TimeoutAction::kReject ? "reject" : "delay"; },

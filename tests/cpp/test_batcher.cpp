@@ -96,6 +96,10 @@ TEST(BatcherOptions, ValidationNamesTheFieldAndTheValue) {
   EXPECT_EQ(bad([](BatcherOptions& o) { o.priority_levels = 65; }), "priority_levels must be in [1, 64], got 65");
   EXPECT_CONTAINS(bad([](BatcherOptions& o) { o.default_timeout_us = -1; }),
                   "default_timeout_us must be >= 0 (0: none), got -1");
+  EXPECT_EQ(bad([](BatcherOptions& o) { o.idle_spin_us = -1; }),
+            "idle_spin_us must be in [0, 100000] (0: never poll), got -1");
+  EXPECT_EQ(bad([](BatcherOptions& o) { o.idle_spin_us = 100001; }),
+            "idle_spin_us must be in [0, 100000] (0: never poll), got 100001");
   // The constructor validates too; the limits themselves are allowed.
   BatcherOptions o = opts(0, 0);
   EXPECT_EQ(error_of([&] { BatchQueue q(o); }), "max_batch_size must be >= 1, got 0");
@@ -607,6 +611,42 @@ TEST(BatcherWaits, AWaiterThatTimesOutPassesItsWakeUpOn) {
     const double ms = ms_between(got->requests[0].enqueued, got->formed);
     EXPECT_GE(ms, 100.0);
     EXPECT_LT(ms, 2000.0) << round;
+  }
+}
+
+// Pushes that land while a waiter polls (a long idle spin: the push lands inside it), while the others
+// sleep, and with polling off: every request leaves promptly, whichever waiter takes it, and the
+// waiters that got nothing sleep until their timeout (run under TSan in CI: the poll reads the version
+// counter that enqueue() bumps under the lock).
+TEST(BatcherWaits, PushesDuringTheIdleSpinAreTakenPromptly) {
+  for (std::int64_t spin_us : {std::int64_t{100000}, std::int64_t{200}, std::int64_t{0}}) {
+    BatcherOptions o = opts(1, 0);
+    o.idle_spin_us = spin_us;
+    BatchQueue q(o);
+    constexpr int kWaiters = 3, kRequests = 6;
+    std::atomic<int> taken{0};
+    std::vector<double> lag_ms(kRequests + 1, -1.0);
+    std::vector<std::thread> waiters;
+    for (int w = 0; w < kWaiters; ++w) {
+      waiters.emplace_back([&] {
+        while (taken.load() < kRequests) {
+          auto b = q.next_batch(0.5);
+          if (!b) continue;
+          for (const auto& r : b->requests) lag_ms[r.id] = ms_between(r.enqueued, b->formed);
+          taken += static_cast<int>(b->requests.size());
+        }
+      });
+    }
+    for (std::uint64_t id = 1; id <= kRequests; ++id) {
+      std::this_thread::sleep_for(milliseconds(id % 2 == 0 ? 1 : 20));  // inside a long spin, or after it
+      enqueue_all(q, {req(id)});
+    }
+    for (auto& t : waiters) t.join();
+    for (std::uint64_t id = 1; id <= kRequests; ++id) {
+      EXPECT_GE(lag_ms[id], 0.0) << "request " << id << " spin " << spin_us;
+      EXPECT_LT(lag_ms[id], 400.0) << "request " << id << " spin " << spin_us;  // not a waiter's 0.5 s timeout
+    }
+    EXPECT_EQ(q.stats().batches, kRequests);
   }
 }
 

@@ -35,6 +35,10 @@ struct BatcherOptions {
   std::int64_t priority_levels = 1;              // >= 1; level 0 is served first
   std::int64_t default_timeout_us = 0;           // 0: none; a request's own timeout overrides it
   TimeoutAction timeout_action = TimeoutAction::kReject;
+  // An idle next_batch() polls for a new request this long before it sleeps on the condition variable
+  // (one waiter at a time; the others sleep at once): a request that arrives soon after a batch is picked
+  // up without the sleeping thread's wake-up latency. 0: never poll. In [0, 100000].
+  std::int64_t idle_spin_us = 200;
 };
 
 // Throws gpuopt::Error (kValue) naming the field, the value and what is allowed.
@@ -130,6 +134,8 @@ class BatchQueue {
   std::condition_variable changed_;
   // Bumped by every push() and close(): next_batch() polls it while it spins before sleeping.
   std::atomic<std::uint64_t> version_{0};
+  // Whether a next_batch() is polling now: at most one does (more would only burn the host's cores).
+  std::atomic<bool> spinning_{false};
   std::vector<Level> levels_;
   std::vector<Expiry> expiries_;
   bool closed_ = false;

@@ -31,7 +31,7 @@ from .worker import RankFailedError
 # torchrun() waits this many collective timeouts for a job of its own, then kills it (a benchmark's
 # job: see _job_timeout_s).
 _WAIT_TIMEOUTS = 3
-_START_S = 120.0  # on top of that: starting the processes and importing torch
+START_S = 120.0  # on top of that: starting the processes and importing torch
 _AGENT_STOP_S = 40.0  # torchrun gives its workers 30 s to stop after SIGTERM
 
 
@@ -50,7 +50,7 @@ def resolve(devices: Any, plan: BenchmarkPlan, call: dict[str, Any]) -> Callable
                          "and the GPUs in devices, e.g. devices=[1, 2]")
     joined = worker.torchrun_env()
     if joined is not None:
-        indices = _joined_devices(devices, cuda, joined[1])
+        indices = joined_devices(devices, cuda, joined[1])
         if plan.strategy == "split":
             split.check_batches(plan.batch_sizes, joined[1])
         return functools.partial(worker.run_rank, cuda_indices=indices)
@@ -58,33 +58,25 @@ def resolve(devices: Any, plan: BenchmarkPlan, call: dict[str, Any]) -> Callable
         visible = torch.cuda.device_count()
         raise ValueError(f"devices={devices!r} asks for GPUs and {visible} are visible; for ranks on the CPU give "
                          "device='cpu' (e.g. devices=2, device='cpu')")
-    indices = _cuda_devices(devices) if cuda else list(range(_cpu_ranks(devices)))
+    indices = cuda_indices("devices", devices) if cuda else list(range(cpu_ranks(devices)))
     if plan.strategy == "split":
         split.check_batches(plan.batch_sizes, len(indices))
     spec = _spec(call, plan)
     return functools.partial(launch_benchmark, spec=spec, cuda_indices=indices if cuda else None, nproc=len(indices))
 
 
-def _check_form(devices: Any) -> None:
+def cpu_ranks(devices: Any) -> int:
+    """The number of CPU ranks ``devices`` asks for (a count only)."""
     check_devices("devices", devices)
-
-
-def _cuda_devices(devices: Any) -> list[int]:
-    """The CUDA indices ``devices`` names among those visible."""
-    return cuda_indices("devices", devices)
-
-
-def _cpu_ranks(devices: Any) -> int:
-    _check_form(devices)
     if not isinstance(devices, int):
         raise ValueError(f"on the CPU devices is the number of ranks (e.g. devices=2), got {devices!r}")
     return devices
 
 
-def _joined_devices(devices: Any, cuda: bool, world: int) -> list[int] | None:
+def joined_devices(devices: Any, cuda: bool, world: int) -> list[int] | None:
     """Inside a torchrun job: the world size is the launcher's; ``devices`` may name it, or on CUDA list
     the GPU of each local rank."""
-    _check_form(devices)
+    check_devices("devices", devices)
     if isinstance(devices, int) and devices != world:
         raise ValueError(f"devices={devices}, but this process is one of {world} ranks started by torchrun "
                          f"(WORLD_SIZE); give devices='all' or {world}")
@@ -94,7 +86,7 @@ def _joined_devices(devices: Any, cuda: bool, world: int) -> list[int] | None:
                          f"{local_world} local ranks, on CUDA only")
     indices = list(devices) if isinstance(devices, (list, tuple)) else list(range(local_world))
     if cuda:
-        _cuda_devices(indices)
+        cuda_indices("devices", indices)
     return indices if cuda else None
 
 
@@ -154,7 +146,7 @@ def _job_timeout_s(plan: BenchmarkPlan) -> float:
     one timeout, then all ranks, about as long -- one more for the first and last barriers and the
     gathering, and the start."""
     cells = len(plan.batch_sizes) * len(plan.configs)
-    return (2 * cells + 1) * worker.timeout_s() + _START_S
+    return (2 * cells + 1) * worker.timeout_s() + START_S
 
 
 def torchrun(target: Sequence[str], nproc: int, *, output_dir: str | os.PathLike, env: dict[str, str] | None = None,
@@ -168,7 +160,7 @@ def torchrun(target: Sequence[str], nproc: int, *, output_dir: str | os.PathLike
     by ``keep``, which returns how many (default: a benchmark's rows from the ranks' files). The rank
     files of an earlier job in ``OUTPUT/ranks/`` are removed first."""
     if timeout_s is None:
-        timeout_s = _WAIT_TIMEOUTS * worker.timeout_s() + _START_S
+        timeout_s = _WAIT_TIMEOUTS * worker.timeout_s() + START_S
     if keep is None:
         keep = functools.partial(_keep_rows, output_dir, nproc)
     log_path = worker.ranks_dir(output_dir) / "torchrun.log"

@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,8 @@ import torch
 from .._checks import check_int
 from ..report.results import Results
 from . import worker
-from .launch import torchrun
+from ..run.workload import resolve_device
+from .launch import environment, torchrun
 
 WORKS = ("benchmark", "serve")
 MPS_CONTROL = "nvidia-cuda-mps-control"
@@ -86,16 +88,9 @@ class MpsDaemon:
 
 
 def _device(device: Any) -> torch.device:
-    d = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if d.type == "cuda":
-        visible = torch.cuda.device_count()
-        index = 0 if d.index is None else d.index
-        if index >= visible:
-            raise ValueError(f"device={str(d)!r}: {visible} GPU(s) visible")
-        return torch.device("cuda", index)
-    if d.type != "cpu":
-        raise ValueError(f"device must be a CUDA device or 'cpu', got {device!r}")
-    return d
+    """The one device of the run (resolve_device's checks), a CUDA one with its index."""
+    d = resolve_device(device)
+    return torch.device("cuda", d.index or 0) if d.type == "cuda" else d
 
 
 def shared_gpu(model: str, config: str = "fp32", *, processes: int = 2, work: str = "benchmark",
@@ -139,11 +134,7 @@ def shared_gpu(model: str, config: str = "fp32", *, processes: int = 2, work: st
     except TypeError as exc:
         raise ValueError(f"shared_gpu hands its arguments to fresh processes as JSON; one is not: {exc}") from exc
     out = Path(output_dir or tempfile.mkdtemp(prefix="gpuopt-shared-"))
-    env = dict(os.environ)
-    if dev.type == "cuda":
-        given = os.environ.get("CUDA_VISIBLE_DEVICES")
-        names = given.split(",") if given else [str(i) for i in range(torch.cuda.device_count())]
-        env["CUDA_VISIBLE_DEVICES"] = names[dev.index]
+    env = environment([dev.index] if dev.type == "cuda" else None)  # the processes see only this GPU
     daemon, reason = _mps(mps, dev, out)
     try:
         if daemon is not None:
@@ -160,9 +151,15 @@ def shared_gpu(model: str, config: str = "fp32", *, processes: int = 2, work: st
         spec_path.write_text(json.dumps(spec, indent=1))
         torchrun(["-m", _WORKER_MODULE, str(spec_path)], processes, output_dir=out, env=env, echo=progress,
                  timeout_s=timeout_s)
-    finally:
-        if daemon is not None:
-            daemon.stop()
+    except BaseException:
+        if daemon is not None:  # the run's error is the one to see; a failing stop is only mentioned
+            try:
+                daemon.stop()
+            except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+                print(f"gpuopt.dist.shared_gpu: stopping the MPS daemon also failed: {exc}", file=sys.stderr)
+        raise
+    if daemon is not None:
+        daemon.stop()
     results = Results.load(out / "results.json")
     if output_dir is None:
         shutil.rmtree(out, ignore_errors=True)

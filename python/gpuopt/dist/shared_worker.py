@@ -2,7 +2,8 @@
 ``python -m torch.distributed.run ... -m gpuopt.dist.shared_worker OUTPUT/ranks/shared.json``.
 
 Process 0 does the whole work alone while the others wait at a barrier, then every process does its
-share at once (started by a barrier); process 0 gathers the rows (and, serving, every answered
+share at once: each sets up (builds, prepares and warms up its model or server) at its own pace and the
+timed parts start together at a barrier; process 0 gathers the rows (and, serving, every answered
 request's latency) and writes OUTPUT/results.json. Each process keeps its state and rows in
 OUTPUT/ranks/ as a benchmark rank does, so one that dies is named and the finished rows are kept.
 """
@@ -13,7 +14,7 @@ import datetime as dt
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..report.results import Results, Row, dist_mode
-from ..run.bench import benchmark
+from ..run.bench import plan_benchmark
 from ..serving.api import build
 from ..serving.load import STATUS_NAMES, LoadSpec
 from ..timing.measurement import Measurement
@@ -32,21 +33,31 @@ from .aggregate import aggregate_row
 _OK = STATUS_NAMES.index("ok")
 
 
-def _benchmark(spec: dict[str, Any], device: torch.device, share: int) -> tuple[Row, dict[str, list[float]]]:
+def _benchmark(spec: dict[str, Any], device: torch.device, share: int,
+               ready: Callable[[], None]) -> tuple[Row, dict[str, list[float]]]:
     """One throughput cell of exactly ``share`` x ``iters`` samples; its row (no requests to pool: the
-    row's measurement has the samples)."""
+    row's measurement has the samples). ``ready`` runs after the preparation, right before the timed
+    part (warm-up and sampling)."""
     options = {"parity": False, **spec["options"]}
-    r = benchmark(spec["model"], configs=[spec["config"]], batch_sizes=[spec["batch_size"]], modes=["throughput"],
-                  device=device, progress=False, input_shape=spec["input_shape"], iters=share * spec["iters"],
-                  **options)
-    return r.rows[0], {}
+    plan = plan_benchmark(spec["model"], configs=[spec["config"]], batch_sizes=[spec["batch_size"]],
+                          modes=["throughput"], device=device, progress=False, input_shape=spec["input_shape"],
+                          iters=share * spec["iters"], **options)
+    rows: list[Row] = []
+    plan.runner(rows.append, profile_dir=None, before_mode=ready).run_batch(plan.batch_sizes[0])
+    return rows[0], {}
 
 
-def _serve(spec: dict[str, Any], device: torch.device, share: int) -> tuple[Row, dict[str, list[float]]]:
+def _serve(spec: dict[str, Any], device: torch.device, share: int,
+           ready: Callable[[], None]) -> tuple[Row, dict[str, list[float]]]:
     """One closed-loop serving run of ``share`` x ``queries`` requests from ``share`` x ``concurrency``
-    clients; its row and every answered request's end-to-end latency, queue and compute time (ms)."""
-    server, name = build(spec["model"], spec["config"], device=device, max_batch_size=spec["batch_size"],
-                         instances=spec["instances"], **spec["options"])
+    clients; its row and every answered request's end-to-end latency, queue and compute time (ms).
+    ``ready`` runs once the server is built and warmed up, right before the load starts."""
+    server, name = None, None
+    try:
+        server, name = build(spec["model"], spec["config"], device=device, max_batch_size=spec["batch_size"],
+                             instances=spec["instances"], **spec["options"])
+    finally:
+        ready()  # also when the build failed: the other processes must not wait for this one in vain
     try:
         load = LoadSpec(scenario="closed-loop", concurrency=share * spec["concurrency"],
                         min_queries=share * spec["queries"], duration_s=0.0)
@@ -124,16 +135,17 @@ def run(spec: dict[str, Any]) -> Results | None:
     dist.init_process_group("gloo", timeout=dt.timedelta(seconds=worker.timeout_s()))
     files = worker.RankFiles(out, rank)
     try:
-        group = worker._Group(rank, world, files, out)
+        group = worker.Group(rank, world, files, out)
         do = _benchmark if spec["work"] == "benchmark" else _serve
         single = None
         group.align()
         if rank == 0:  # the whole work, alone
-            row, _ = do(spec, device, world)
+            row, _ = do(spec, device, world, lambda: None)
             single = _tag(row, "single", 0, world, spec, group.t0)
             files.add(single)
         group.align("the barrier after process 0 alone")
-        row, latencies = do(spec, device, 1)
+        # Each process sets up at its own pace; the timed parts start at once (the barrier in ready).
+        row, latencies = do(spec, device, 1, lambda: group.align("the barrier before the timed part"))
         mine = _tag(row, "rank", rank, world, spec, group.t0)
         files.add(mine)
         gathered = group.gather((mine.to_dict(), latencies))

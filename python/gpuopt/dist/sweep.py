@@ -40,13 +40,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .._checks import cuda_indices
 from .._files import write_atomic
 from ..report.results import Key, Results, Row
 from ..run.runner import ProgressBar
-from ..run.sweeps import CellsFile, SweepPlan, SweepUnit, _differences, _move_aside, cells_in
+from ..run.sweeps import CellsFile, SweepPlan, SweepUnit, cells_in, differences, move_aside
 from ..run.workload import TRAIN_MODE
 from . import launch, worker
-from .worker import RankFailedError, RankFiles, _Group
+from .worker import Group, RankFailedError, RankFiles
 
 PREPARE_COST = 64  # a unit's preparation and parity gate, in the cost proxy's units (items of batch per mode)
 _POLL_S = 0.5
@@ -101,11 +102,11 @@ def resolve(devices: Any, plan: SweepPlan, call: dict[str, Any]) -> Any:
             raise ValueError("resume=False (--no-resume) is refused inside a torchrun job: ranks on several machines "
                              "cannot move one folder aside safely; give a new output folder, or move the old files "
                              "yourself")
-        return functools.partial(run_rank, cuda_indices=launch._joined_devices(devices, cuda, joined[1]))
+        return functools.partial(run_rank, cuda_indices=launch.joined_devices(devices, cuda, joined[1]))
     if not cuda and plan.spec.get("device") is None:
         raise ValueError(f"devices={devices!r} asks for GPUs and {torch.cuda.device_count()} are visible; for ranks "
                          "on the CPU give device = 'cpu' in the spec")
-    indices = launch._cuda_devices(devices) if cuda else list(range(launch._cpu_ranks(devices)))
+    indices = cuda_indices("devices", devices) if cuda else list(range(launch.cpu_ranks(devices)))
     if cuda:
         names = {i: torch.cuda.get_device_name(i) for i in indices}
         if len(set(names.values())) > 1:
@@ -124,14 +125,14 @@ def launch_sweep(plan: SweepPlan, *, nproc: int, cuda_indices: Sequence[int] | N
     are merged into ``DIR/results.json`` here."""
     out = plan.output_dir
     if plan.done is None:  # resume=False: moved aside once, here, before any rank starts
-        moved = _move_aside(out) if out.is_dir() else None
+        moved = move_aside(out) if out.is_dir() else None
         if moved is not None and plan.progress:
             print(f"the earlier sweep's files were moved to {moved}", file=sys.stderr)
     spec_path = worker.ranks_dir(out) / "sweep-spec.json"
     spec_path.parent.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(json.dumps(plan.spec, indent=1))
     units = len(plan.units())
-    timeout_s = (math.ceil(units / nproc) + 2) * worker.timeout_s() + launch._START_S
+    timeout_s = (math.ceil(units / nproc) + 2) * worker.timeout_s() + launch.START_S
     target = ["-m", "gpuopt", "sweep", str(spec_path), "--output", str(out)] + ([] if plan.progress else ["--quiet"])
     try:
         launch.torchrun(target, nproc, output_dir=out, env=launch.environment(cuda_indices), echo=plan.progress,
@@ -225,7 +226,7 @@ def run_rank(plan: SweepPlan, cuda_indices: Sequence[int] | None = None) -> Resu
         dist.init_process_group("gloo", timeout=timeout)
     pg = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo", timeout=timeout)
     files = RankFiles(plan.output_dir, rank, rows=False)
-    group = _Group(rank, world, files, str(plan.output_dir), pg=pg)
+    group = Group(rank, world, files, str(plan.output_dir), pg=pg)
     progress = None
     try:
         if dist.get_world_size() != world:
@@ -245,13 +246,13 @@ def run_rank(plan: SweepPlan, cuda_indices: Sequence[int] | None = None) -> Resu
             dist.destroy_process_group()
 
 
-def _share(plan: SweepPlan, group: _Group, progress: _Progress, files: RankFiles, local: int) -> Results:
+def _share(plan: SweepPlan, group: Group, progress: _Progress, files: RankFiles, local: int) -> Results:
     rank, world, out = group.rank, group.world, plan.output_dir
     fingerprint = dict(plan.fingerprint)
     if plan.device.type == "cuda":
         fingerprint["device_name"] = torch.cuda.get_device_name(plan.device)
     prints = group.all_gather("comparing the ranks' fingerprints", fingerprint)
-    odd = {r: _differences(prints[0], f) for r, f in enumerate(prints) if f != prints[0]}
+    odd = {r: differences(prints[0], f) for r, f in enumerate(prints) if f != prints[0]}
     if odd:
         raise ValueError("the ranks would measure cells that do not compare (rank 0 -> rank R): " + "; ".join(
             f"rank {r}: {', '.join(d)}" for r, d in odd.items()))

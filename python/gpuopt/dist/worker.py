@@ -2,9 +2,10 @@
 user's own): join the process group, take the device of LOCAL_RANK, then
 
 1. cell by cell (a config at a batch size, in every mode): rank 0 measures the cell alone while the
-   others wait at a barrier (the one-device baseline), then every rank measures it on its replica, each
-   mode started at once by a barrier (preparation, parity and warm-up included: the sampling windows,
-   recorded per row, overlap mostly, not exactly);
+   others wait at a barrier (the one-device baseline), then every rank measures it on its replica. The
+   ranks prepare the cell (and check parity) each at its own pace, then meet at a barrier right before
+   each mode's timed part, so that warm-up and sampling start at once (the sampling windows, recorded
+   per row, overlap mostly: warm-up and adaptive stopping may differ a little between ranks);
 2. rank 0 gathers the rows with their raw samples and writes one Results: the baseline, one row per
    rank and cell, and the aggregate of each cell (:mod:`gpuopt.dist.aggregate`).
 
@@ -161,7 +162,7 @@ def stopped_ranks(output_dir: str | os.PathLike, world_size: int, *, but: int) -
 
 
 # ---- one rank ----------------------------------------------------------------------------------------
-class _Group:
+class Group:
     """The collectives of this rank, each turning a failure into a RankFailedError naming the rank
     that stopped (read from the ranks' files where there are some)."""
 
@@ -252,7 +253,7 @@ def run_rank(plan: BenchmarkPlan, cuda_indices: Sequence[int] | None = None) -> 
 
 def _phases(plan: BenchmarkPlan, device: torch.device, rank: int, world: int, local: int, warnings: list[str],
             files: RankFiles | None) -> Results:
-    group = _Group(rank, world, files, plan.output_dir)
+    group = Group(rank, world, files, plan.output_dir)
     host = socket.gethostname()
     one = plan.single(device)
     own = Results.new(spec=one.spec())
@@ -274,14 +275,17 @@ def _phases(plan: BenchmarkPlan, device: torch.device, rank: int, world: int, lo
 
     def each(row: Row) -> None:
         mine.append(tagged(row, "rank"))
-        group.align()  # the next mode starts on every rank at once
+
+    def ready() -> None:  # every rank prepared the cell: its modes' timed parts start at once
+        group.align("the barrier before a mode's timed part")
 
     cells = [(batch, config) for batch in plan.batch_sizes for config in plan.configs]
     bar = ProgressBar(2 * len(cells), plan.progress and rank == 0)
     alone = one.runner(lambda row: single.append(tagged(row, "single")), profile_dir=None,
                        progress=lambda event, cell: bar(event, f"rank 0 alone: {cell}")) if rank == 0 else None
     profiles = str(Path(plan.output_dir or ".") / "gpuopt-profiles" / f"rank{rank}") if plan.profile else None
-    together = one.runner(each, profile_dir=profiles, progress=lambda event, cell: bar(event, f"{world} ranks: {cell}"))
+    together = one.runner(each, profile_dir=profiles, progress=lambda event, cell: bar(event, f"{world} ranks: {cell}"),
+                          before_mode=ready)
     try:
         for batch, config in cells:
             group.align()  # every rank done with the last cell (its profiling and clean-up included)

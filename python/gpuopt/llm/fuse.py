@@ -22,6 +22,15 @@ from torch import nn
 GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
+def _version(x: torch.Tensor) -> int | None:
+    """``x``'s version counter (bumped by every in-place change); None for an inference-mode tensor,
+    which has none (identity alone then says it is the same input)."""
+    try:
+        return x._version
+    except RuntimeError:
+        return None
+
+
 class FusedProjections(nn.Module):
     """Several linear layers reading one input, as one (``linear``, their weights concatenated)."""
 
@@ -39,18 +48,26 @@ class FusedProjections(nn.Module):
                                                   torch.zeros(m.out_features, device=w.device, dtype=w.dtype)
                                                   for m in linears]))
         self.linear.requires_grad_(False)
-        self._last: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None
+        # The last input, its version counter and the outputs not handed out yet (released once every
+        # part was taken, so that a long prefill's activations are not kept until the next call).
+        self._last: tuple[torch.Tensor, int, dict[int, torch.Tensor]] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The first projection's output; the others' are kept for :meth:`part`."""
         parts = self.linear(x).split(self.sizes, dim=-1)
-        self._last = (x, parts)
+        self._last = (x, _version(x), dict(enumerate(parts[1:], start=1))) if len(parts) > 1 else None
         return parts[0]
 
     def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        """Output ``index`` of the fused layer on ``x``: the one computed with the first projection when
+        ``x`` is that call's input, unchanged since (same tensor, same version) and the part was not
+        taken yet; else computed afresh."""
         last = self._last
-        if last is not None and last[0] is x:
-            return last[1][index]
+        if last is not None and last[0] is x and last[1] == _version(x) and index in last[2]:
+            out = last[2].pop(index)
+            if not last[2]:
+                self._last = None
+            return out
         return self.linear(x).split(self.sizes, dim=-1)[index]
 
     def extra_repr(self) -> str:

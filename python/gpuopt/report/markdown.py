@@ -188,8 +188,8 @@ def _busy(serving: dict) -> str:
         return "-"
     text = f"{100 * serving['gpu_busy']:.0f}%"
     per_device = serving.get("gpu_busy_per_device")
-    if per_device:
-        text += " (" + ", ".join(f"{d} {100 * b:.0f}%" for d, b in per_device.items()) + ")"
+    if per_device:  # the server's share is "a batch on any GPU"; each GPU's own follows
+        text = f"any GPU {text} (" + ", ".join(f"{d} {100 * b:.0f}%" for d, b in per_device.items()) + ")"
     return text
 
 

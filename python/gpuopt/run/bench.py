@@ -78,12 +78,14 @@ class BenchmarkPlan:
                 "modes": self.modes, "parity": self.parity, "measure": self.measure_options}
 
     def runner(self, on_row: Callable[[Row], None], *, profile_dir: str | None,
-               progress: Callable[[str, str], None] | None = None) -> Runner:
+               progress: Callable[[str, str], None] | None = None,
+               before_mode: Callable[[], None] | None = None) -> Runner:
         """The Runner of this plan's cells, each row handed to ``on_row``: :meth:`run` drives it a batch size
-        at a time, a rank of a distributed plan a config at a batch size at a time."""
+        at a time, a rank of a distributed plan a config at a batch size at a time (``before_mode``: see
+        :class:`Runner`)."""
         return Runner(self.work, self.configs, self.modes, parity=self.parity, device=self.device,
                       measure_options=self.measure_options, on_row=on_row, profile_dir=profile_dir,
-                      progress=progress)
+                      progress=progress, before_mode=before_mode)
 
     def single(self, device: torch.device) -> BenchmarkPlan:
         """This plan in this process on ``device`` (what each rank of a distributed plan runs)."""

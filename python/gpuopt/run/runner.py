@@ -159,12 +159,17 @@ class Runner:
     def __init__(self, work: Workload, configs: list[Config], modes: list[str], *, parity: bool, device: torch.device,
                  measure_options: dict[str, Any], on_row: Callable[[Row], None],
                  skip: Callable[[Key], bool] | None = None, profile_dir: str | None = None,
-                 progress: Callable[[str, str], None] | None = None):
+                 progress: Callable[[str, str], None] | None = None,
+                 before_mode: Callable[[], None] | None = None):
         self.work, self.configs, self.modes = work, configs, modes
         self.parity, self.device, self.options = parity, device, measure_options
         self.on_row, self.skip = on_row, skip or (lambda key: False)
         self.profile_dir = profile_dir
         self.progress = progress or (lambda event, cell: None)  # ("start" | "done", cell description)
+        # Called once per cell and mode, on every path (also a failed cell's), right before its timed part:
+        # after preparation, parity and the first call, before the measurement's warm-up and sampling. The
+        # ranks of a distributed benchmark align there, so that their sampling windows overlap.
+        self.before_mode = before_mode or (lambda: None)
         self.ceilings = device_ceilings_for(device)
         self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         self.profiles: dict[str, dict] = {}
@@ -235,6 +240,7 @@ class Runner:
             if not wanted[config.label]:
                 continue
             for mode in wanted[config.label]:
+                self.before_mode()
                 self.on_row(Row.failed(reason, **self._cell(config, batch, mode), **self._facts(config, batch)))
             self.progress("done", f"{self.work.name} b{batch} {config.label} (failed)")
 
@@ -262,6 +268,7 @@ class Runner:
             facts["parity_s"] = time.perf_counter() - t0
         facts["parity"] = gate
         for mode in modes:
+            self.before_mode()
             where = self._cell(config, batch, mode)
             t_mode = time.perf_counter()
             if mode != TRAIN_MODE and prepared is not None and not prepared.ok:

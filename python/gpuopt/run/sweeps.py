@@ -210,7 +210,7 @@ class SweepPlan:
         cells_path = out / "cells.jsonl"
         done = self.done or {}
         if self.done is None:
-            moved = _move_aside(out)
+            moved = move_aside(out)
             if moved is not None and self.progress:
                 print(f"the earlier sweep's files were moved to {moved}", file=sys.stderr)
         elif self.progress and self.resume_note:
@@ -349,7 +349,7 @@ class CellsFile:
 _SWEEP_FILES = ("cells.jsonl", "sweep.json", "results.json", "results.csv", "report.md")
 
 
-def _move_aside(out: Path) -> Path | None:
+def move_aside(out: Path) -> Path | None:
     """Move an earlier sweep's files (and its plots) into ``out/previous-<time>/``; None when there
     were none. Measured data is never deleted."""
     files = [p for p in cells_files(out) if p.stat().st_size > 0]
@@ -416,7 +416,7 @@ def _fingerprint(models: list[SweepModel], configs: list[Config], modes: list[st
     }
 
 
-def _differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """``key: old -> new`` for each fingerprint entry that differs (measure options one by one)."""
     out = []
     for key in dict.fromkeys([*old, *new]):
@@ -445,7 +445,7 @@ def _resumable(out: Path, fingerprint: dict[str, Any]) -> dict[Key, Row]:
         raise ValueError(f"{out} holds {len(done)} measured cells without the record of how they were measured "
                          f"(a sweep.json fingerprint: written by gpuopt 0.1 or by hand), so they cannot be "
                          f"resumed safely; {way_out}")
-    diff = _differences(old, fingerprint)
+    diff = differences(old, fingerprint)
     if diff:
         raise ValueError(f"{out} holds {len(done)} cells of a different sweep; resuming would mix them with "
                          f"this one (folder -> now: {'; '.join(diff)}); {way_out}")

@@ -37,7 +37,7 @@ from .server import Server, batcher_options
 _LOAD_KEYS = set(LoadSpec.__dataclass_fields__)
 _SERVER_DEFAULTS = {k: p.default for k, p in inspect.signature(Server).parameters.items()
                     if k in ("max_batch_size", "max_queue_delay_us", "preferred_batch_sizes", "buckets", "instances",
-                             "max_queue_size", "priority_levels", "timeout_ms", "timeout_action", "executor")}
+                             "max_queue_size", "priority_levels", "timeout_ms", "timeout_action", "executor", "idle_spin_us")}
 _CELL_DEFAULTS = {"config": "fp32", "batcher": "gpuopt", "label": None, "samples": 64, "naive_max_wait_ms": 1.0}
 KEYS = {"model", *_CELL_DEFAULTS, *_SERVER_DEFAULTS, *_LOAD_KEYS}
 # Keys a list expands into a cell per value; the key of those the row's key does not show already

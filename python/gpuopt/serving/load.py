@@ -217,7 +217,9 @@ class ServeResult:
 
     @property
     def gpu_busy(self) -> float | None:
-        """Share of the run's wall time with a batch in service (None for targets that do not say)."""
+        """Share of the run's wall time with a batch in service (None for targets that do not say). For
+        a server over several GPUs: with a batch in service on ANY of them -- 100% does not mean every
+        GPU was busy; :attr:`gpu_busy_per_device` has each GPU's share."""
         busy, wall = self.result.get("busy_s"), self.result.get("wall_s")
         return None if busy is None or not wall else min(1.0, busy / wall)
 
@@ -273,9 +275,9 @@ class ServeResult:
         head = (f"{self.model} {self.config} [{self.settings.get('path', '?')}] {r['scenario']}: "
                 f"{r['throughput']:,.0f} req/s, p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms "
                 f"(early-stopping p{100 * es['percentile']:g} {est}), {r['ok']}/{r['issued']} ok")
-        if self.gpu_busy is not None:
-            head += f", busy {100 * self.gpu_busy:.0f}%"
         per_device = self.gpu_busy_per_device
+        if self.gpu_busy is not None:
+            head += f", busy {100 * self.gpu_busy:.0f}%" + (" on any GPU" if per_device else "")
         if per_device:
             batches = self.batches_per_device or {}
             head += " (" + ", ".join(f"{d} {100 * b:.0f}%, {batches.get(d, 0)} batches" for d, b in per_device.items()) + ")"

@@ -64,6 +64,9 @@ class NaiveBatcher:
     def _submit(self, fn: Any) -> tuple[threading.Event, dict[str, BaseException]]:
         """Runs ``fn`` on the batcher's worker thread (started on first use); returns (done, errors)."""
         if self._thread is None or not self._thread.is_alive():
+            # A queue of its own per thread: a None that close() left for no live thread must not end
+            # the next one.
+            self._jobs = queue.Queue()
             self._thread = threading.Thread(target=_serve_jobs, args=(self._jobs,), name="gpuopt-naive-batcher",
                                             daemon=True)
             self._thread.start()
@@ -83,8 +86,8 @@ class NaiveBatcher:
     def close(self, timeout_s: float = 30.0) -> None:
         """Ends the worker thread (after the job it is running, waiting at most ``timeout_s``)."""
         thread, self._thread = self._thread, None
-        self._jobs.put(None)
         if thread is not None:
+            self._jobs.put(None)
             thread.join(timeout=timeout_s)
 
     def __del__(self) -> None:
@@ -195,7 +198,10 @@ class NaiveBatcher:
                 except queue.Empty:
                     break
             q.put(_STOP)
-            served.wait(timeout=spec.drain_timeout_s)
+            finished = served.wait(timeout=spec.drain_timeout_s)
+        if not finished:
+            raise TimeoutError(f"the naive batcher's worker did not stop within drain_timeout_s="
+                               f"{spec.drain_timeout_s:g} s after the load ended (a batch still running)")
         if "error" in errors:
             raise errors["error"]
         run["wall_s"] = time.perf_counter() - t0

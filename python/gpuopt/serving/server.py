@@ -112,9 +112,13 @@ def _sizes(name: str, value: Any, limit: int | None = None) -> list[int]:
     return out
 
 
+# How long an idle executor polls the queue for a request before it sleeps (one executor at a time).
+DEFAULT_IDLE_SPIN_US, MAX_IDLE_SPIN_US = 200, 100_000
+
+
 def batcher_options(*, max_batch_size: int, max_queue_delay_us: int, preferred_batch_sizes: Sequence[int] | None,
                     buckets: Sequence[int] | None, max_queue_size: int, priority_levels: int,
-                    timeout_ms: float | None, timeout_action: str) -> Any:
+                    timeout_ms: float | None, timeout_action: str, idle_spin_us: int = DEFAULT_IDLE_SPIN_US) -> Any:
     """The C++ batcher's options, each checked and named here."""
     o = _C.BatcherOptions()
     o.max_batch_size = check_int("max_batch_size", max_batch_size)
@@ -131,6 +135,9 @@ def batcher_options(*, max_batch_size: int, max_queue_delay_us: int, preferred_b
         raise ValueError(f"timeout_action must be one of {', '.join(map(repr, TIMEOUT_ACTIONS))}, got "
                          f"{timeout_action!r}")
     o.timeout_action = timeout_action
+    o.idle_spin_us = check_int("idle_spin_us", idle_spin_us, 0)
+    if o.idle_spin_us > MAX_IDLE_SPIN_US:
+        raise ValueError(f"idle_spin_us must be in [0, {MAX_IDLE_SPIN_US}] (0: never poll), got {idle_spin_us!r}")
     o.validate()
     return o
 
@@ -198,6 +205,10 @@ class Server:
     ``devices`` (``"all"``, a number of GPUs or a list of indices; not with ``device``) serves a replica
     on each GPU with ``instances`` executors per GPU; ``stats()`` then has ``busy_s_per_device`` and
     ``batches_per_device``.
+
+    ``idle_spin_us``: an idle executor polls the queue this long before it sleeps (one executor at a
+    time), so that a request arriving just after a batch skips the sleeping thread's wake-up latency;
+    0 never polls (for a host whose cores are all busy).
     """
 
     def __init__(self, model: torch.nn.Module | Prepared, config: str | Config = "fp32", sample: Any = None, *,
@@ -206,7 +217,7 @@ class Server:
                  instances: int = 2, max_queue_size: int = 0, priority_levels: int = 1,
                  timeout_ms: float | None = None, timeout_action: str = "reject", executor: str = "auto",
                  graph_sizes: Sequence[int] | None = None, checksums: bool = False, name: str = "Server",
-                 devices: str | int | Sequence[int] | None = None):
+                 devices: str | int | Sequence[int] | None = None, idle_spin_us: int = DEFAULT_IDLE_SPIN_US):
         if sample is None:
             raise ValueError("sample is required: one request's inputs (no batch axis), e.g. torch.randn(3, 224, 224)")
         if executor not in ("auto", "graph", "python"):
@@ -216,7 +227,8 @@ class Server:
         self.options = batcher_options(
             max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us,
             preferred_batch_sizes=preferred_batch_sizes, buckets=buckets, max_queue_size=max_queue_size,
-            priority_levels=priority_levels, timeout_ms=timeout_ms, timeout_action=timeout_action)
+            priority_levels=priority_levels, timeout_ms=timeout_ms, timeout_action=timeout_action,
+            idle_spin_us=idle_spin_us)
         self.instances = check_int("instances", instances)
         if self.instances > 64:
             raise ValueError(f"instances must be <= 64, got {instances}")
@@ -511,7 +523,8 @@ class Server:
                 "max_queue_delay_us": o.max_queue_delay_us, "preferred_batch_sizes": list(o.preferred_batch_sizes),
                 "buckets": list(o.buckets), "max_queue_size": o.max_queue_size,
                 "priority_levels": o.priority_levels, "timeout_us": o.default_timeout_us,
-                "timeout_action": o.timeout_action, "graph_sizes": list(self.graph_sizes),
+                "timeout_action": o.timeout_action, "idle_spin_us": o.idle_spin_us,
+                "graph_sizes": list(self.graph_sizes),
                 "device": str(self.device), "devices": [str(d) for d in self.devices], "config": self.prepared.label}
 
     def __repr__(self) -> str:
