@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import re
 import sys
 from dataclasses import asdict, dataclass
@@ -33,7 +34,9 @@ def parse_args(name: str, extra=None) -> argparse.Namespace:
 
 
 def git_commit() -> str:
-    return _git_commit(Path(__file__).parent) or "unknown"
+    """The commit the results come from: GPUOPT_GIT_COMMIT when the caller knows it better (a copy of a
+    working tree, whose .git may be another commit's), else the repository's HEAD."""
+    return os.environ.get("GPUOPT_GIT_COMMIT") or _git_commit(Path(__file__).parent) or "unknown"
 
 
 def require_gpu(name: str) -> None:

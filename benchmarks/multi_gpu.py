@@ -35,7 +35,8 @@ def _extra(p):
 
 
 def _budget(args) -> dict:
-    return {"max_time_s": 1.5 if args.quick else 4.0}
+    # At least 2 s of sampling: the ranks' common window is then long enough to be a throughput.
+    return {"max_time_s": 1.5 if args.quick else 4.0, "min_time_s": 0.5 if args.quick else 2.0}
 
 
 def part_replicas(args, results: dict, targets: list[Target]) -> None:

@@ -254,6 +254,33 @@ def test_a_fused_projection_called_on_another_input_computes_its_own_output():
     assert a.q_proj._last is None
 
 
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_fused_projections_trace_in_one_graph_under_torch_compile(backend):
+    """The static-graph-compile path compiles the decode step with fullgraph=True: the fused layer's
+    bookkeeping must trace without a graph break (a version-counter read once broke it on the H100)."""
+    from gpuopt.llm.fuse import fuse_projections
+
+    class Attn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(8, 8), torch.nn.Linear(8, 4),
+                                                     torch.nn.Linear(8, 4))
+            self.ln = torch.nn.LayerNorm(8)
+
+        def forward(self, x):
+            h = self.ln(x)
+            return self.q_proj(h).sum(-1) + self.k_proj(h).sum(-1) + self.v_proj(h).sum(-1)
+
+    a, x = Attn(), torch.randn(3, 8)
+    want = a(x)
+    assert fuse_projections(a) == 1
+    torch._dynamo.reset()
+    compiled = torch.compile(a, backend=backend, fullgraph=True)
+    with torch.inference_mode():
+        torch.testing.assert_close(compiled(x), want)
+        torch.testing.assert_close(compiled(x + 1.0), a(x + 1.0))
+
+
 def test_fuse_applies_to_gpuopts_paths_only(tiny_models):
     with pytest.raises(ValueError, match="fuse=True applies to gpuopt's static paths"):
         gpuopt.measure_decode(tiny_models["tiny-opt"], path="hf-generate", precision="fp32", fuse=True)

@@ -24,7 +24,10 @@ GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_pr
 
 def _version(x: torch.Tensor) -> int | None:
     """``x``'s version counter (bumped by every in-place change); None for an inference-mode tensor,
-    which has none (identity alone then says it is the same input)."""
+    which has none, and while torch.compile traces (the traced step is one graph: identity alone then
+    says it is the same input)."""
+    if torch.compiler.is_compiling():
+        return None
     try:
         return x._version
     except RuntimeError:
@@ -48,14 +51,14 @@ class FusedProjections(nn.Module):
                                                   torch.zeros(m.out_features, device=w.device, dtype=w.dtype)
                                                   for m in linears]))
         self.linear.requires_grad_(False)
-        # The last input, its version counter and the outputs not handed out yet (released once every
-        # part was taken, so that a long prefill's activations are not kept until the next call).
-        self._last: tuple[torch.Tensor, int, dict[int, torch.Tensor]] | None = None
+        # The last input, its version counter and its outputs, None where handed out already (released
+        # once every part was taken, so that a long prefill's activations are not kept until the next call).
+        self._last: tuple[torch.Tensor, int | None, tuple[torch.Tensor | None, ...]] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The first projection's output; the others' are kept for :meth:`part`."""
         parts = self.linear(x).split(self.sizes, dim=-1)
-        self._last = (x, _version(x), dict(enumerate(parts[1:], start=1))) if len(parts) > 1 else None
+        self._last = (x, _version(x), (None, *parts[1:])) if len(parts) > 1 else None
         return parts[0]
 
     def part(self, x: torch.Tensor, index: int) -> torch.Tensor:
@@ -63,11 +66,11 @@ class FusedProjections(nn.Module):
         ``x`` is that call's input, unchanged since (same tensor, same version) and the part was not
         taken yet; else computed afresh."""
         last = self._last
-        if last is not None and last[0] is x and last[1] == _version(x) and index in last[2]:
-            out = last[2].pop(index)
-            if not last[2]:
-                self._last = None
-            return out
+        if last is not None and last[0] is x and last[1] == _version(x) and last[2][index] is not None:
+            parts = last[2]
+            rest = (*parts[:index], None, *parts[index + 1:])
+            self._last = None if all(p is None for p in rest) else (last[0], last[1], rest)
+            return parts[index]
         return self.linear(x).split(self.sizes, dim=-1)[index]
 
     def extra_repr(self) -> str:
