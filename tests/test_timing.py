@@ -261,7 +261,7 @@ def test_compare_round_trips_and_rejects_bad_input():
 
 def test_measure_defaults_are_defined_once_in_cpp():
     native = _C.measure_defaults()
-    python_only = {"mode": None, "inputs": None, "device": None, "monitor": True}
+    python_only = {"mode": None, "inputs": None, "device": None, "monitor": True, "energy": True}
     assert {k: v for k, v in _MEASURE_DEFAULTS.items() if k not in python_only} == native
     assert {k: _MEASURE_DEFAULTS[k] for k in python_only} == python_only
     # The defaults measure()'s docstring states in brackets are the C++ ones.

@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <iterator>
 #include <mutex>
+#include <utility>
 
 #include "gpuopt/errors.h"
 
@@ -23,6 +24,7 @@ DeviceReading NvmlProbe::read() {
   r.max_sm_mhz = max_sm_mhz_;
   r.clock_event_reasons = device_.clock_event_reasons();
   r.compute_processes = device_.compute_processes();
+  r.power_mw = device_.power_mw();
   return r;
 }
 
@@ -140,6 +142,24 @@ std::optional<MonitorSummary> summarize_readings(const std::vector<TimedReading>
     out.sm_mhz_min = mhz.front();
   }
   out.throttle_reasons = nvml::clock_event_reason_names(out.clock_event_reasons);
+  std::vector<std::pair<double, double>> power;  // (t_s, W)
+  for (const TimedReading& t : kept) {
+    if (t.reading.power_mw) power.emplace_back(t.t_s, *t.reading.power_mw / 1e3);
+  }
+  out.power_samples = power.size();
+  if (!power.empty()) {
+    double sum = 0;
+    for (const auto& p : power) sum += p.second;
+    out.power_w_mean = sum / static_cast<double>(power.size());
+  }
+  if (power.size() >= 2) {
+    double joules = 0;
+    for (std::size_t i = 1; i < power.size(); ++i) {
+      joules += 0.5 * (power[i].second + power[i - 1].second) * (power[i].first - power[i - 1].first);
+    }
+    out.power_energy_j = joules;
+    out.power_span_s = power.back().first - power.front().first;
+  }
   return out;
 }
 

@@ -60,6 +60,9 @@ Library::Library(const Resolver& resolve, std::string origin) {
        first_of(resolve, {"nvmlDeviceGetComputeRunningProcesses_v3",
                           "nvmlDeviceGetComputeRunningProcesses_v2",
                           "nvmlDeviceGetComputeRunningProcesses"}));
+  assign(fns_.total_energy, resolve("nvmlDeviceGetTotalEnergyConsumption"));
+  assign(fns_.power_usage, resolve("nvmlDeviceGetPowerUsage"));
+  assign(fns_.power_limit, resolve("nvmlDeviceGetEnforcedPowerLimit"));
   const Return status = fns_.init_v2();
   if (status != kSuccess) {
     reason_ = "nvmlInit_v2 failed in " + origin + ": " + describe(status);
@@ -146,6 +149,27 @@ std::optional<std::uint32_t> Device::compute_processes() const {
   // Success: none (count stays 0); insufficient size: count is how many there are.
   if (status != kSuccess && status != kErrorInsufficientSize) return std::nullopt;
   return count;
+}
+
+std::optional<std::uint64_t> Device::total_energy_mj() const {
+  if (!active() || library_->functions().total_energy == nullptr) return std::nullopt;
+  unsigned long long mj = 0;
+  if (library_->functions().total_energy(handle_, &mj) != kSuccess) return std::nullopt;
+  return static_cast<std::uint64_t>(mj);
+}
+
+std::optional<std::uint32_t> Device::power_mw() const {
+  if (!active() || library_->functions().power_usage == nullptr) return std::nullopt;
+  unsigned mw = 0;
+  if (library_->functions().power_usage(handle_, &mw) != kSuccess) return std::nullopt;
+  return mw;
+}
+
+std::optional<std::uint32_t> Device::power_limit_mw() const {
+  if (!active() || library_->functions().power_limit == nullptr) return std::nullopt;
+  unsigned mw = 0;
+  if (library_->functions().power_limit(handle_, &mw) != kSuccess) return std::nullopt;
+  return mw;
 }
 
 }  // namespace gpuopt::nvml

@@ -51,6 +51,10 @@ class ClockMonitor {
     d["samples"] = s->samples;
     // Our own process may be invisible inside a container, so "others" means: more than one.
     d["compute_processes"] = s->compute_processes;
+    d["power_w_mean"] = s->power_w_mean;
+    d["power_energy_j"] = s->power_energy_j;
+    d["power_span_s"] = s->power_span_s;
+    d["power_samples"] = s->power_samples;
     return d;
   }
 
@@ -90,6 +94,29 @@ void bind_monitor(py::module_& m) {
         }
         return false;
       });
+
+  py::class_<EnergyMeter, std::shared_ptr<EnergyMeter>>(
+      m, "EnergyMeter", "An energy counter measure() reads at the edges of its timed region.");
+  py::class_<NvmlEnergyMeter, EnergyMeter, std::shared_ptr<NvmlEnergyMeter>>(m, "NvmlEnergyMeter")
+      .def(py::init([](std::int64_t device, const std::optional<std::string>& uuid) {
+             py::gil_scoped_release nogil;  // the first use loads and initialises NVML
+             return std::make_shared<NvmlEnergyMeter>(
+                 nvml::Device::open(nvml::Library::system(), uuid.value_or(""), device));
+           }),
+           py::arg("device"), py::arg("uuid") = py::none(),
+           "NVML's total energy counter of CUDA device `device` (found by `uuid`, else by index).")
+      .def_property_readonly("active", [](const NvmlEnergyMeter& e) { return e.device().active(); })
+      .def_property_readonly("reason", [](const NvmlEnergyMeter& e) { return e.device().reason(); },
+                             "why the device is inactive ('' if active)")
+      .def("read_j", &NvmlEnergyMeter::read_j, "Joules since the driver loaded; None where unsupported.")
+      .def("power_w", [](const NvmlEnergyMeter& e) -> std::optional<double> {
+             const auto mw = e.device().power_mw();
+             return mw ? std::optional<double>(*mw / 1e3) : std::nullopt;
+           }, "The power draw now, in watts; None where unsupported.")
+      .def("power_limit_w", [](const NvmlEnergyMeter& e) -> std::optional<double> {
+             const auto mw = e.device().power_limit_mw();
+             return mw ? std::optional<double>(*mw / 1e3) : std::nullopt;
+           }, "The enforced power limit, in watts; None where unsupported.");
 }
 
 }  // namespace gpuopt::python

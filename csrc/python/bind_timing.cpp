@@ -33,6 +33,8 @@ torch_ext::MeasureOptions to_options(const PyOptions& p) {
   o.device = p.device;
   o.calls_per_sample = p.calls_per_sample.value_or(0);
   o.block_target_ms = p.block_target_ms;
+  o.energy = p.energy;
+  o.min_energy_s = p.min_energy_s;
   return o;
 }
 
@@ -51,6 +53,16 @@ py::dict to_dict(const torch_ext::MeasureResult& r) {
   d["delay_us"] = r.delay_us;
   d["delay_short"] = r.delay_short;
   d["flush_bytes"] = r.flush_bytes;
+  if (r.sampler.energy) {
+    py::dict e;
+    e["joules"] = r.sampler.energy->joules;
+    e["window_s"] = r.sampler.energy->window_s;
+    e["aligned"] = r.sampler.energy->aligned;
+    e["reason"] = r.sampler.energy->reason;
+    d["energy"] = e;
+  } else {
+    d["energy"] = py::none();
+  }
   return d;
 }
 
@@ -78,16 +90,19 @@ void bind_timing(py::module_& m) {
       .def(py::init([](std::string mode, std::int64_t warmup, double warmup_s, std::optional<std::int64_t> iters,
                        std::int64_t min_iters, std::int64_t max_iters, double min_time_s, double max_time_s,
                        double target_rel_ci, double confidence, bool flush_l2, std::int64_t device,
-                       std::optional<std::int64_t> calls_per_sample, double block_target_ms) {
+                       std::optional<std::int64_t> calls_per_sample, double block_target_ms,
+                       std::shared_ptr<EnergyMeter> energy, double min_energy_s) {
              return PyOptions{std::move(mode), warmup,     warmup_s,      iters,      min_iters,
                               max_iters,       min_time_s, max_time_s,    target_rel_ci, confidence,
-                              flush_l2,        device,     calls_per_sample, block_target_ms};
+                              flush_l2,        device,     calls_per_sample, block_target_ms,
+                              std::move(energy), min_energy_s};
            }),
            py::kw_only(), py::arg("mode"), py::arg("warmup"), py::arg("warmup_s"), py::arg("iters"),
            py::arg("min_iters"), py::arg("max_iters"), py::arg("min_time_s"), py::arg("max_time_s"),
            py::arg("target_rel_ci"),
            py::arg("confidence"), py::arg("flush_l2"), py::arg("device"), py::arg("calls_per_sample"),
-           py::arg("block_target_ms"));
+           py::arg("block_target_ms"), py::arg("energy") = nullptr,
+           py::arg("min_energy_s") = torch_ext::MeasureOptions{}.min_energy_s);
 
   m.def(
       "measure_defaults",
@@ -107,6 +122,7 @@ void bind_timing(py::module_& m) {
         d["flush_l2"] = o.flush_l2;
         d["calls_per_sample"] = o.calls_per_sample > 0 ? py::cast(o.calls_per_sample) : py::none();
         d["block_target_ms"] = o.block_target_ms;
+        d["min_energy_s"] = o.min_energy_s;
         return d;
       },
       "measure()'s option defaults, defined once in C++ (SamplerOptions, MeasureOptions); None where "

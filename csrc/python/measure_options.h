@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -26,6 +27,8 @@ struct PyOptions {
   std::int64_t device;
   std::optional<std::int64_t> calls_per_sample;
   double block_target_ms;
+  std::shared_ptr<EnergyMeter> energy;  // None: no energy
+  double min_energy_s = 0.0;
 };
 
 // ValueError for iters or calls_per_sample out of range; the rest is torch_ext::validate's.

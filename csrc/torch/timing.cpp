@@ -425,7 +425,7 @@ MeasureResult measure(const Callable& fn, const MeasureOptions& o) {
 #ifdef GPUOPT_WITH_CUDA
     std::vector<MeasureResult> results;
     with_device_sources({&fn}, o, results, [&](auto& sources) {
-      results[0].sampler = run_sampler(*sources[0], o.sampler);
+      results[0].sampler = run_sampler(*sources[0], o.sampler, o.energy.get(), o.min_energy_s);
     });
     return results[0];
 #else
@@ -437,7 +437,7 @@ MeasureResult measure(const Callable& fn, const MeasureOptions& o) {
   MeasureResult res;
   res.mode = o.mode;
   res.device = host.device;
-  res.sampler = run_sampler(source, o.sampler);
+  res.sampler = run_sampler(source, o.sampler, o.energy.get(), o.min_energy_s);
   return res;
 }
 

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "gpuopt/sampler.h"
@@ -27,6 +28,9 @@ struct MeasureOptions {
   std::int64_t device = 0;
   std::int64_t calls_per_sample = 0;  // throughput block / calls per graph; 0 = sized from warm-up
   double block_target_ms = 2.0;       // auto-sizing target for one throughput block or graph replay
+  // The energy of the timed region (measure() only; see run_sampler): none without a meter.
+  std::shared_ptr<EnergyMeter> energy;
+  double min_energy_s = 0.3;  // an adaptive run with a meter samples at least this long (a few counter steps)
 };
 
 struct MeasureResult {

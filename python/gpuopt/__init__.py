@@ -3,7 +3,8 @@
 The package is layered; each subpackage imports only the ones listed before it:
 
 - ``_ext``: the one module that imports the compiled core ``gpuopt._C`` (after torch, version-checked)
-- ``timing``: the timing engine, comparisons, the inputs convention, NVML facts, the environment record
+- ``timing``: the timing engine, comparisons, the inputs convention, NVML facts (energy of every GPU
+  measurement included), the environment record
 - ``memory``: pinned/device pools and the input pipeline
 - ``prepare``: optimization configs and the parity gate
 - ``analysis``: FLOP/byte counting, device ceilings, datasheets, roofline, profiler summaries

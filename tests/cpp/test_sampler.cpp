@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
+#include <optional>
+#include <string>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -168,3 +171,90 @@ TEST(Sampler, ValidatesOptionsWithNamedMessages) {
 }
 
 }  // namespace
+
+namespace {
+
+// A counter of constant power that steps every `period_s` (as NVML's energy counter does): it reads
+// the energy of the last completed step.
+class SteppedMeter : public gpuopt::EnergyMeter {
+ public:
+  SteppedMeter(double watts, double period_s) : watts_(watts), period_s_(period_s), t0_(Clock::now()) {}
+  std::optional<double> read_j() override {
+    ++reads;
+    if (fail_after > 0 && reads > fail_after) return std::nullopt;
+    const double t = std::chrono::duration<double>(Clock::now() - t0_).count();
+    if (stuck) return 1000.0;
+    return 1000.0 + watts_ * period_s_ * std::floor(t / period_s_);
+  }
+  long reads = 0;
+  long fail_after = 0;
+  bool stuck = false;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  double watts_, period_s_;
+  Clock::time_point t0_;
+};
+
+SamplerOptions quick() {
+  SamplerOptions o;
+  o.warmup_s = 0;
+  o.min_time_s = 0;
+  o.target_rel_ci = 0.2;  // the target alone would stop at once
+  return o;
+}
+
+}  // namespace
+
+TEST(SamplerEnergy, TheWindowSpansWholeStepsAndTheMinimumWindow) {
+  FakeSource src(0.01);
+  src.sleep_us = 200;
+  SteppedMeter meter(300.0, 0.02);  // 300 W, a step every 20 ms
+  const auto r = gpuopt::run_sampler(src, quick(), &meter, 0.4);
+  ASSERT_TRUE(r.energy);
+  ASSERT_TRUE(r.energy->joules) << r.energy->reason;
+  EXPECT_TRUE(r.energy->aligned) << r.energy->reason;
+  EXPECT_GE(r.energy->window_s, 0.4);  // sampled at least the minimum energy window
+  EXPECT_GE(r.sampling_s, 0.4);
+  // Whole steps of 6 J, and joules / window = 300 W up to the few milliseconds between a step and the
+  // poll that sees it (an end not aligned to a step would be off by up to 6 J / 0.4 s = 15 W).
+  const double steps = *r.energy->joules / 6.0;
+  EXPECT_NEAR(steps, std::round(steps), 1e-9);
+  EXPECT_NEAR(*r.energy->joules / r.energy->window_s, 300.0, 300.0 * 0.005 / r.energy->window_s + 1.0);
+  EXPECT_EQ(r.ms.size(), r.enqueue_ms.size());
+}
+
+TEST(SamplerEnergy, NoMeterNoEnergyAndAFixedRunIsNotExtended) {
+  FakeSource a(0.01);
+  EXPECT_FALSE(gpuopt::run_sampler(a, quick()).energy);
+  FakeSource b(0.01);
+  b.sleep_us = 200;
+  SteppedMeter meter(100.0, 0.01);
+  SamplerOptions o = quick();
+  o.iters = 50;
+  const auto r = gpuopt::run_sampler(b, o, &meter, 5.0);  // the minimum window does not apply to iters
+  EXPECT_EQ(r.ms.size(), 50u);
+  ASSERT_TRUE(r.energy);
+  EXPECT_FALSE(r.energy->aligned);
+  EXPECT_NE(r.energy->reason.find("fixed number of samples"), std::string::npos) << r.energy->reason;
+}
+
+TEST(SamplerEnergy, AStuckOrFailingCounterGivesNoJoulesNeverZero) {
+  FakeSource a(0.01);
+  a.sleep_us = 200;
+  SteppedMeter stuck(100.0, 0.01);
+  stuck.stuck = true;
+  auto r = gpuopt::run_sampler(a, quick(), &stuck, 0.3);
+  ASSERT_TRUE(r.energy);
+  EXPECT_FALSE(r.energy->joules);
+  EXPECT_NE(r.energy->reason.find("did not advance"), std::string::npos) << r.energy->reason;
+  FakeSource b(0.01);
+  SteppedMeter failing(100.0, 0.01);
+  failing.fail_after = 1;  // the first read works, every later one fails
+  r = gpuopt::run_sampler(b, quick(), &failing, 0.05);
+  ASSERT_TRUE(r.energy);
+  EXPECT_FALSE(r.energy->joules);
+  EXPECT_NE(r.energy->reason.find("could not be read"), std::string::npos) << r.energy->reason;
+  FakeSource c(0.01);
+  EXPECT_THROW(gpuopt::run_sampler(c, quick(), &failing, -1.0), gpuopt::Error);
+}

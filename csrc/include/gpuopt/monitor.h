@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gpuopt/nvml.h"
+#include "gpuopt/sampler.h"
 
 namespace gpuopt {
 
@@ -23,6 +24,7 @@ struct DeviceReading {
   std::optional<std::uint32_t> max_sm_mhz;
   std::optional<std::uint64_t> clock_event_reasons;  // nvml::kClockEventReasons bits
   std::optional<std::uint32_t> compute_processes;
+  std::optional<std::uint32_t> power_mw;  // the power draw
 };
 
 class Probe {
@@ -43,6 +45,21 @@ class NvmlProbe final : public Probe {
   std::optional<std::uint32_t> max_sm_mhz_;
 };
 
+// NVML's total energy counter of one device, for run_sampler's timed region.
+class NvmlEnergyMeter final : public EnergyMeter {
+ public:
+  explicit NvmlEnergyMeter(nvml::Device device) : device_(std::move(device)) {}
+  std::optional<double> read_j() override {
+    const std::optional<std::uint64_t> mj = device_.total_energy_mj();
+    if (!mj) return std::nullopt;
+    return static_cast<double>(*mj) / 1e3;
+  }
+  const nvml::Device& device() const { return device_; }
+
+ private:
+  nvml::Device device_;
+};
+
 struct TimedReading {
   double t_s = 0;  // when the read began, in seconds since Monitor::start()
   DeviceReading reading;
@@ -57,6 +74,13 @@ struct MonitorSummary {
   std::uint64_t clock_event_reasons = 0;      // every bit seen
   std::vector<std::string> throttle_reasons;  // the bits worth naming, by name
   std::uint32_t compute_processes = 0;        // most seen at once
+  // Power: the mean of the readings, and their integral over time (trapezoids between readings) with
+  // the span it covers -- the energy estimate where a GPU has no energy counter. Empty without at
+  // least one (mean) or two (integral) power readings.
+  std::optional<double> power_w_mean;
+  std::optional<double> power_energy_j;
+  double power_span_s = 0;
+  std::size_t power_samples = 0;
 };
 
 // Summary of the readings taken at t_s >= skip_s (the warm-up skipped), or of the last reading when

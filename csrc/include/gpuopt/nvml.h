@@ -47,6 +47,11 @@ struct Functions {
   // nvmlDeviceGetComputeRunningProcesses_v3, _v2 or unversioned: called with a count of 0 and a null
   // array only, so the process-info struct (whose layout changed between versions) is never touched.
   Return (*compute_processes)(Handle device, unsigned* count, void* infos) = nullptr;
+  // Energy and power (Volta and later; older GPUs answer NotSupported): the energy used since the driver
+  // loaded, in millijoules; the current power draw and the enforced power limit, in milliwatts.
+  Return (*total_energy)(Handle device, unsigned long long* mj) = nullptr;
+  Return (*power_usage)(Handle device, unsigned* mw) = nullptr;
+  Return (*power_limit)(Handle device, unsigned* mw) = nullptr;
 };
 
 class Library {
@@ -87,6 +92,9 @@ class Device {
   std::optional<std::uint32_t> max_sm_clock_mhz() const;
   std::optional<std::uint64_t> clock_event_reasons() const;  // bitmask, see kClockEventReasons
   std::optional<std::uint32_t> compute_processes() const;    // processes with a compute context
+  std::optional<std::uint64_t> total_energy_mj() const;      // energy counter since the driver loaded
+  std::optional<std::uint32_t> power_mw() const;             // power draw now (NVML averages ~1 s on some GPUs)
+  std::optional<std::uint32_t> power_limit_mw() const;       // the enforced power limit
 
  private:
   std::shared_ptr<const Library> library_;

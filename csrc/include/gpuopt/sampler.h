@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,23 @@ class SampleSource {
   virtual void finish() noexcept {}
 };
 
+// An energy counter read at the edges of the timed region (NVML's total energy on a GPU). The counter
+// advances in steps (every 10-100 ms, by GPU); see run_sampler for how the region is aligned to them.
+class EnergyMeter {
+ public:
+  virtual ~EnergyMeter() = default;
+  // Joules since some fixed origin; empty when the counter cannot be read.
+  virtual std::optional<double> read_j() = 0;
+};
+
+// The energy of a timed region, as measured by an EnergyMeter.
+struct EnergyReading {
+  std::optional<double> joules;  // empty: not measured (reason says why)
+  double window_s = 0;           // the span the joules cover
+  bool aligned = false;          // both ends at a step of the counter (exact up to the polling interval)
+  std::string reason;            // why empty, or what limits the figure
+};
+
 struct SamplerResult {
   std::vector<double> ms;
   std::vector<double> enqueue_ms;
@@ -55,8 +73,18 @@ struct SamplerResult {
   double sampling_s = 0;
   bool target_met = false;
   std::string stop_reason;  // "target", "iters", "max_time", "max_iters"
+  std::optional<EnergyReading> energy;  // with a meter only
 };
 
-SamplerResult run_sampler(SampleSource& source, const SamplerOptions& options);
+// With a meter: before sampling, the meter is polled until its counter steps (at most kEnergyEdgeWaitS),
+// and sampling starts at that step; an adaptive run samples at least min_energy_s (options: the longer
+// of it and min_time_s, within max_time_s) and, once it would stop, samples on until the counter steps
+// again (at most kEnergyEdgeWaitS more), so that the counter's difference is the energy of exactly the
+// sampled span. A fixed-iteration run (iters > 0) is not extended: its end is not aligned, which the
+// reading says. A counter that did not advance over a span longer than kEnergyEdgeWaitS gives no joules
+// (never 0 J), with the reason.
+inline constexpr double kEnergyEdgeWaitS = 0.25;
+SamplerResult run_sampler(SampleSource& source, const SamplerOptions& options, EnergyMeter* meter = nullptr,
+                          double min_energy_s = 0.0);
 
 }  // namespace gpuopt

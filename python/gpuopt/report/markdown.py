@@ -113,6 +113,17 @@ def markdown(results: Results, baseline: str | None = None) -> str:
                         cells.append(f"{s['speedup']:.2f}x [{s['ci'][0]:.2f}, {s['ci'][1]:.2f}]{mark}")
                 rows.append([cfg, *cells])
             lines += _table(["config", *[f"batch {b}" for b in batches]], rows) + [""]
+        emode = next((m for m in (tmode, lmode) if m and any(
+            (r.energy or {}).get("joules_per_item") for r in results.ok if r.model == model and r.mode == m)), None)
+        if emode:
+            lines += [f"### Energy ({emode} mode: J per {unit.rstrip('s') or 'item'} / {unit} per J / average W, % of "
+                      "the power limit)", ""]
+            lines += _grid(results, model, emode, _energy_cell) + [""]
+            idle = next((e["idle_power_w"] for r in results.ok if r.model == model and (e := r.energy)
+                         and e.get("idle_power_w")), None)
+            methods = sorted({e["method"] for r in results.ok if r.model == model and (e := r.energy) and e["method"]})
+            lines += [f"Method: {', '.join(methods)}" + (f"; the GPU idled at {idle:.0f} W before the run" if idle
+                                                        else "") + ".", ""]
         if "train" in results.modes(model):
             lines += [f"### Training step (forward + backward + SGD step; ms per step / {unit}/s)", ""]
             lines += _grid(results, model, "train", lambda r: (
@@ -179,6 +190,15 @@ def _serving(rows: list[Row]) -> list[str]:
     return ["## Serving", "", "End-to-end latency counted from each request's scheduled arrival (no coordinated "
             "omission). A run is valid when it had the queries its early-stopping percentile needs, that "
             "percentile met the SLO, it kept up with its rate and every query was answered.", ""] + _table(header, table, 4, left_from=len(header) - 1) + [""]
+
+
+def _energy_cell(row: Row) -> str:
+    e = row.energy or {}
+    if not e.get("joules_per_item"):
+        return "-"
+    share = e.get("share_of_power_limit")
+    return (f"{e['joules_per_item']:.3g} / {e['items_per_joule']:,.1f} / {e['avg_power_w']:.0f} W"
+            + (f", {100 * share:.0f}%" if share else ""))
 
 
 def _busy(serving: dict) -> str:

@@ -127,6 +127,29 @@ def throughput_vs_batch(results: Results, model: str | None = None, mode: str | 
     return fig
 
 
+def energy_vs_batch(results: Results, model: str | None = None, mode: str | None = None, path=None, ax=None):
+    """Items per joule against batch size, one line per config (cells with a measured energy only;
+    ValueError when no cell has one)."""
+    model = _model(results, model)
+    mode = _mode(results, model, mode, ("throughput", "latency", "graph", "end-to-end"))
+    lines = {cfg: [(r.batch_size, r.energy["items_per_joule"]) for b in results.batch_sizes(model)
+                   if (r := results.find(model, cfg, b, mode)) and r.ok and (r.energy or {}).get("items_per_joule")]
+             for cfg in results.configs(model)}
+    if not any(lines.values()):
+        raise ValueError(f"no {model} cell in {mode} mode has a measured energy")
+    fig, ax = _axes(ax)
+    for cfg, pts in lines.items():
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=cfg)
+    _batch_axis(ax, results.batch_sizes(model))
+    ax.set_ylabel(f"{_unit(results, model)} per joule")
+    ax.set_title(f"{model}: energy efficiency ({mode} mode) on {results.device}")
+    ax.grid(True, alpha=0.3)
+    _legend(ax, fontsize=8)
+    _save(fig, path)
+    return fig
+
+
 def latency_vs_batch(results: Results, model: str | None = None, mode: str | None = None, path=None, ax=None):
     """p50 (solid) and p95 (dashed) latency per batch against batch size, per config."""
     model = _model(results, model)
@@ -508,7 +531,8 @@ def save_all(results: Results, out: str | Path) -> dict[str, Path]:
     measured = results.select(lambda r: not r.is_serving and not r.is_llm) if special else results
     for model in results.models():
         kinds: dict[str, Any] = {"throughput": throughput_vs_batch, "latency": latency_vs_batch,
-                                 "speedup": speedup_bars, "memory": memory_bars, "distribution": latency_distribution}
+                                 "speedup": speedup_bars, "memory": memory_bars, "distribution": latency_distribution,
+                                 "energy": energy_vs_batch}
         if measured.ceilings:
             for prec in dict.fromkeys(r.precision or "fp32" for r in measured.ok if r.model == model):
                 kinds[f"roofline-{prec}"] = lambda res, m, path, prec=prec: roofline(res, m, precision=prec, path=path)

@@ -77,6 +77,18 @@ class Row:
     dist: dict[str, Any] | None = None
 
     @property
+    def energy(self) -> dict[str, Any] | None:
+        """The measurement's energy record (``Measurement.energy``: method, joules, ``joules_per_call``,
+        ``avg_power_w``, ``share_of_power_limit``, ``idle_power_w``, reason), with ``joules_per_item`` and
+        ``items_per_joule`` of this row's items per call; None where energy was not measured."""
+        e = self.measurement.energy if self.measurement is not None else None
+        if e is None:
+            return None
+        per_call, items = e.get("joules_per_call"), self.items_per_call or self.batch_size
+        per_item = per_call / items if per_call and items else None
+        return {**e, "joules_per_item": per_item, "items_per_joule": 1.0 / per_item if per_item else None}
+
+    @property
     def key(self) -> Key:
         return (self.model, self.config, self.batch_size, self.mode)
 
@@ -302,6 +314,7 @@ CSV_COLUMNS = [
     "runner_overhead_s", "achieved_tflops", "pct_of_compute_ceiling", "achieved_gbps", "bound", "diagnosis",
     "device", "p90_ms", "p99_9_ms", "offered_rate_per_s", "valid", "ttft_p50_ms", "tpot_p50_ms", "pct_of_hbm_read",
     "rank", "world_size", "scaling_efficiency", "strategy", "scatter_ms", "gather_ms", "compute_share",
+    "joules_per_item", "items_per_joule", "avg_power_w", "share_of_power_limit", "energy_method",
 ]
 # The DataFrame's dtypes: numbers stay numbers (NaN where a cell failed or a figure is missing).
 _FLOAT_COLUMNS = [
@@ -309,7 +322,7 @@ _FLOAT_COLUMNS = [
     "peak_allocated_mib", "parity_worst_rel_l2", "prepare_s", "first_call_ms", "runner_overhead_s",
     "achieved_tflops", "pct_of_compute_ceiling", "achieved_gbps", "p90_ms", "p99_9_ms", "offered_rate_per_s",
     "ttft_p50_ms", "tpot_p50_ms", "pct_of_hbm_read", "scaling_efficiency", "scatter_ms", "gather_ms",
-    "compute_share",
+    "compute_share", "joules_per_item", "items_per_joule", "avg_power_w", "share_of_power_limit",
 ]
 
 
@@ -322,6 +335,7 @@ def _flat(row: Row) -> dict[str, Any]:
     serving = row.serving or {}
     llm = row.llm or {}
     dist = row.dist or {}
+    energy = row.energy or {}
     return {
         "model": row.model, "config": row.config, "precision": row.precision, "batch_size": row.batch_size,
         "mode": row.mode, "status": row.status, "error": row.error, "p50_ms": lat.get("p50"),
@@ -341,6 +355,9 @@ def _flat(row: Row) -> dict[str, Any]:
         "scaling_efficiency": dist.get("scaling_efficiency"), "strategy": dist.get("strategy"),
         "scatter_ms": dist.get("scatter_ms"), "gather_ms": dist.get("gather_ms"),
         "compute_share": dist.get("compute_share"),
+        "joules_per_item": energy.get("joules_per_item"), "items_per_joule": energy.get("items_per_joule"),
+        "avg_power_w": energy.get("avg_power_w"), "share_of_power_limit": energy.get("share_of_power_limit"),
+        "energy_method": energy.get("method"),
     }
 
 

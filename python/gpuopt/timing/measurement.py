@@ -86,6 +86,9 @@ class Measurement:
     flush_l2_bytes: int = 0
     memory: dict[str, int | None] | None = None
     clocks: dict[str, Any] | None = None
+    # The energy of the timed region (see energy_record): None for measurements made before gpuopt
+    # measured energy, or from samples given by hand.
+    energy: dict[str, Any] | None = None
     diagnosis: str | None = None
     warnings: list[str] = field(default_factory=list)
     ci_requested: float = _NATIVE_DEFAULTS["confidence"]  # the confidence asked for
@@ -299,6 +302,7 @@ _MEASURE_DEFAULTS: dict[str, Any] = {
     "inputs": None,
     "device": None,
     "monitor": True,
+    "energy": True,
 }
 
 
@@ -318,8 +322,13 @@ class _Run:
     monitor: _C.ClockMonitor | None
     confidence: float
     target_rel_ci: float
+    meter: Any = None  # the energy counter handed to the C++ loop (None: energy off or unavailable)
+    energy_reason: str = ""  # why there is no meter
+    idle_power_w: float | None = None
+    min_energy_s: float = 0.0
 
     def measurement(self, raw: dict, label: str | None) -> Measurement:
+        clocks = self.monitor.summary(skip_s=raw["warmup_s"]) if self.monitor is not None else None
         memory = None
         if self.on_gpu:
             memory = {
@@ -345,17 +354,75 @@ class _Run:
             delay_short=raw["delay_short"],
             flush_l2_bytes=raw["flush_bytes"],
             memory=memory,
-            clocks=self.monitor.summary(skip_s=raw["warmup_s"]) if self.monitor is not None else None,
+            clocks=clocks,
+            energy=self.energy_record(raw, clocks),
         )
 
+    def energy_record(self, raw: dict, clocks: dict | None) -> dict[str, Any] | None:
+        """What the timed region used (see :func:`energy_record`)."""
+        return energy_record(raw, clocks, meter=self.meter, reason=self.energy_reason,
+                             idle_power_w=self.idle_power_w, min_energy_s=self.min_energy_s)
 
-def _native(o: dict[str, Any], mode: str, index: int | None) -> _C.MeasureOptions:
+
+ENERGY_METHODS = ("nvml-energy-counter", "nvml-power-samples", "power-x-time-estimate")
+
+
+def energy_record(raw: dict, clocks: dict | None, *, meter: Any, reason: str, idle_power_w: float | None,
+                  min_energy_s: float) -> dict[str, Any] | None:
+    """The energy of a measurement's timed region, from what the C++ loop read (``raw["energy"]``: NVML's
+    energy counter at the region's edges) or, where the counter gave nothing, the clock monitor's power
+    readings. ``method`` is one of :data:`ENERGY_METHODS` or None (then ``reason`` says why; never 0 J):
+
+    - ``nvml-energy-counter``: the counter's difference over the sampled span, aligned to the counter's
+      steps at both ends when ``aligned``;
+    - ``power-x-time-estimate``: a fixed number of samples shorter than ``min_energy_s``, whose end is not
+      aligned to a step: the monitor's mean power x the span;
+    - ``nvml-power-samples``: no counter (an older GPU): the monitor's mean power x the span.
+
+    Per call: ``joules_per_call`` (the span's calls are samples x calls per sample); ``avg_power_w``;
+    ``power_limit_w`` and ``share_of_power_limit``; ``idle_power_w`` (the device with nothing of ours on it,
+    measured once per process). None for a measurement off the GPU without a reason to give."""
+    if meter is None and not reason:
+        return None
+    out: dict[str, Any] = {"method": None, "joules": None, "window_s": None, "aligned": False, "calls": None,
+                           "joules_per_call": None, "avg_power_w": None, "power_limit_w": None,
+                           "share_of_power_limit": None, "idle_power_w": idle_power_w, "reason": reason}
+    if meter is None:
+        return out
+    got = raw.get("energy")
+    calls = len(raw["samples_ms"]) * max(1, int(raw.get("calls_per_sample") or 1))
+    power = (clocks or {}).get("power_w_mean")
+    n_power = (clocks or {}).get("power_samples", 0)
+    if got is None:
+        out["reason"] = f"this mode does not measure energy (an interleaved comparison): {raw.get('mode')}"
+        return out
+    joules, window, why = got["joules"], got["window_s"], got["reason"]
+    method = "nvml-energy-counter" if joules is not None else None
+    if joules is not None and not got["aligned"] and window < min_energy_s and power is not None:
+        joules, method = power * window, "power-x-time-estimate"
+        why = (f"{why}; the span ({window:.3g} s) is shorter than min_energy_s={min_energy_s:g}: estimated as "
+               f"the mean of {n_power} power readings x the span")
+    elif joules is None and power is not None and window > 0:
+        joules, method = power * window, "nvml-power-samples"
+        why = f"{why}; estimated as the mean of {n_power} power readings x the span"
+    out.update(method=method, window_s=window, aligned=bool(got["aligned"]) and method == "nvml-energy-counter",
+               calls=calls, reason=why)
+    if joules is not None and joules > 0 and window > 0:
+        limit = meter.power_limit_w()
+        out.update(joules=joules, joules_per_call=joules / calls, avg_power_w=joules / window, power_limit_w=limit,
+                   share_of_power_limit=(joules / window) / limit if limit else None)
+    elif method is not None:
+        out.update(method=None, reason=f"{why}; no positive energy was measured")
+    return out
+
+
+def _native(o: dict[str, Any], mode: str, index: int | None, meter: Any = None) -> _C.MeasureOptions:
     return _C.MeasureOptions(
         mode=mode, warmup=o["warmup"], warmup_s=o["warmup_s"], iters=o["iters"], min_iters=o["min_iters"],
         max_iters=o["max_iters"], min_time_s=o["min_time_s"], max_time_s=o["max_time_s"],
         target_rel_ci=o["target_rel_ci"], confidence=o["confidence"], flush_l2=o["flush_l2"],
         device=-1 if index is None else index, calls_per_sample=o["calls_per_sample"],
-        block_target_ms=o["block_target_ms"],
+        block_target_ms=o["block_target_ms"], energy=meter, min_energy_s=float(o["min_energy_s"]),
     )
 
 
@@ -389,8 +456,14 @@ def validate_measure_options(options: dict[str, Any], modes: Sequence[str] | Non
             kind = "an integer" + (" or None" if default is None else "")
         if not ok:
             raise TypeError(f"{name} must be {kind}, got {v!r}")
-    if not isinstance(o["monitor"], bool):
-        raise TypeError(f"monitor must be True or False, got {o['monitor']!r}")
+    for name in ("monitor", "energy"):
+        if not isinstance(o[name], bool):
+            raise TypeError(f"{name} must be True or False, got {o[name]!r}")
+    e = o["min_energy_s"]
+    if not isinstance(e, (int, float)) or isinstance(e, bool):
+        raise TypeError(f"min_energy_s must be a number of seconds, got {e!r}")
+    if not (math.isfinite(e) and 0 <= e <= 60):
+        raise ValueError(f"min_energy_s must be in [0, 60] seconds (0: no minimum energy window), got {e!r}")
     if modes is None:
         modes = [_resolve_mode(o["mode"], _C.cuda_compiled() and torch.cuda.is_available())]
     for mode in modes:
@@ -405,12 +478,26 @@ def _setup(options: dict[str, Any]) -> _Run:
     mode = _resolve_mode(o["mode"], cuda_usable)
     index = device_index(o["device"])
     calls = argument_sets(o["inputs"])
-    native = _native(o, mode, index)
     on_gpu = cuda_usable and index is not None
+    meter, why, idle = None, "", None
+    if not on_gpu:
+        why = "no energy off the GPU (NVML measures GPUs)" if o["energy"] else ""
+    elif not o["energy"]:
+        why = "energy=False"
+    else:
+        meter = _nvml.energy_meter(index)
+        if not meter.active:
+            meter, why = None, f"NVML is not available: {meter.reason}"
+        else:
+            idle = _nvml.idle_power_w(index, meter)  # once per device, before anything of this run
+    native = _native(o, mode, index, meter)
     if on_gpu:
         torch.cuda.reset_peak_memory_stats(index)
-    monitor = _nvml.clock_monitor(index) if (on_gpu and o["monitor"] and mode != "host") else None
-    return _Run(native, calls, index, on_gpu, monitor, o["confidence"], o["target_rel_ci"])
+    # The monitor also samples power: the fallback where the GPU has no energy counter.
+    monitor = (_nvml.clock_monitor(index) if (on_gpu and (o["monitor"] or meter is not None) and mode != "host")
+               else None)
+    return _Run(native, calls, index, on_gpu, monitor, o["confidence"], o["target_rel_ci"], meter=meter,
+                energy_reason=why, idle_power_w=idle, min_energy_s=float(o["min_energy_s"]))
 
 
 def measure(fn: Callable[..., Any], *, label: str | None = None, **options: Any) -> Measurement:
@@ -439,6 +526,9 @@ def measure(fn: Callable[..., Any], *, label: str | None = None, **options: Any)
     - ``device`` [current], ``calls_per_sample`` [auto: throughput block / calls per graph],
       ``block_target_ms`` [2.0], ``monitor`` [True: NVML clocks and processes, when the driver's
       NVML library is present; read by a C++ thread].
+    - ``energy`` [True]: on a GPU, the energy of the timed region from NVML's energy counter, read by the
+      C++ loop at the region's edges, aligned to the counter's steps; an adaptive run samples at least
+      ``min_energy_s`` [0.3] seconds for it (a few of the counter's steps). See :func:`energy_record` (``Measurement.energy``).
 
     A Python ``fn`` runs with the GIL held across the whole timed loop, so no other Python thread
     takes turns between calls (gpuopt starts none). A TorchScript module with tensor inputs, and a

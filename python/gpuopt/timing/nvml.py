@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from typing import Any
 
 import torch
@@ -140,6 +141,36 @@ def clock_monitor(device_index: int, interval_ms: float = 100.0) -> _C.ClockMoni
     the timed loop holds. Inactive, with ``monitor.reason``, where NVML or the device is missing.
     """
     return _C.ClockMonitor(device_index, _uuid(device_index), interval_ms)
+
+
+def energy_meter(device_index: int) -> _C.NvmlEnergyMeter:
+    """NVML's total energy counter of torch's CUDA device ``device_index``, read by measure()'s C++ loop
+    at the edges of its timed region (``read_j()``, ``power_w()``, ``power_limit_w()``; inactive, with
+    ``reason``, where NVML or the device is missing; ``read_j()`` None where the GPU has no counter)."""
+    return _C.NvmlEnergyMeter(device_index, _uuid(device_index))
+
+
+_IDLE_POWER: dict[int, float | None] = {}
+IDLE_SAMPLES, IDLE_INTERVAL_S = 10, 0.05
+
+
+def idle_power_w(device_index: int, meter: _C.NvmlEnergyMeter | None = None) -> float | None:
+    """The device's power draw with nothing of this process running on it: the mean of
+    ``IDLE_SAMPLES`` readings ``IDLE_INTERVAL_S`` apart (0.5 s), taken once per device and process and
+    cached (None where the power cannot be read). Other processes on the GPU count in it."""
+    if device_index not in _IDLE_POWER:
+        meter = meter or energy_meter(device_index)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize(device_index)
+        readings = []
+        for i in range(IDLE_SAMPLES):
+            if i:
+                time.sleep(IDLE_INTERVAL_S)
+            w = meter.power_w() if meter.active else None
+            if w is not None:
+                readings.append(w)
+        _IDLE_POWER[device_index] = sum(readings) / len(readings) if readings else None
+    return _IDLE_POWER[device_index]
 
 
 def _error_name(exc: BaseException) -> str:

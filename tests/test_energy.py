@@ -1,0 +1,122 @@
+"""Energy per inference: the record measure() keeps (energy_record, from what the C++ loop read at the
+timed region's edges), the row's per-item figures, the report and the plot -- on the CPU through the real
+path (no NVML here: empty with the reason) and a fake counter at the boundary; on a GPU, the counter
+itself against the power readings taken beside it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gpuopt
+from gpuopt.report.results import Results, Row
+from gpuopt.timing.measurement import ENERGY_METHODS, Measurement, energy_record
+
+
+class FakeMeter:
+    def __init__(self, limit_w=700.0):
+        self.limit_w = limit_w
+
+    def power_limit_w(self):
+        return self.limit_w
+
+
+def _raw(energy, n=100, cps=4, mode="throughput"):
+    return {"samples_ms": [1.0] * n, "calls_per_sample": cps, "mode": mode, "energy": energy}
+
+
+def test_the_counter_gives_joules_per_call_power_and_the_share_of_the_limit():
+    e = energy_record(_raw({"joules": 700.0, "window_s": 2.0, "aligned": True, "reason": ""}), None,
+                      meter=FakeMeter(), reason="", idle_power_w=70.0, min_energy_s=1.0)
+    assert e["method"] == "nvml-energy-counter" and e["aligned"] and e["calls"] == 400
+    assert e["joules_per_call"] == pytest.approx(700.0 / 400) and e["avg_power_w"] == pytest.approx(350.0)
+    assert e["share_of_power_limit"] == pytest.approx(0.5) and e["idle_power_w"] == 70.0
+
+
+def test_a_short_fixed_run_is_estimated_from_power_and_says_so():
+    clocks = {"power_w_mean": 300.0, "power_samples": 5}
+    e = energy_record(_raw({"joules": 10.0, "window_s": 0.1, "aligned": False, "reason": "a fixed number of samples"}),
+                      clocks, meter=FakeMeter(), reason="", idle_power_w=None, min_energy_s=1.0)
+    assert e["method"] == "power-x-time-estimate" and e["joules"] == pytest.approx(30.0) and not e["aligned"]
+    assert "shorter than min_energy_s=1" in e["reason"] and "5 power readings" in e["reason"]
+    # Long enough: the counter's figure stands, with the reason for the unaligned end.
+    e = energy_record(_raw({"joules": 600.0, "window_s": 2.0, "aligned": False, "reason": "a fixed number of samples"}),
+                      clocks, meter=FakeMeter(), reason="", idle_power_w=None, min_energy_s=1.0)
+    assert e["method"] == "nvml-energy-counter" and e["joules"] == 600.0 and "fixed" in e["reason"]
+
+
+def test_no_counter_falls_back_to_power_samples_and_nothing_gives_no_joules_never_zero():
+    clocks = {"power_w_mean": 250.0, "power_samples": 12}
+    no_counter = {"joules": None, "window_s": 1.2, "aligned": False, "reason": "the energy counter could not be read"}
+    e = energy_record(_raw(no_counter), clocks, meter=FakeMeter(), reason="", idle_power_w=None, min_energy_s=1.0)
+    assert e["method"] == "nvml-power-samples" and e["joules"] == pytest.approx(300.0)
+    e = energy_record(_raw(no_counter), None, meter=FakeMeter(), reason="", idle_power_w=None, min_energy_s=1.0)
+    assert e["method"] is None and e["joules"] is None and e["joules_per_call"] is None
+    assert "could not be read" in e["reason"]
+    e = energy_record(_raw(None, mode="latency"), clocks, meter=FakeMeter(), reason="", idle_power_w=None,
+                      min_energy_s=1.0)
+    assert e["method"] is None and "interleaved" in e["reason"]
+    assert set(ENERGY_METHODS) == {"nvml-energy-counter", "nvml-power-samples", "power-x-time-estimate"}
+
+
+def test_on_the_cpu_energy_is_empty_with_the_reason_and_nothing_fails():
+    m = gpuopt.measure(lambda: None, mode="host", max_time_s=0.1)
+    assert m.energy["method"] is None and m.energy["joules"] is None and "off the GPU" in m.energy["reason"]
+    assert gpuopt.measure(lambda: None, mode="host", max_time_s=0.1, energy=False).energy is None
+    assert Measurement.from_dict(m.to_dict()).energy == m.energy
+    with pytest.raises(TypeError, match="energy must be True or False, got 'yes'"):
+        gpuopt.measure(lambda: None, mode="host", energy="yes")
+    with pytest.raises(ValueError, match=r"min_energy_s must be in \[0, 60\] seconds .* got -1"):
+        gpuopt.measure(lambda: None, mode="host", min_energy_s=-1)
+
+
+def _row(config, batch, joules_per_call):
+    m = Measurement.from_samples([1.0, 1.0, 1.1], mode="throughput")
+    m.energy = {"method": "nvml-energy-counter", "joules": 10.0, "window_s": 1.0, "aligned": True, "calls": 10,
+                "joules_per_call": joules_per_call, "avg_power_w": 350.0, "power_limit_w": 700.0,
+                "share_of_power_limit": 0.5, "idle_power_w": 70.0, "reason": ""}
+    return Row.measured(m, model="m", config=config, batch_size=batch, mode="throughput", items_per_call=batch,
+                        item_unit="images")
+
+
+def test_rows_report_and_plot_the_energy_per_item():
+    r = Results([_row("fp32", 8, 4.0), _row("fp32", 16, 6.0), _row("fp16", 8, 2.0), _row("fp16", 16, 3.0)])
+    row = r.find("m", "fp16", 16, "throughput")
+    assert row.energy["joules_per_item"] == pytest.approx(3.0 / 16)
+    assert row.energy["items_per_joule"] == pytest.approx(16 / 3.0)
+    flat = r.to_csv()
+    assert "joules_per_item" in flat.splitlines()[0] and "nvml-energy-counter" in flat
+    md = r.to_markdown()
+    assert "### Energy (throughput mode" in md and "0.188 / 5.3 / 350 W, 50%" in md
+    assert "the GPU idled at 70 W" in md
+    mpl = pytest.importorskip("matplotlib")
+    mpl.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gpuopt.report import plots
+
+    fig = plots.energy_vs_batch(r, "m")
+    ys = {line.get_label(): list(line.get_ydata()) for line in fig.axes[0].get_lines()}
+    plt.close(fig)
+    assert ys["fp16"] == pytest.approx([8 / 2.0, 16 / 3.0]) and ys["fp32"] == pytest.approx([8 / 4.0, 16 / 6.0])
+    with pytest.raises(ValueError, match="has a measured energy"):
+        plots.energy_vs_batch(Results([Row.measured(Measurement.from_samples([1.0, 1.1]), model="m", config="fp32",
+                                                    batch_size=1, mode="throughput")]), "m")
+
+
+@pytest.mark.gpuopt_gpu
+def test_gpu_energy_counter_agrees_with_the_power_readings_beside_it():
+    """A ~2 s bf16 GEMM loop: the counter's energy over the aligned window, against the clock monitor's
+    power readings (every 100 ms) x the same window: within 10% (the readings are NVML's own averages)."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    m = gpuopt.measure(lambda: a @ a, mode="throughput", min_time_s=2.0, max_time_s=4.0, min_energy_s=2.0)
+    e = m.energy
+    assert e["method"] == "nvml-energy-counter" and e["aligned"], e
+    assert e["window_s"] >= 2.0 and e["joules"] > 0 and e["joules_per_call"] > 0
+    assert 0 < e["share_of_power_limit"] <= 1.1 and e["idle_power_w"] and e["idle_power_w"] < e["avg_power_w"]
+    power = m.clocks["power_w_mean"]
+    assert power and e["avg_power_w"] == pytest.approx(power, rel=0.10), (e, m.clocks)
+    r = gpuopt.benchmark("tiny-cnn", batch_sizes=[64], configs=["fp32"], modes=["throughput"], parity=False,
+                         progress=False, max_time_s=1.5, min_energy_s=0.5)
+    row = r.rows[0]
+    assert row.ok and row.energy["joules_per_item"] > 0 and row.energy["items_per_joule"] > 0, row.energy
