@@ -105,18 +105,21 @@ def test_rows_report_and_plot_the_energy_per_item():
 
 
 @pytest.mark.gpuopt_gpu
-def test_gpu_energy_counter_agrees_with_the_power_readings_beside_it():
-    """A ~2 s bf16 GEMM loop: the counter's energy over the aligned window, against the clock monitor's
-    power readings (every 100 ms) x the same window: within 10% (the readings are NVML's own averages)."""
+def test_gpu_energy_counter_covers_the_sampled_calls():
+    """A ~2 s bf16 GEMM loop: the counter's energy over a window aligned to its steps, at least the
+    minimum window; its joules per call are the average power x the time per call (the window holds
+    exactly the sampled calls), the power lies between idle and the limit. (The counter against 20 ms
+    power readings over the same window is benchmarks/energy.py's target.)"""
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     m = gpuopt.measure(lambda: a @ a, mode="throughput", min_time_s=2.0, max_time_s=4.0, min_energy_s=2.0)
     e = m.energy
     assert e["method"] == "nvml-energy-counter" and e["aligned"], e
-    assert e["window_s"] >= 2.0 and e["joules"] > 0 and e["joules_per_call"] > 0
-    assert 0 < e["share_of_power_limit"] <= 1.1 and e["idle_power_w"] and e["idle_power_w"] < e["avg_power_w"]
-    power = m.clocks["power_w_mean"]
-    assert power and e["avg_power_w"] == pytest.approx(power, rel=0.10), (e, m.clocks)
+    assert e["window_s"] >= 2.0 and e["joules"] > 0 and e["calls"] == m.n * m.calls_per_sample
+    mean_s = sum(m.samples_ms) / m.n / 1e3
+    assert e["joules_per_call"] == pytest.approx(e["avg_power_w"] * mean_s, rel=0.05), (e, mean_s)
+    assert e["idle_power_w"] and e["idle_power_w"] < e["avg_power_w"] <= 1.05 * e["power_limit_w"], e
     r = gpuopt.benchmark("tiny-cnn", batch_sizes=[64], configs=["fp32"], modes=["throughput"], parity=False,
                          progress=False, max_time_s=1.5, min_energy_s=0.5)
     row = r.rows[0]
     assert row.ok and row.energy["joules_per_item"] > 0 and row.energy["items_per_joule"] > 0, row.energy
+    assert row.energy["joules_per_item"] == pytest.approx(row.energy["joules_per_call"] / 64)

@@ -493,9 +493,8 @@ def _setup(options: dict[str, Any]) -> _Run:
     native = _native(o, mode, index, meter)
     if on_gpu:
         torch.cuda.reset_peak_memory_stats(index)
-    # The monitor also samples power: the fallback where the GPU has no energy counter.
-    monitor = (_nvml.clock_monitor(index) if (on_gpu and (o["monitor"] or meter is not None) and mode != "host")
-               else None)
+    # The monitor also reads power: the energy fallback where the GPU has no counter (none with monitor=False).
+    monitor = _nvml.clock_monitor(index) if (on_gpu and o["monitor"] and mode != "host") else None
     return _Run(native, calls, index, on_gpu, monitor, o["confidence"], o["target_rel_ci"], meter=meter,
                 energy_reason=why, idle_power_w=idle, min_energy_s=float(o["min_energy_s"]))
 
