@@ -84,6 +84,29 @@ def test_more_ranks_than_units_leave_some_idle(tmp_path):
     assert _keys(tmp_path / "out" / "cells-rank1.jsonl") == []
 
 
+def test_a_rank_stopped_by_another_ranks_failure_says_aborted_not_failed(tmp_path, monkeypatch):
+    # A rank that finished its share first learns of the failure while waiting (RankFailedError) and
+    # exits 1 before torchrun stops it: its file must say "aborted", so the blame spares it.
+    from gpuopt.dist import sweep as dist_sweep
+    from gpuopt.dist.worker import reports
+    from gpuopt.run.sweeps import plan_sweep
+
+    port = _free_port()
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(name, value)
+
+    def other_rank_failed(*args):
+        raise RankFailedError("rank 1 (on here) stopped: IsADirectoryError", [1])
+
+    monkeypatch.setattr(dist_sweep, "_share", other_rank_failed)
+    plan = plan_sweep(SPEC, tmp_path / "out", progress=False)
+    with pytest.raises(RankFailedError, match="rank 1"):
+        dist_sweep.run_rank(plan)
+    state = reports(tmp_path / "out", 1)[0]
+    assert state["state"] == "aborted" and "rank 1" in state["error"]
+
+
 def test_a_rank_that_stops_is_named_and_the_finished_cells_are_kept(tmp_path):
     out = tmp_path / "out"
     out.mkdir()

@@ -236,7 +236,10 @@ def run_rank(plan: SweepPlan, cuda_indices: Sequence[int] | None = None) -> Resu
         progress.set("running")
         return _share(plan, group, progress, files, local)
     except BaseException as exc:
-        if not isinstance(exc, RankFailedError):
+        if isinstance(exc, RankFailedError):  # stopping because another rank did: not a culprit itself
+            if files.current != "aborted":
+                files.state("aborted", str(exc))
+        else:
             files.state("failed", f"{type(exc).__name__}: {exc}")
             if progress is not None:
                 progress.set("failed", f"{type(exc).__name__}: {exc}")
