@@ -13,7 +13,7 @@ import torch
 import gpuopt
 from gpuopt import measure
 from gpuopt._ext import _C
-from gpuopt.timing import nvml
+from gpuopt.timing import graphs, nvml
 
 pytestmark = pytest.mark.gpuopt_gpu
 
@@ -125,6 +125,38 @@ def test_graph_capture_failure_is_a_value_error_and_leaves_no_state():
     assert torch.cuda.current_stream() == stream_before
     assert float((x * 2).sum()) == 16.0  # the device is usable
     assert measure(lambda: x.mul_(1), mode="graph", iters=5).n == 5
+
+
+def test_a_failed_capture_leaves_no_capture_under_way_in_the_allocator():
+    # torch 2.11 left a failed capture "under way" in its caching allocator (capture_end throws before
+    # it ends the routing; reset() keeps the pool): empty_cache() and the retry after a failed cudaMalloc
+    # then returned nothing for the rest of the process. Both gpuopt capture paths undo that.
+    x = torch.ones(8, device="cuda")
+    stream_before = torch.cuda.current_stream()
+    with pytest.raises(ValueError, match="could not be captured"):
+        measure(lambda: float(x.sum().item()), mode="graph", max_time_s=1)  # the C++ loop's capture
+    pool = torch.cuda.graph_pool_handle()
+    with pytest.raises(RuntimeError), graphs.capture(torch.cuda.CUDAGraph(), stream=torch.cuda.Stream(), pool=pool):
+        float(x.sum().item())  # the Python capture (cudagraph configs, servers, decode loops)
+    assert _C.graph_pool_use_count(torch.cuda.current_device(), pool) == 0  # the capture's reference dropped
+    assert torch.cuda.current_stream() == stream_before
+
+    # Fill the GPU on this stream until it runs out, free it, then ask for memory on another stream:
+    # only the cached blocks going back to the driver can serve it.
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved()
+    chunks = []
+    with pytest.raises(torch.OutOfMemoryError):
+        while True:
+            chunks.append(torch.empty(1 << 30, dtype=torch.uint8, device="cuda"))
+    assert len(chunks) > 1
+    del chunks
+    with torch.cuda.stream(torch.cuda.Stream()):
+        y = torch.ones(1 << 30, dtype=torch.uint8, device="cuda")
+        assert int(y[-1]) == 1
+    del y
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() <= base
 
 
 def test_exception_inside_fn_propagates_and_leaves_the_device_usable():

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "../torch/graphs.h"
 #include "../torch/timing.h"
 #include "bindings.h"
 #include "measure_options.h"
@@ -185,6 +186,15 @@ void bind_timing(py::module_& m) {
       py::arg("fn_a"), py::arg("fn_b"), py::arg("calls"), py::arg("options"),
       "Times two callables interleaved sample by sample (A B, B A, ...) so device drift hits both; "
       "the GIL is held across the timed loop.");
+
+  m.def("graph_pool_use_count", &torch_ext::graph_pool_use_count, py::arg("device"), py::arg("pool"),
+        "How many CUDA graphs (and captures under way) hold private memory pool `pool` (a "
+        "torch.cuda.graph_pool_handle()) of CUDA device `device`; 0 when it does not exist.");
+  m.def("release_failed_capture", &torch_ext::release_failed_capture, py::arg("device"), py::arg("pool"),
+        py::arg("use_count_before"),
+        "After a failed capture into `pool`, once the CUDAGraph is reset: ends the caching allocators' "
+        "routing to the pool and drops the capture's reference to it where this torch left them "
+        "(use_count_before: graph_pool_use_count before capture_begin). Returns how many it undid.");
 }
 
 }  // namespace gpuopt::python

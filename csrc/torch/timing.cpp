@@ -12,6 +12,7 @@
 
 #include "device.h"
 #include "gpuopt/stats.h"
+#include "graphs.h"
 
 #ifdef GPUOPT_WITH_CUDA
 #include <ATen/cuda/CUDAGraph.h>
@@ -243,8 +244,12 @@ class GraphSource final : public DeviceSource {
  private:
   void capture() {
     const cuda::NvtxRange range("gpuopt.capture");
+    // A pool of its own, known here: a failed capture's pool and routing are undone by name.
+    const auto pool = at::cuda::graph_pool_handle();
+    pool_ = {pool.first, pool.second};
+    pool_uses_before_ = graph_pool_use_count(c10::cuda::current_device(), pool_);
     try {
-      graph_.capture_begin();
+      graph_.capture_begin(pool);
       for (std::int64_t j = 0; j < calls_per_sample; ++j) fn_(i_++);
     } catch (const std::exception& e) {
       abandon_capture();
@@ -275,12 +280,15 @@ class GraphSource final : public DeviceSource {
     } catch (...) {
     }
     cuda::clear_last_error();
+    release_failed_capture(c10::cuda::current_device(), pool_, pool_uses_before_);
   }
 
   L2Flush* flush_;
   std::int64_t requested_calls_;
   double target_ms_;
   at::cuda::CUDAGraph graph_;
+  PoolId pool_{0, 0};
+  int pool_uses_before_ = 0;
 };
 
 std::unique_ptr<DeviceSource> make_device_source(const Callable& fn, const MeasureOptions& o,

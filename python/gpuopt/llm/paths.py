@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from .._ext import _C
+from ..timing.graphs import capture as capture_graph
 
 PATHS: tuple[str, ...] = ("hf-generate", "hf-static-compile", "static", "static-graph", "static-graph-compile")
 GRAPH_PATHS = ("static-graph", "static-graph-compile")
@@ -267,7 +268,7 @@ class Decoder:
         graphs, outs = [], []
         for fn in (self._prefill, self._decode):
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool, stream=stream):
+            with capture_graph(g, stream=stream, pool=pool):
                 outs.append(fn())
             graphs.append(g)
         self._graphs = graphs

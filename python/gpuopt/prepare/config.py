@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .._ext import _C
+from ..timing import graphs
 from ..timing.inputs import split_inputs
 
 PRECISIONS = ("fp32", "tf32", "fp16-amp", "bf16-amp", "fp16", "bf16")
@@ -269,7 +270,7 @@ class Prepared:
 
     def _capture(self, m: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         # On the model's GPU as the current device, and on a capture stream of that GPU: without a
-        # stream, torch.cuda.graph() uses one default capture stream made on the device current at
+        # stream, torch.cuda.graph() used one default capture stream made on the device current at
         # its first use, so a model on cuda:1 captured after one on cuda:0 ran on cuda:0's stream and
         # the capture failed ("operation failed due to a previous error during capture").
         with torch.cuda.device(self.device):
@@ -290,7 +291,7 @@ class Prepared:
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         capture_stream = torch.cuda.Stream(self.device)
-        with self._guard(capture=True), torch.cuda.graph(graph, stream=capture_stream):
+        with self._guard(capture=True), graphs.capture(graph, stream=capture_stream):
             self._static_out = m(*s_args, **s_kwargs)
         self._graph = graph
         self.module = m

@@ -29,6 +29,7 @@ from .._checks import check_int, cuda_indices
 from .._ext import _C
 from ..memory.pools import PinnedPool
 from ..prepare.config import Config, Prepared
+from ..timing import graphs
 from .load import LoadSpec, ServeResult, checksum_weights, verify_checksums
 from .load import load_spec as _load_spec
 
@@ -409,7 +410,7 @@ class Server:
                 output_tensor(layout.call(module, views))
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with cfg.guard(device.type, capture=True), torch.cuda.graph(graph, pool=pool, stream=stream):
+        with cfg.guard(device.type, capture=True), graphs.capture(graph, stream=stream, pool=pool):
             out = output_tensor(layout.call(module, views)).contiguous()
         return graph, out
 
