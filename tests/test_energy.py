@@ -123,3 +123,71 @@ def test_gpu_energy_counter_covers_the_sampled_calls():
     row = r.rows[0]
     assert row.ok and row.energy["joules_per_item"] > 0 and row.energy["items_per_joule"] > 0, row.energy
     assert row.energy["joules_per_item"] == pytest.approx(row.energy["joules_per_call"] / 64)
+
+
+# ---- compare(metric="energy") ----------------------------------------------------------------------------
+def _with_energy(joules_per_call, ms=1.0, label=None):
+    m = Measurement.from_samples([ms, ms * 1.01, ms * 0.99], mode="throughput", label=label)
+    m.energy = {"method": "nvml-energy-counter", "joules": joules_per_call * 3, "window_s": 1.0, "aligned": True,
+                "calls": 3, "joules_per_call": joules_per_call, "avg_power_w": 300.0, "power_limit_w": 700.0,
+                "share_of_power_limit": 0.43, "idle_power_w": 70.0, "reason": ""}
+    return m
+
+
+def test_energy_of_two_measurements_is_a_ratio_without_an_interval():
+    c = gpuopt.compare(_with_energy(0.3, label="fp32"), _with_energy(0.1, label="fp16"), metric="energy")
+    assert c.metric == "energy" and c.speedup == pytest.approx(3.0)
+    assert c.baseline_joules == pytest.approx(0.3) and c.candidate_joules == pytest.approx(0.1)
+    assert c.verdict == "no significant difference" and "one energy reading per Measurement" in c.notes[0]
+    assert "3.000x fewer joules per call" in str(c) and "300 mJ -> 100 mJ per call" in str(c)
+    assert gpuopt.Comparison.from_dict(c.to_dict()).baseline_joules == pytest.approx(0.3)
+
+
+def test_energy_of_two_callables_alternates_rounds_and_bootstraps_the_pairs(monkeypatch):
+    calls = []
+
+    def fake_measure(fn, *, label=None, **options):
+        assert options["energy"] is True and options["mode"] == "throughput"
+        calls.append(label)
+        jitter = 1 + 0.01 * (len(calls) % 3)
+        return _with_energy(fn() * jitter, label=label)
+
+    monkeypatch.setattr("gpuopt.timing.measurement.measure", fake_measure)
+    c = gpuopt.compare(lambda: 0.4, lambda: 0.2, metric="energy", rounds=8, mode="throughput",
+                       labels=("fp32", "fp16"))
+    assert calls[:4] == ["fp32", "fp16", "fp16", "fp32"] and len(calls) == 16  # A B, B A, ...
+    assert c.rounds == 8 and c.interleaved and c.verdict == "less energy" and c.speedup == pytest.approx(2.0, rel=0.03)
+    assert c.ci[0] > 1.5 and c.candidate_measurement is not None
+    c = gpuopt.compare(lambda: 0.2, lambda: 0.4, metric="energy", rounds=8, mode="throughput")
+    assert c.verdict == "more energy" and c.speedup < 1
+
+
+def test_energy_comparison_errors_name_the_problem():
+    with pytest.raises(ValueError, match="metric must be one of time, energy, got 'power'"):
+        gpuopt.compare(lambda: None, lambda: None, metric="power")
+    with pytest.raises(ValueError, match=r"rounds must be an integer in \[2, 1000\].*got 1"):
+        gpuopt.compare(lambda: None, lambda: None, metric="energy", rounds=1)
+    with pytest.raises(TypeError, match="rounds applies to metric='energy'"):
+        gpuopt.compare(lambda: None, lambda: None, rounds=4)
+    with pytest.raises(ValueError, match="needs a GPU mode"):
+        gpuopt.compare(lambda: None, lambda: None, metric="energy", mode="host")
+    no_energy = Measurement.from_samples([1.0, 1.1])
+    with pytest.raises(ValueError, match="the baseline has no energy reading: it was measured without energy"):
+        gpuopt.compare(no_energy, _with_energy(0.1), metric="energy")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer of a machine without a GPU")
+def test_energy_comparison_without_a_gpu_says_why():
+    with pytest.raises(ValueError, match="the baseline has no energy reading: no energy off the GPU"):
+        gpuopt.compare(lambda: None, lambda: None, metric="energy", rounds=2, min_time_s=0.0, max_time_s=0.05)
+
+
+@pytest.mark.gpuopt_gpu
+def test_gpu_energy_comparison_finds_the_smaller_gemm_uses_less_energy():
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    c = gpuopt.compare(lambda: a @ a, lambda: b @ b, metric="energy", rounds=6, mode="throughput",
+                       max_time_s=0.5, min_energy_s=0.3, labels=("4096", "2048"))
+    # 8x fewer FLOPs per call: several times fewer joules, whatever the clocks do.
+    assert c.verdict == "less energy" and c.ci[0] > 3, c
+    assert c.baseline_joules > c.candidate_joules > 0 and c.rounds == 6

@@ -12,9 +12,10 @@ The package is layered; each subpackage imports only the ones listed before it:
 - ``run``: workloads and the model zoo, the runner, ``benchmark()``, ``sweep()``
 - ``testing``, ``pytest`` (the plugin), ``cli``: the surfaces on top
 
-Rooms for what comes next follow the same shape, each a subpackage above ``run``: ``serve`` (dynamic
-batcher, load generator), ``llm`` (prefill/decode), ``dist`` (torch.distributed), ``quant`` (INT8/FP8,
-exported backends), ``energy`` (NVML energy) and ``optimize`` (config search).
+Above ``run``, each a subpackage of the same shape: ``serving`` (dynamic batcher, load generator),
+``llm`` (prefill/decode), ``dist`` (torch.distributed), ``quant`` (INT8/FP8, exported backends) and, next,
+``optimize`` (config search). Energy is no subpackage: every GPU measurement of ``timing`` records it
+(NVML's counter read by the C++ loop), and the rows, reports and plots carry it.
 """
 
 import torch  # noqa: F401  (first: the extension links against the libtorch it loads)

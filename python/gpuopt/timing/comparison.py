@@ -4,6 +4,7 @@ and a verdict -- from two Measurements, or measured interleaved from two callabl
 from __future__ import annotations
 
 import contextlib
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -36,7 +37,15 @@ class Comparison:
     notes: list[str] = field(default_factory=list)
     run_to_run: dict[str, Any] | None = None  # RunToRun.to_dict() of a cross-run comparison
     judged_ci: tuple[float, float] | None = None  # the interval the verdict used
-    # The measurements an interleaved comparison took (None when Measurements were given).
+    # "time": speedup is median time baseline / candidate. "energy": speedup is joules per call
+    # baseline / candidate (above 1: the candidate uses less energy), the verdict "less energy", "more
+    # energy" or "no significant difference", and the joules per call are below.
+    metric: str = "time"
+    baseline_joules: float | None = None
+    candidate_joules: float | None = None
+    rounds: int | None = None  # an energy comparison of callables: the alternating rounds measured
+    # The measurements an interleaved comparison took (None when Measurements were given; for an
+    # energy comparison of callables, those of the last round).
     baseline_measurement: Measurement | None = field(default=None, repr=False, compare=False)
     candidate_measurement: Measurement | None = field(default=None, repr=False, compare=False)
 
@@ -69,6 +78,12 @@ class Comparison:
     def __str__(self) -> str:
         a = self.baseline_label or "baseline"
         b = self.candidate_label or "candidate"
+        if self.metric == "energy":
+            how = f", {self.rounds} alternating rounds" if self.rounds else ""
+            text = (f"{b} vs {a}: {self.speedup:.3f}x fewer joules per call [{self.confidence:.0%} CI "
+                    f"{self.ci[0]:.3f} .. {self.ci[1]:.3f}] -> {self.verdict} ({_joules(self.baseline_joules)} -> "
+                    f"{_joules(self.candidate_joules)} per call{how})")
+            return "\n".join([text, *self.notes])
         how = ", interleaved" if self.interleaved else ""
         text = (f"{b} vs {a}: {self.speedup:.3f}x [{self.confidence:.0%} CI {self.ci[0]:.3f} .. "
                 f"{self.ci[1]:.3f}] -> {self.verdict} ({format_ms(self.baseline_ms)} -> "
@@ -83,7 +98,11 @@ class Comparison:
 
         a = html.escape(self.baseline_label or "baseline")
         b = html.escape(self.candidate_label or "candidate")
-        color = {"faster": "green", "slower": "firebrick"}.get(self.verdict, "grey")
+        color = {"faster": "green", "slower": "firebrick", "less energy": "green",
+                 "more energy": "firebrick"}.get(self.verdict, "grey")
+        if self.metric == "energy":
+            return (f"<pre>{html.escape(str(self))}</pre>"
+                    f"<span style='color:{color}'><b>{html.escape(self.verdict)}</b></span>")
         how = "measured interleaved" if self.interleaved else "two separate measurements"
         notes = "".join(f"<br><i>{html.escape(n)}</i>" for n in self.notes)
         return (
@@ -94,6 +113,16 @@ class Comparison:
             f"({self.confidence:.0%} CI)</td></tr>"
             f"<tr><td>verdict</td><td style='color:{color}'><b>{html.escape(self.verdict)}</b> "
             f"(min effect {self.min_effect:.0%}; {how})</td></tr></table>{notes}")
+
+
+def _joules(j: float | None) -> str:
+    if j is None:
+        return "n/a"
+    return f"{j * 1e3:.4g} mJ" if j < 1 else f"{j:.4g} J"
+
+
+METRICS = ("time", "energy")
+ENERGY_ROUNDS = 8  # the fewest alternating rounds whose paired interval attains 95% with room to spare
 
 
 def check_min_effect(min_effect: Any, name: str = "min_effect") -> float:
@@ -117,6 +146,8 @@ def compare(
     seed: int | None = None,
     labels: tuple[str, str] | None = None,
     run_to_run: RunToRun | float | None = None,
+    metric: str = "time",
+    rounds: int | None = None,
     **measure_options: Any,
 ) -> Comparison:
     """How much faster ``candidate`` is than ``baseline``, with a bootstrap confidence interval.
@@ -142,12 +173,24 @@ def compare(
     gpuopt's one implementation in C++ (``compare_samples``), shared with ``Results.speedups`` and
     the pytest plugin.
 
+    ``metric="energy"`` compares joules per call (NVML's energy counter, see :func:`measure`): the
+    ratio baseline / candidate, above 1 when the candidate uses less energy, and the verdict "less
+    energy", "more energy" or "no significant difference". The counter gives one reading per timed
+    region, so two callables are measured in ``rounds`` [8] alternating rounds (A B, B A, ...; each a
+    full :func:`measure` of at least ``min_energy_s``) and the rounds' joules per call are bootstrapped
+    as pairs. Two Measurements hold one reading each: the ratio is given, but no interval and so no
+    significant difference. Energy needs a GPU with NVML: elsewhere a ValueError says why.
+
     >>> import gpuopt, torch
     >>> x = torch.randn(128, 128)
     >>> gpuopt.compare(lambda: x @ x, lambda: x @ x, mode="host", max_time_s=0.3).verdict
     'no significant difference'
     """
     check_min_effect(min_effect)
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    if rounds is not None and metric != "energy":
+        raise TypeError("rounds applies to metric='energy' (alternating measurements of two callables)")
     if labels is not None and not (isinstance(labels, (tuple, list)) and len(labels) == 2):
         raise TypeError(f"labels must be a pair of strings (baseline, candidate), got {labels!r}")
     kinds = [isinstance(x, Measurement) for x in (baseline, candidate)]
@@ -162,6 +205,11 @@ def compare(
     if run_to_run is not None and pair:
         raise TypeError("run_to_run applies to Measurements from separate runs; an interleaved compare of two "
                         "callables sees the same drift in both and needs none")
+    if metric == "energy":
+        if run_to_run is not None:
+            raise TypeError("run_to_run applies to time; an energy comparison of Measurements has no interval")
+        return _compare_energy(baseline, candidate, pair, labels, confidence=confidence, resamples=resamples,
+                               min_effect=min_effect, seed=seed, rounds=rounds, measure_options=measure_options)
     if pair:
         run = _setup(measure_options)
         with run.monitor or contextlib.nullcontext():
@@ -195,4 +243,81 @@ def compare(
         baseline_ms=baseline.p50, candidate_ms=candidate.p50, baseline_label=baseline.label,
         candidate_label=candidate.label, interleaved=pair, notes=notes,
         baseline_measurement=baseline if pair else None, candidate_measurement=candidate if pair else None,
+    )
+
+
+def _energy_per_call(m: Measurement, name: str) -> float:
+    e = m.energy or {}
+    j = e.get("joules_per_call")
+    if j is None:
+        why = e.get("reason") or ("it was measured without energy (energy=False, off the GPU, or before gpuopt "
+                                  "measured energy)")
+        raise ValueError(f"metric='energy': the {name} has no energy reading: {why}")
+    return float(j)
+
+
+def _compare_energy(baseline: Any, candidate: Any, pair: bool, labels: tuple[str, str] | None, *,
+                    confidence: float, resamples: int, min_effect: float, seed: int | None, rounds: int | None,
+                    measure_options: dict[str, Any]) -> Comparison:
+    from .measurement import measure
+
+    notes: list[str] = []
+    if pair:
+        if rounds is None:
+            rounds = ENERGY_ROUNDS
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or not 2 <= rounds <= 1000:
+            raise ValueError(f"rounds must be an integer in [2, 1000] (alternating rounds of each callable), "
+                             f"got {rounds!r}")
+        if measure_options.get("energy", True) is not True:
+            raise ValueError("metric='energy' measures energy: energy must be True (or left out)")
+        if measure_options.get("mode") == "host":
+            raise ValueError("metric='energy' needs a GPU mode (latency, throughput or graph): NVML measures GPUs")
+        la, lb = labels or ("baseline", "candidate")
+        fns = {"a": baseline, "b": candidate}
+        got: dict[str, list[Measurement]] = {"a": [], "b": []}
+        for r in range(rounds):
+            for key in ("ab" if r % 2 == 0 else "ba"):  # A B, B A, ...: drift within a pair cancels
+                m = measure(fns[key], label=la if key == "a" else lb, **{**measure_options, "energy": True})
+                _energy_per_call(m, "baseline" if key == "a" else "candidate")
+                got[key].append(m)
+        ja = [_energy_per_call(m, "baseline") for m in got["a"]]
+        jb = [_energy_per_call(m, "candidate") for m in got["b"]]
+        last_a, last_b = got["a"][-1], got["b"][-1]
+        time_a = statistics.median(m.p50 for m in got["a"])
+        time_b = statistics.median(m.p50 for m in got["b"])
+        methods = {m.energy["method"] for m in got["a"] + got["b"]}
+    else:
+        if measure_options:
+            raise TypeError(f"measure options ({', '.join(sorted(measure_options))}) apply only when "
+                            "comparing two callables")
+        if rounds is not None:
+            raise TypeError("rounds applies to callables; Measurements hold one energy reading each")
+        for name, m in (("baseline", baseline), ("candidate", candidate)):
+            if not isinstance(m, Measurement):
+                raise TypeError(f"{name} must be a gpuopt.Measurement or a callable, got {type(m).__name__}")
+        ja, jb = [_energy_per_call(baseline, "baseline")], [_energy_per_call(candidate, "candidate")]
+        last_a, last_b = baseline, candidate
+        time_a, time_b = baseline.p50, candidate.p50
+        methods = {baseline.energy["method"], candidate.energy["method"]}
+        la = labels[0] if labels else baseline.label
+        lb = labels[1] if labels else candidate.label
+        notes.append("one energy reading per Measurement: no interval, so no difference is called significant; "
+                     "compare the two callables (metric='energy') for alternating rounds")
+    r = _C.compare_samples(ja, jb, confidence=confidence, resamples=resamples,
+                           seed=_DEFAULTS["seed"] if seed is None else seed, paired=pair, min_effect=min_effect)
+    if pair and not r["attained"]:
+        notes.append(f"too few rounds ({len(ja)}) for a {confidence:.0%} interval: no difference is called "
+                     "significant")
+    if len(methods) > 1 or methods - {"nvml-energy-counter"}:
+        notes.append(f"energy methods: {', '.join(sorted(str(x) for x in methods))}")
+    if last_a.device_name != last_b.device_name:
+        notes.append(f"devices differ: {last_a.device_name} vs {last_b.device_name}")
+    verdict = {"faster": "less energy", "slower": "more energy"}.get(r["verdict"], r["verdict"])
+    mid_a, mid_b = statistics.median(ja), statistics.median(jb)
+    return Comparison(
+        speedup=r["ratio"], ci=(r["lo"], r["hi"]), confidence=confidence, verdict=verdict, min_effect=min_effect,
+        baseline_ms=time_a, candidate_ms=time_b, baseline_label=la, candidate_label=lb, interleaved=pair,
+        notes=notes, metric="energy", baseline_joules=mid_a, candidate_joules=mid_b,
+        rounds=len(ja) if pair else None,
+        baseline_measurement=last_a if pair else None, candidate_measurement=last_b if pair else None,
     )
