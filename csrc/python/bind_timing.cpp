@@ -189,7 +189,8 @@ void bind_timing(py::module_& m) {
 
   m.def("graph_pool_use_count", &torch_ext::graph_pool_use_count, py::arg("device"), py::arg("pool"),
         "How many CUDA graphs (and captures under way) hold private memory pool `pool` (a "
-        "torch.cuda.graph_pool_handle()) of CUDA device `device`; 0 when it does not exist.");
+        "torch.cuda.graph_pool_handle()) of CUDA device `device`; 0 when it does not exist, -1 when this "
+        "torch cannot tell.");
   m.def("release_failed_capture", &torch_ext::release_failed_capture, py::arg("device"), py::arg("pool"),
         py::arg("use_count_before"),
         "After a failed capture into `pool`, once the CUDAGraph is reset: ends the caching allocators' "

@@ -33,6 +33,20 @@ bool end_host_routing(A*, Mempool, long) {
   return false;
 }
 
+// The private pool's use count, where this torch can tell it (-1: it cannot).
+template <class A>
+auto use_count(A* a, c10::DeviceIndex device, Mempool pool, int) -> decltype(a->getPoolUseCount(device, pool), int()) {
+  try {
+    return a->getPoolUseCount(device, pool);
+  } catch (...) {  // no such pool
+    return 0;
+  }
+}
+template <class A>
+int use_count(A*, c10::DeviceIndex, Mempool, long) {
+  return -1;
+}
+
 template <class A>
 auto release_host_pool(A* host, Mempool pool, int) -> decltype(host->release_pool(pool), void()) {
   try {
@@ -49,9 +63,9 @@ void release_host_pool(A*, Mempool, long) {}
 int graph_pool_use_count(std::int64_t device, PoolId pool) {
 #ifdef GPUOPT_WITH_CUDA
   try {
-    return alloc::get()->getPoolUseCount(static_cast<c10::DeviceIndex>(device), mempool(pool));
-  } catch (...) {  // no such pool
-    return 0;
+    return use_count(alloc::get(), static_cast<c10::DeviceIndex>(device), mempool(pool), 0);
+  } catch (...) {
+    return -1;
   }
 #else
   (void)device;
@@ -65,8 +79,10 @@ int release_failed_capture(std::int64_t device, PoolId pool, int use_count_befor
   const auto index = static_cast<c10::DeviceIndex>(device);
   const Mempool id = mempool(pool);
   int undone = 0;
+  bool routing_left = false;
   try {
     alloc::endAllocateToPool(index, id);
+    routing_left = true;
     ++undone;
   } catch (...) {  // torch ended the routing (capture_end got that far, or reset() did it)
   }
@@ -79,7 +95,9 @@ int release_failed_capture(std::int64_t device, PoolId pool, int use_count_befor
   } catch (...) {
   }
   try {
-    if (graph_pool_use_count(device, pool) > use_count_before) {
+    const int now = graph_pool_use_count(device, pool);
+    // Without a use count to read, a routing torch left on says its reset() kept the reference too.
+    if (now < 0 ? routing_left : now > use_count_before) {
       alloc::releasePool(index, id);
       ++undone;
     }

@@ -21,7 +21,7 @@ namespace gpuopt::torch_ext {
 using PoolId = std::pair<std::uint64_t, std::uint64_t>;  // torch's MempoolId_t
 
 // How many graphs (and captures under way) hold private pool `pool` of `device`: 0 when the pool
-// does not exist (never created, or already freed).
+// does not exist (never created, or already freed), -1 when this torch cannot tell.
 int graph_pool_use_count(std::int64_t device, PoolId pool);
 
 // After a failed capture into `pool` on `device`, once the CUDAGraph ended what capture it could and
