@@ -50,7 +50,7 @@ def test_tokens_may_come_in_any_order_and_defaults_fill_in():
 @pytest.mark.parametrize(
     "text, match",
     [
-        ("fp8", "unknown config token 'fp8'.*allowed: fp32, tf32"),
+        ("fp4", "unknown config token 'fp4'.*allowed: fp32, tf32"),
         ("fp16+bf16", "sets precision twice"),
         ("compile:turbo", "compile_mode must be one of"),
         ("", "non-empty string"),
@@ -65,7 +65,8 @@ def test_parse_errors_name_the_problem(text, match):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"precision": "int8"}, "precision must be one of 'fp32', 'tf32', 'fp16-amp', 'bf16-amp', 'fp16', 'bf16'; got 'int8'"),
+        ({"precision": "int4"}, "precision must be one of 'fp32', 'tf32', 'fp16-amp', 'bf16-amp', 'fp16', 'bf16', "
+         "'int8-wo', 'int8', 'fp8'; got 'int4'"),
         ({"memory_format": "nhwc"}, "memory_format must be one of 'contiguous', 'channels_last'"),
         ({"backend": "tensorrt"}, "backend must be one of 'eager', 'torchscript', 'compile', 'cudagraph'"),
         ({"backend": "eager", "compile_mode": "default"}, "compile_mode applies to backend='compile' only"),

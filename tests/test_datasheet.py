@@ -52,7 +52,8 @@ def test_lookup_rejects_non_strings():
 # What each precision's matmuls run on; written here from the meaning of the precisions (autocast
 # runs matmuls in the 16-bit type, fp32 means TF32 off), not copied from the implementation.
 _FIELD = {"fp32": "fp32_tflops", "tf32": "tf32_tflops", "fp16": "fp16_tflops", "fp16-amp": "fp16_tflops",
-          "bf16": "bf16_tflops", "bf16-amp": "bf16_tflops", "fp8": "fp8_tflops", "int8": "int8_tops"}
+          "bf16": "bf16_tflops", "bf16-amp": "bf16_tflops", "fp8": "fp8_tflops", "int8": "int8_tops",
+          "int8-wo": "bf16_tflops"}
 
 
 @pytest.mark.parametrize("spec", all_specs(), ids=lambda s: s.key)

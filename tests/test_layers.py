@@ -1,8 +1,8 @@
 """The package's layers import only downward, and only `gpuopt._ext` imports the compiled module.
 
 Read from the source with `ast` (no import needed), so it runs anywhere. The order is the architecture
-written in `gpuopt/__init__.py` and the README; the subpackages still to come (serving, llm, dist, quant,
-energy, optimize) already have their place in it.
+written in `gpuopt/__init__.py` and the README; the subpackage still to come (optimize) already has its
+place in it.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ LAYERS = {
     "_ext": 0, "_files": 0, "_checks": 0, "_C": 0,
     "timing": 1,
     "memory": 2,
+    "quant": 2,  # quantized layers: what the prepare layer's fp8/int8 precisions put into a model
     "prepare": 3,
     "analysis": 4,
     "report": 5,
     "run": 6,
     # rooms for what comes next: engines built on run/ (and below)
-    "quant": 7, "energy": 7, "serving": 8, "llm": 8, "dist": 9, "optimize": 10,
+    "serving": 8, "llm": 8, "dist": 9, "optimize": 10,
     "testing": 11, "pytest": 12, "cli": 12, "__main__": 13, "__init__": 13,
 }
 

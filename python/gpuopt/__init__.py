@@ -6,6 +6,7 @@ The package is layered; each subpackage imports only the ones listed before it:
 - ``timing``: the timing engine, comparisons, the inputs convention, NVML facts (energy of every GPU
   measurement included), the environment record
 - ``memory``: pinned/device pools and the input pipeline
+- ``quant``: quantized linear layers (fp8, int8, int8 weight-only) on gpuopt's quantize operators
 - ``prepare``: optimization configs and the parity gate
 - ``analysis``: FLOP/byte counting, device ceilings, datasheets, roofline, profiler summaries
 - ``report``: the Results table and its files, Markdown, plots, cross-hardware reports
@@ -13,8 +14,7 @@ The package is layered; each subpackage imports only the ones listed before it:
 - ``testing``, ``pytest`` (the plugin), ``cli``: the surfaces on top
 
 Above ``run``, each a subpackage of the same shape: ``serving`` (dynamic batcher, load generator),
-``llm`` (prefill/decode), ``dist`` (torch.distributed), ``quant`` (INT8/FP8, exported backends) and, next,
-``optimize`` (config search). Energy is no subpackage: every GPU measurement of ``timing`` records it
+``llm`` (prefill/decode), ``dist`` (torch.distributed) and, next, ``optimize`` (config search). Energy is no subpackage: every GPU measurement of ``timing`` records it
 (NVML's counter read by the C++ loop), and the rows, reports and plots carry it.
 """
 

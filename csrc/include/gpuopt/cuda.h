@@ -173,6 +173,29 @@ bool int8_linear_supported(const Int8LinearParams& p);
 // GPUOPT_CHECK_VALUE unless int8_linear_supported(p).
 void int8_linear(const Int8LinearParams& p, cudaStream_t stream);
 
+// ---- row-wise quantization: for each row r of x [rows, k], amax = max |x[r, :]|, scale[r] =
+// amax / qmax (1 for an all-zero row) and q[r, i] = x[r, i] * (qmax / amax), rounded to the
+// nearest int8 (clamped to +-127) or saturated to float8 e4m3 (qmax 448). One block per row and
+// one kernel: a row that fits the block's registers (k <= 16384 16-bit values) is read once; longer
+// rows (or odd k, unaligned data) are read twice. Capturable.
+enum class QuantType { kInt8, kFloat8E4M3 };
+
+struct QuantizeRowsParams {
+  ActivationType type = ActivationType::kFloat32;  // of x
+  QuantType qtype = QuantType::kFloat8E4M3;
+  const void* x = nullptr;  // [rows, k], contiguous
+  void* q = nullptr;        // [rows, k], one byte per value, contiguous
+  float* scales = nullptr;  // [rows]
+  std::int64_t rows = 0, k = 0;
+};
+
+// The largest value of each quantized type.
+constexpr float kInt8Max = 127.0f;
+constexpr float kFloat8E4M3Max = 448.0f;
+
+// GPUOPT_CHECK_VALUE unless rows >= 0 and k >= 1 with non-null pointers.
+void quantize_rows(const QuantizeRowsParams& p, cudaStream_t stream);
+
 // A single-thread kernel that spins for `ns` nanoseconds of %globaltimer. Queued before a timed
 // region it keeps the GPU busy while the host enqueues the region, so launch gaps stay out of
 // device-time measurements.

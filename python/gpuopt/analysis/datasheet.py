@@ -22,6 +22,7 @@ _PRECISION_FIELD = {
     "bf16-amp": "bf16_tflops",
     "fp8": "fp8_tflops",
     "int8": "int8_tops",
+    "int8-wo": "bf16_tflops",  # int8 weights dequantized into bf16 matmuls
 }
 PRECISIONS = tuple(_PRECISION_FIELD)
 

@@ -29,7 +29,7 @@ from .datasheet import PRECISIONS, DeviceSpec, lookup_dict, peak_tflops
 LOW_UTILIZATION_PCT = 25.0
 
 _GEMM_KEY = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "fp16-amp": "fp16", "bf16": "bf16",
-             "bf16-amp": "bf16", "fp8": "fp8", "int8": "int8"}
+             "bf16-amp": "bf16", "fp8": "fp8", "int8": "int8", "int8-wo": "bf16"}
 BOUNDS = ("compute-bound", "memory-bound", "latency/launch-bound", "unknown")
 
 

@@ -13,16 +13,18 @@ from typing import Any
 import torch
 
 from .._ext import _C
+from ..quant.linear import QUANTIZED_PRECISIONS, fp8_refusal, quantize_linears
 from ..timing import graphs
 from ..timing.inputs import split_inputs
 
-PRECISIONS = ("fp32", "tf32", "fp16-amp", "bf16-amp", "fp16", "bf16")
+PRECISIONS = ("fp32", "tf32", "fp16-amp", "bf16-amp", "fp16", "bf16", *QUANTIZED_PRECISIONS)
 MEMORY_FORMATS = ("contiguous", "channels_last")
 BACKENDS = ("eager", "torchscript", "compile", "cudagraph")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 _AMP = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}
-_CAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# Quantized precisions run everything but their linear layers in bf16.
+_CAST = {"fp16": torch.float16, "bf16": torch.bfloat16, **{p: torch.bfloat16 for p in QUANTIZED_PRECISIONS}}
 
 
 def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -35,7 +37,9 @@ class Config:
     """One optimization config.
 
     - ``precision``: ``fp32`` (TF32 off), ``tf32``, ``fp16-amp`` / ``bf16-amp`` (autocast), ``fp16`` /
-      ``bf16`` (weights and inputs cast).
+      ``bf16`` (weights and inputs cast); quantized linear layers with the rest in bf16: ``fp8`` (FP8
+      e4m3 matmuls, compute capability 8.9+), ``int8`` (dynamic int8), ``int8-wo`` (int8 weights,
+      16-bit activations) -- see :mod:`gpuopt.quant`; the notes say which layers were quantized.
     - ``memory_format``: ``contiguous`` or ``channels_last``.
     - ``backend``: ``eager``; ``torchscript`` (trace, freeze, optimize_for_inference); ``compile``
       (``compile_mode`` one of default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs);
@@ -221,8 +225,13 @@ class Prepared:
             raise RuntimeError("device is CUDA but no CUDA device is visible")
         if c.backend == "cudagraph" and self.device.type != "cuda":
             raise RuntimeError("backend 'cudagraph' needs a CUDA device")
-        if "bf16" in c.precision and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise RuntimeError(f"{torch.cuda.get_device_name(self.device)} does not support bfloat16")
+        if ((c.cast_dtype == torch.bfloat16 or "bf16" in c.precision) and self.device.type == "cuda"
+                and not torch.cuda.is_bf16_supported()):
+            raise RuntimeError(f"{torch.cuda.get_device_name(self.device)} does not support bfloat16"
+                               + (f" (what {c.precision} runs the layers it does not quantize in)"
+                                  if c.precision in QUANTIZED_PRECISIONS else ""))
+        if c.precision == "fp8" and (why := fp8_refusal(self.device)):
+            raise RuntimeError(why)
         if c.precision == "tf32" and self.device.type != "cuda":
             self.notes.append("tf32 has no effect on CPU: this runs as fp32")
         t0 = time.perf_counter()
@@ -235,6 +244,13 @@ class Prepared:
                 changed += n
         if c.memory_format == "channels_last" and changed == 0:
             self.notes.append("channels_last: the model has no 4-D or 5-D parameters; the config is a no-op")
+        if c.precision in QUANTIZED_PRECISIONS:
+            with torch.no_grad():
+                report = quantize_linears(m, c.precision)
+            if not report.quantized:
+                raise RuntimeError(f"{c.precision} quantizes linear layers and this model has none it can take "
+                                   f"({report.describe()}); use fp16 or bf16 for it")
+            self.notes.append(report.describe())
         self.eager_module = m
         args, kwargs = self.convert_inputs(example_inputs)
         if c.backend == "eager":

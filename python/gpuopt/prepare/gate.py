@@ -13,9 +13,13 @@ from .config import PRECISIONS, Prepared
 from .signal import is_degenerate, output_tensors
 
 # Default relative L2 tolerance by precision (overridable with rtol=).
-TOLERANCES = {"fp32": 1e-5, "tf32": 5e-3, "fp16-amp": 2e-2, "bf16-amp": 2e-2, "fp16": 2e-2, "bf16": 2e-2}
+TOLERANCES = {"fp32": 1e-5, "tf32": 5e-3, "fp16-amp": 2e-2, "bf16-amp": 2e-2, "fp16": 2e-2, "bf16": 2e-2,
+              # quantized linear layers (the rest bf16): int8 weights alone lose ~0.5% per layer; int8
+              # activations about as much again; fp8 e4m3 (3 mantissa bits) a few percent per layer
+              "int8-wo": 3e-2, "int8": 5e-2, "fp8": 1e-1}
 # The narrower dtype a precision computes in: its range is checked against the reference's magnitudes.
-_NARROW = {"fp16": torch.float16, "fp16-amp": torch.float16, "bf16": torch.bfloat16, "bf16-amp": torch.bfloat16}
+_NARROW = {"fp16": torch.float16, "fp16-amp": torch.float16, "bf16": torch.bfloat16, "bf16-amp": torch.bfloat16,
+           "int8-wo": torch.bfloat16, "int8": torch.bfloat16, "fp8": torch.bfloat16}
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
@@ -28,6 +32,9 @@ class OutputParity:
     ref_max_abs: float  # the reference's largest magnitude: what the range diagnosis looks at
     finite: bool
     degenerate: bool  # reference all zeros or constant: no signal, compared by max abs error
+    # For a classifier's output ([batch, classes], classes >= 2): the share of rows whose top-1 class
+    # matches the reference's. None for other outputs.
+    top1_agreement: float | None = None
 
 
 @dataclass
@@ -41,6 +48,11 @@ class Parity:
     note: str = ""
 
     @property
+    def top1_agreement(self) -> float | None:
+        """The top-1 agreement of the first classifier-shaped output (see :class:`OutputParity`)."""
+        return next((o.top1_agreement for o in self.outputs if o.top1_agreement is not None), None)
+
+    @property
     def worst_rel_l2(self) -> float | None:
         errs = [o.rel_l2 for o in self.outputs if o.rel_l2 is not None]
         return max(errs) if errs else None
@@ -48,13 +60,17 @@ class Parity:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["worst_rel_l2"] = self.worst_rel_l2
+        d["top1_agreement"] = self.top1_agreement
         return d
 
     def __str__(self) -> str:
         verdict = "passed" if self.passed else "FAILED"
         worst = self.worst_rel_l2
         err = "n/a" if worst is None else f"{worst:.2e}"
-        return f"parity {verdict}: worst relative L2 error {err} (tolerance {self.tolerance:g}){'; ' + self.note if self.note else ''}"
+        top1 = self.top1_agreement
+        top1_text = "" if top1 is None else f", top-1 agreement {top1:.1%}"
+        return (f"parity {verdict}: worst relative L2 error {err} (tolerance {self.tolerance:g}){top1_text}"
+                f"{'; ' + self.note if self.note else ''}")
 
 
 def _compare(path: str, cand: torch.Tensor, ref: torch.Tensor) -> OutputParity:
@@ -69,7 +85,10 @@ def _compare(path: str, cand: torch.Tensor, ref: torch.Tensor) -> OutputParity:
     ref_norm = float(torch.linalg.vector_norm(r))
     degenerate = is_degenerate(ref)
     rel = None if degenerate else float(torch.linalg.vector_norm(diff)) / ref_norm
-    return OutputParity(path, rel, max_abs, ref_norm, ref_max_abs, finite, degenerate)
+    top1 = None
+    if c.dim() == 2 and c.shape[0] >= 1 and c.shape[1] >= 2 and c.is_floating_point() and finite:
+        top1 = float((c.argmax(dim=1) == r.argmax(dim=1)).double().mean())
+    return OutputParity(path, rel, max_abs, ref_norm, ref_max_abs, finite, degenerate, top1)
 
 
 def _precision(candidate: Any, precision: str | None) -> str:

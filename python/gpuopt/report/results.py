@@ -315,6 +315,7 @@ CSV_COLUMNS = [
     "device", "p90_ms", "p99_9_ms", "offered_rate_per_s", "valid", "ttft_p50_ms", "tpot_p50_ms", "pct_of_hbm_read",
     "rank", "world_size", "scaling_efficiency", "strategy", "scatter_ms", "gather_ms", "compute_share",
     "joules_per_item", "items_per_joule", "avg_power_w", "share_of_power_limit", "energy_method",
+    "parity_top1_agreement",
 ]
 # The DataFrame's dtypes: numbers stay numbers (NaN where a cell failed or a figure is missing).
 _FLOAT_COLUMNS = [
@@ -323,6 +324,7 @@ _FLOAT_COLUMNS = [
     "achieved_tflops", "pct_of_compute_ceiling", "achieved_gbps", "p90_ms", "p99_9_ms", "offered_rate_per_s",
     "ttft_p50_ms", "tpot_p50_ms", "pct_of_hbm_read", "scaling_efficiency", "scatter_ms", "gather_ms",
     "compute_share", "joules_per_item", "items_per_joule", "avg_power_w", "share_of_power_limit",
+    "parity_top1_agreement",
 ]
 
 
@@ -343,7 +345,8 @@ def _flat(row: Row) -> dict[str, Any]:
         "ci95_low_ms": ci[0], "ci95_high_ms": ci[1],
         "throughput_items_per_s": row.throughput_items_per_s, "item_unit": row.item_unit, "ci_rel": row.ci_rel,
         "peak_allocated_mib": None if alloc is None else alloc / 2**20, "parity_passed": par.get("passed"),
-        "parity_worst_rel_l2": par.get("worst_rel_l2"), "prepare_s": row.prepare_s,
+        "parity_worst_rel_l2": par.get("worst_rel_l2"), "parity_top1_agreement": par.get("top1_agreement"),
+        "prepare_s": row.prepare_s,
         "first_call_ms": row.first_call_ms, "runner_overhead_s": row.runner_overhead_s,
         "achieved_tflops": roof.get("achieved_tflops"), "pct_of_compute_ceiling": roof.get("pct_of_compute_ceiling"),
         "achieved_gbps": roof.get("achieved_gbps", llm.get("achieved_gbps")), "bound": roof.get("bound"),

@@ -1,0 +1,89 @@
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "int8_linear_kernels.cuh"  // to_float, load16
+
+namespace gpuopt::cuda::kernels {
+
+constexpr int kQuantizeThreads = 256;
+
+// One value in the quantized type's byte, given x * (qmax / amax).
+__device__ __forceinline__ std::uint8_t quantize_one(float v, bool fp8) {
+  if (fp8) return static_cast<std::uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+  const int i = max(-127, min(127, __float2int_rn(v)));
+  return static_cast<std::uint8_t>(static_cast<std::int8_t>(i));
+}
+
+// The block's maximum of `v` (every thread gets it).
+__device__ __forceinline__ float block_max(float v) {
+  __shared__ float warp_max[kQuantizeThreads / 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (lane == 0) warp_max[warp] = v;
+  __syncthreads();
+  v = lane < kQuantizeThreads / 32 ? warp_max[lane] : 0.0f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+__device__ __forceinline__ float inverse_scale(float amax, float qmax, float* scale_out) {
+  if (threadIdx.x == 0) *scale_out = amax > 0.0f ? amax / qmax : 1.0f;
+  return amax > 0.0f ? qmax / amax : 0.0f;
+}
+
+// A row held in registers: kVecs chunks of 16 values per thread (k % 16 == 0, 16-byte aligned x).
+template <typename T, int kVecs>
+__global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_held(const T* __restrict__ x,
+                                                                       std::uint8_t* __restrict__ q,
+                                                                       float* __restrict__ scales,
+                                                                       std::int64_t k, float qmax, bool fp8) {
+  const std::int64_t row = blockIdx.x;
+  const T* xr = x + row * k;
+  std::uint8_t* qr = q + row * k;
+  float v[kVecs][16];
+  float amax = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kVecs; ++c) {
+    const std::int64_t at = (static_cast<std::int64_t>(c) * kQuantizeThreads + threadIdx.x) * 16;
+    if (at < k) {
+      load16(xr + at, v[c]);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[c][i]));
+    }
+  }
+  const float inv = inverse_scale(block_max(amax), qmax, scales + row);
+#pragma unroll
+  for (int c = 0; c < kVecs; ++c) {
+    const std::int64_t at = (static_cast<std::int64_t>(c) * kQuantizeThreads + threadIdx.x) * 16;
+    if (at < k) {
+      alignas(16) std::uint8_t out[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) out[i] = quantize_one(v[c][i] * inv, fp8);
+      *reinterpret_cast<uint4*>(qr + at) = *reinterpret_cast<const uint4*>(out);
+    }
+  }
+}
+
+// Any row: read twice (the second time mostly from L2), one value at a time.
+template <typename T>
+__global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_any(const T* __restrict__ x,
+                                                                      std::uint8_t* __restrict__ q,
+                                                                      float* __restrict__ scales,
+                                                                      std::int64_t k, float qmax, bool fp8) {
+  const std::int64_t row = blockIdx.x;
+  const T* xr = x + row * k;
+  std::uint8_t* qr = q + row * k;
+  float amax = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < k; i += kQuantizeThreads) amax = fmaxf(amax, fabsf(to_float(xr[i])));
+  const float inv = inverse_scale(block_max(amax), qmax, scales + row);
+  for (std::int64_t i = threadIdx.x; i < k; i += kQuantizeThreads) qr[i] = quantize_one(to_float(xr[i]) * inv, fp8);
+}
+
+}  // namespace gpuopt::cuda::kernels

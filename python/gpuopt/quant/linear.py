@@ -1,0 +1,242 @@
+"""Quantized linear layers for the ``fp8``, ``int8`` and ``int8-wo`` precisions, and the pass that puts
+them into a model (:func:`quantize_linears`).
+
+- ``fp8``: weights stored as float8 e4m3 with one scale per output channel; each call quantizes its
+  activations per row with gpuopt's kernel (``torch.ops.gpuopt.quantize_rowwise``: the absmax and the
+  cast in one pass) and multiplies on the FP8 tensor cores (``torch._scaled_mm``, row-wise scales,
+  bf16 out). Compute capability 8.9 (Ada, Hopper) or newer on CUDA.
+- ``int8``: dynamic int8: weights int8 per output channel, activations quantized per row at each
+  call, int8 x int8 -> int32 (``torch._int_mm``), rescaled in fp32.
+- ``int8-wo``: weight-only int8 (:class:`Int8WeightOnlyLinear`), activations stay 16-bit: for the
+  memory-bound small batches.
+
+``torch.nn.Linear`` layers are replaced, and ``torch.nn.MultiheadAttention`` modules by
+:class:`QuantizedSelfAttention` (quantized projections around ``scaled_dot_product_attention``); layers
+whose shapes the GEMM cannot take (fp8: both dimensions multiples of 16; int8: of 8) stay, with the
+reason. Everything else runs in the config's 16-bit type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .._ext import _C  # noqa: F401  (loads the gpuopt operators)
+from .weight_only import Int8WeightOnlyLinear
+
+QUANTIZED_PRECISIONS = ("int8-wo", "int8", "fp8")
+_ALIGN = {"fp8": 16, "int8": 8, "int8-wo": 1}
+_INT_MM_MIN_ROWS = 17  # torch._int_mm on CUDA takes more than 16 rows
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(-1, x.shape[-1])
+
+
+class Fp8Linear(torch.nn.Module):
+    """``y = x @ W.T + b`` on FP8 tensor cores: ``weight`` float8 e4m3 [out, in] with per-output-channel
+    ``scales`` [1, out] (float32); activations quantized per row at each call."""
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.register_buffer("weight", weight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_float(cls, lin: torch.nn.Linear) -> Fp8Linear:
+        q, s = torch.ops.gpuopt.quantize_rowwise(lin.weight.detach(), torch.float8_e4m3fn)
+        bias = lin.bias.detach().to(torch.bfloat16) if lin.bias is not None else None
+        return cls(q, s.reshape(1, -1).contiguous(), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        qx, sx = torch.ops.gpuopt.quantize_rowwise(_rows(x), torch.float8_e4m3fn)
+        y = torch._scaled_mm(qx, self.weight.t(), scale_a=sx, scale_b=self.scales, out_dtype=torch.bfloat16)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Int8Linear(torch.nn.Module):
+    """Dynamic int8 ``y = x @ W.T + b``: ``weight`` int8 [out, in] with per-output-channel ``scales``
+    [1, out] (float32); activations quantized per row at each call, int32 accumulation."""
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.register_buffer("weight", weight)
+        self.register_buffer("scales", scales)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_float(cls, lin: torch.nn.Linear) -> Int8Linear:
+        q, s = torch.ops.gpuopt.quantize_rowwise(lin.weight.detach(), torch.int8)
+        bias = lin.bias.detach().float() if lin.bias is not None else None
+        return cls(q, s.reshape(1, -1).contiguous(), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = _rows(x)
+        rows = x2.shape[0]
+        qx, sx = torch.ops.gpuopt.quantize_rowwise(x2, torch.int8)
+        if x2.is_cuda and rows < _INT_MM_MIN_ROWS:  # zero rows past the real ones: torch._int_mm's minimum
+            qx = torch.nn.functional.pad(qx, (0, 0, 0, _INT_MM_MIN_ROWS - rows))
+        acc = torch._int_mm(qx, self.weight.t())[:rows]
+        y = acc.float() * sx * self.scales
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class QuantizedSelfAttention(torch.nn.Module):
+    """A ``torch.nn.MultiheadAttention`` whose projections are quantized linear layers (its own reads
+    its projection weights directly, so they cannot be swapped in place): the input projection as one
+    quantized [3E, E] layer for self-attention (query, key and value the same tensor) or three, the
+    attention through ``scaled_dot_product_attention``, the output projection quantized. Returns
+    ``(output, None)``: attention weights (``need_weights=True``) are not computed."""
+
+    def __init__(self, mha: torch.nn.MultiheadAttention, precision: str):
+        super().__init__()
+        if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
+            raise ValueError("only MultiheadAttention with one embedding size, no bias_k/bias_v and no "
+                             "add_zero_attn is quantized")
+        e = mha.embed_dim
+        self.num_heads, self.embed_dim, self.batch_first = mha.num_heads, e, mha.batch_first
+        w, b = mha.in_proj_weight.detach(), None if mha.in_proj_bias is None else mha.in_proj_bias.detach()
+        proj = torch.nn.Linear(e, 3 * e, bias=b is not None, device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            proj.weight.copy_(w)
+            if b is not None:
+                proj.bias.copy_(b)
+        self.in_proj = _quantized(proj, precision)
+        self.out_proj = _quantized(mha.out_proj, precision)
+        # What torch.nn.TransformerEncoder(Layer) reads before its fused fast path, which would use the
+        # float weights: without an input-projection bias tensor it takes the ordinary path, this forward.
+        self._qkv_same_embed_dim = True
+        self.in_proj_bias = None
+        self.in_proj_weight = None
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
+                attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> tuple[torch.Tensor, None]:
+        if need_weights:
+            raise ValueError("a quantized MultiheadAttention does not compute attention weights: call it with "
+                             "need_weights=False")
+        if not self.batch_first:  # [T, B, E] -> [B, T, E]
+            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+        e, h = self.embed_dim, self.num_heads
+        if query is key and key is value:
+            q, k, v = self.in_proj(query).split(e, dim=-1)
+        else:
+            w_q, w_k, w_v = (self.in_proj(t)[..., i * e:(i + 1) * e] for i, t in enumerate((query, key, value)))
+            q, k, v = w_q, w_k, w_v
+        bsz, tq, tk = q.shape[0], q.shape[1], k.shape[1]
+        q, k, v = (t.reshape(bsz, -1, h, e // h).transpose(1, 2) for t in (q, k, v))
+        mask = attn_mask
+        if key_padding_mask is not None:
+            pad = key_padding_mask.view(bsz, 1, 1, tk)
+            pad = pad if pad.dtype == torch.bool else pad.bool()
+            keep = ~pad if mask is None else (~pad) & (~mask.bool() if mask.dtype == torch.bool else mask == 0)
+            mask = keep
+        elif mask is not None and mask.dtype == torch.bool:
+            mask = ~mask  # MultiheadAttention: True = masked out; SDPA: True = attend
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+        out = self.out_proj(out.transpose(1, 2).reshape(bsz, tq, e))
+        return (out if self.batch_first else out.transpose(0, 1)), None
+
+
+@dataclass
+class QuantizeReport:
+    """What :func:`quantize_linears` did: the layers it replaced and those it kept, with why."""
+
+    precision: str
+    quantized: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)  # layer name -> why it stays 16-bit
+
+    def describe(self) -> str:
+        total = len(self.quantized) + len(self.kept)
+        text = f"{self.precision}: {len(self.quantized)} of {total} linear layers quantized"
+        if self.kept:
+            shown = "; ".join(f"{name} ({why})" for name, why in list(self.kept.items())[:4])
+            more = f"; and {len(self.kept) - 4} more" if len(self.kept) > 4 else ""
+            text += f"; kept in 16-bit: {shown}{more}"
+        return text + "; convolutions and the other layers run in 16-bit"
+
+
+def quantize_linears(model: torch.nn.Module, precision: str) -> QuantizeReport:
+    """Replace ``model``'s linear layers in place by their ``precision`` form (one of
+    :data:`QUANTIZED_PRECISIONS`) and say which. The model's float weights should already be in the
+    16-bit type the rest runs in."""
+    if precision not in QUANTIZED_PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(QUANTIZED_PRECISIONS)}, got {precision!r}")
+    report = QuantizeReport(precision)
+    align = _ALIGN[precision]
+    replace: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []
+    for parent_name, parent in model.named_modules():
+        for name, child in parent.named_children():
+            full = f"{parent_name}.{name}" if parent_name else name
+            if isinstance(child, torch.nn.MultiheadAttention):
+                if child.embed_dim % align:
+                    report.kept[full] = f"attention of width {child.embed_dim}: not a multiple of {align}"
+                    continue
+                try:
+                    replace.append((parent, name, QuantizedSelfAttention(child, precision)))
+                except ValueError as exc:
+                    report.kept[full] = str(exc)
+                    continue
+                report.quantized += [f"{full}.in_proj", f"{full}.out_proj"]
+                continue
+            if not isinstance(child, torch.nn.Linear):
+                continue
+            if isinstance(parent, torch.nn.MultiheadAttention):
+                continue  # its out_proj: quantized with it above, or kept with the reason
+            if child.in_features % align or child.out_features % align:
+                report.kept[full] = f"{child.in_features}x{child.out_features}: not multiples of {align}"
+            else:
+                replace.append((parent, name, _quantized(child, precision)))
+                report.quantized.append(full)
+    for parent, name, new in replace:
+        setattr(parent, name, new)
+    return report
+
+
+def _quantized(lin: torch.nn.Linear, precision: str) -> torch.nn.Module:
+    if precision == "fp8":
+        return Fp8Linear.from_float(lin)
+    if precision == "int8":
+        return Int8Linear.from_float(lin)
+    return Int8WeightOnlyLinear.from_float(lin)
+
+
+def fp8_refusal(device: torch.device) -> str | None:
+    """Why ``fp8`` cannot run on ``device`` (None when it can): on CUDA it needs compute capability 8.9
+    (Ada) or newer; on the CPU, a torch whose ``_scaled_mm`` runs there."""
+    if device.type == "cuda":
+        cc = torch.cuda.get_device_capability(device)
+        if cc < (8, 9):
+            return (f"fp8 needs FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper); "
+                    f"{torch.cuda.get_device_name(device)} has {cc[0]}.{cc[1]}")
+        return None
+    try:
+        a = torch.zeros(16, 16).to(torch.float8_e4m3fn)
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except Exception as exc:  # noqa: BLE001 - whatever this torch says, it is the reason
+        return f"fp8 on the CPU needs a torch whose _scaled_mm runs there ({type(exc).__name__}: {exc})"
+    return None
+
+
+def is_quantized(module: Any) -> bool:
+    return isinstance(module, (Fp8Linear, Int8Linear, Int8WeightOnlyLinear, QuantizedSelfAttention))
+
+
+__all__ = ["QUANTIZED_PRECISIONS", "Fp8Linear", "Int8Linear", "QuantizeReport", "QuantizedSelfAttention", "fp8_refusal", "is_quantized",
+           "quantize_linears"]
