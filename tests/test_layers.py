@@ -2,7 +2,7 @@
 
 Read from the source with `ast` (no import needed), so it runs anywhere. The order is the architecture
 written in `gpuopt/__init__.py` and the README; the subpackages still to come (serving, llm, dist, quant,
-energy, optimize) already have their place in it.
+energy, optimizer) already have their place in it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ LAYERS = {
     "report": 5,
     "run": 6,
     # rooms for what comes next: engines built on run/ (and below)
-    "quant": 7, "energy": 7, "serving": 8, "llm": 8, "dist": 9, "optimize": 10,
+    "quant": 7, "energy": 7, "serving": 8, "llm": 8, "dist": 9, "optimizer": 10,
     "testing": 11, "pytest": 12, "cli": 12, "__main__": 13, "__init__": 13,
 }
 
