@@ -464,8 +464,6 @@ class _Search:
         lo, hi = cmp.ci[0] * scale, cmp.ci[1] * scale
         # The comparison's own verdict is per call; at different batch sizes the objective's ratio decides.
         verdict = ("best is better" if lo > 1 else "runner-up is better" if hi < 1 else "no significant difference")
-        if not cmp.notes and cmp.ci[0] == cmp.ci[1]:
-            verdict = "no interval"
         ratio = {"value": cmp.speedup * scale, "ci": (lo, hi), "confidence": cmp.confidence, "what": what,
                  "verdict": verdict}
         return cmp, ratio
