@@ -10,7 +10,7 @@ How the search runs (the rest of the design is in the package docstring):
    of the batch, its larger batch sizes are pruned as saturated.
 2. Compiled configs cost a compilation per batch size (the search's dominant cost), so they enter at
    rung 1, only at the batch sizes where their eager twin (same precision and memory format) survived
-   rung 0, plus the batch where the twin first broke the SLO (compiling may bring it under). They are
+   rung 0 (its best ``COMPILE_BATCHES``), plus the batch where the twin first broke the SLO (compiling may bring it under). They are
    measured once, at the confirmation length (a later compile resets dynamo's cache, so re-measuring
    would recompile).
 3. Rungs 1, 2, ...: the best ``1/eta`` of the candidates that meet the constraints are kept (at least
@@ -49,6 +49,9 @@ from .result import Choice, LogEntry, OptimizeResult, figures, pareto_front
 RUNGS = ({"max_time_s": 0.25, "min_time_s": 0.05, "target_rel_ci": 0.02},
          {"max_time_s": 0.75, "min_time_s": 0.2, "target_rel_ci": 0.01})
 CONFIRM = {"max_time_s": 2.0, "min_time_s": 0.5, "target_rel_ci": 0.005}
+# A compiled config is compiled at most at this many batch sizes (its eager twin's best surviving rung 0),
+# plus the batch where the twin first broke the SLO.
+COMPILE_BATCHES = 2
 SATURATION_GAIN = 0.03  # less than this gain over two doublings of the batch: larger batches are not run
 
 
@@ -345,7 +348,9 @@ class _Search:
             self._halve(0)
             # compiled configs enter where their eager twin survived rung 0
             for label, twin in deferred.items():
-                keep = {c.batch for c in self.cands.values() if c.label == twin.label and c.status == "alive"}
+                survivors = self._ranked([c for c in self.cands.values() if c.label == twin.label
+                                          and c.status == "alive"])
+                keep = {c.batch for c in survivors[:COMPILE_BATCHES]}
                 broke = sorted(c.batch for c in self.cands.values() if c.label == twin.label
                                and c.status == "infeasible" and "p99_ms_over" in c.misses)
                 if broke and any(b < broke[0] for b in keep):
@@ -357,8 +362,8 @@ class _Search:
                         self._enter(c, 1, self.confirm)
                     elif c.status == "waiting":
                         c.status = "pruned"
-                        c.reason = (f"its eager twin {twin.label} at batch {b} did not survive rung 0 "
-                                    f"(compiling is the search's dominant cost)")
+                        c.reason = (f"its eager twin {twin.label} at batch {b} was not among its best "
+                                    f"{COMPILE_BATCHES} surviving rung 0 (compiling is the search's dominant cost)")
                         self._note(c, None, "pruned", c.reason)
             self.contexts.clear()  # the fp32 references: parity is done
             rung = 1
