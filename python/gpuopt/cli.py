@@ -779,7 +779,9 @@ def _run_optimize(args: argparse.Namespace) -> int:
     write_atomic(folder / "report.md", result.to_markdown())
     try:
         if result.pareto["measured"]:
-            result.plot_front(path=folder / "front")
+            import matplotlib.pyplot as plt
+
+            plt.close(result.plot_front(path=folder / "front"))  # a command leaves no figure open
     except ImportError:
         pass  # matplotlib is optional: the report has the front as a table
     print(result.summary())
