@@ -51,6 +51,8 @@ def _extra(p: argparse.ArgumentParser) -> None:
                    help=f"p99 budget per model, e.g. --slo resnet50=5 (defaults: {SLO_MS})")
     p.add_argument("--batch-sizes", default=",".join(map(str, BATCHES)))
     p.add_argument("--configs", default=None, help="comma-separated configs for every model (default: per model)")
+    p.add_argument("--compile-batches", type=int, default=None,
+                   help="batch sizes a compiled config is compiled at (default gpuopt.optimizer's COMPILE_BATCHES)")
     p.add_argument("--warm-compile-cache", action="store_true", help="keep torch.compile's on-disk caches on")
 
 
@@ -81,7 +83,9 @@ def part(model: str, args, results: dict, targets: list[Target]) -> None:
     for slo in (None, slos[model]):
         tag = "no budget" if slo is None else f"p99 <= {slo:g} ms"
         t0 = time.perf_counter()
-        r = gpuopt.optimize(model, objective="throughput", slo_p99_ms=slo, configs=configs, batch_sizes=batches)
+        extra = {} if args.compile_batches is None else {"compile_batches": args.compile_batches}
+        r = gpuopt.optimize(model, objective="throughput", slo_p99_ms=slo, configs=configs, batch_sizes=batches,
+                            **extra)
         opt_s = time.perf_counter() - t0
         best = _best(sweep.rows, slo)
         d = {"slo_p99_ms": slo, "optimizer_wall_s": opt_s, "sweep_wall_s": sweep_s, "summary": r.summary(),

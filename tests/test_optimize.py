@@ -182,6 +182,7 @@ def test_cli_bad_objective_is_a_usage_error(tmp_path, capsys):
     ({"configs": []}, ValueError, "configs must be"),
     ({"configs": ["fp33"]}, ValueError, "unknown config token 'fp33'"),
     ({"eta": 1}, ValueError, "eta must be an integer >= 2"),
+    ({"compile_batches": 0}, ValueError, "compile_batches must be an integer >= 1"),
     ({"objective": "energy"}, ValueError, "objective='energy' ranks by joules per item, and energy is not measured"),
     ({"mode": "throughput"}, ValueError, "mode must be one of 'host' on cpu"),
     ({"rung_options": [{"max_time_s": -1}]}, ValueError, "max_time_s"),

@@ -3,15 +3,15 @@
 How the search runs (the rest of the design is in the package docstring):
 
 1. Rung 0: every cheap candidate (eager, TorchScript, CUDA graphs) is prepared once (the runner's
-   ``prepare_cell``: conversion, parity against fp32) and measured briefly, config by config, batch sizes
-   ascending. What is known to lose is not run: after a p99 over the SLO, a peak memory over the budget or
-   an out-of-memory error at batch b, the config's larger batch sizes are pruned (both grow with the
-   batch); for throughput and energy, once a config's figure has gained less than 3% over two doublings
+   ``prepare_cell``: conversion, parity against fp32) and measured briefly, batch sizes ascending (one
+   batch size's fp32 reference alive at a time). What is known to lose is not run: after a p99 over the
+   SLO, a peak memory over the budget or an out-of-memory error at batch b, the config's larger batch
+   sizes are pruned (they grow with the batch); for throughput and energy, once a config's figure has gained less than 3% over two doublings
    of the batch, its larger batch sizes are pruned as saturated.
 2. Compiled configs cost a compilation per batch size (the search's dominant cost), so they enter at
    rung 1, only at the batch sizes where their eager twin (same precision and memory format) survived
-   rung 0 (its best ``COMPILE_BATCHES``), plus the batch where the twin first broke the SLO (compiling may bring it under). They are
-   measured once, at the confirmation length (a later compile resets dynamo's cache, so re-measuring
+   rung 0 (its best ``compile_batches``, default 1), plus the batch where the twin first broke the SLO
+   (compiling may bring it under). They are measured once, at the confirmation length (a later compile resets dynamo's cache, so re-measuring
    would recompile).
 3. Rungs 1, 2, ...: the best ``1/eta`` of the candidates that meet the constraints are kept (at least
    two), each measured again with longer options; the rest are dropped and their memory freed. When at
@@ -49,9 +49,9 @@ from .result import Choice, LogEntry, OptimizeResult, figures, pareto_front
 RUNGS = ({"max_time_s": 0.25, "min_time_s": 0.05, "target_rel_ci": 0.02},
          {"max_time_s": 0.75, "min_time_s": 0.2, "target_rel_ci": 0.01})
 CONFIRM = {"max_time_s": 2.0, "min_time_s": 0.5, "target_rel_ci": 0.005}
-# A compiled config is compiled at most at this many batch sizes (its eager twin's best surviving rung 0),
+# A compiled config is compiled at this many batch sizes by default (its eager twin's best surviving rung 0),
 # plus the batch where the twin first broke the SLO.
-COMPILE_BATCHES = 2
+COMPILE_BATCHES = 1
 SATURATION_GAIN = 0.03  # less than this gain over two doublings of the batch: larger batches are not run
 
 
@@ -125,6 +125,7 @@ def optimize(
     parity: bool = True,
     rung_options: Sequence[dict[str, Any]] | None = None,
     confirm_options: dict[str, Any] | None = None,
+    compile_batches: int = COMPILE_BATCHES,
     progress: Callable[[str], None] | bool = False,
 ) -> OptimizeResult:
     """The fastest config and batch size of ``model`` that keeps parity and meets the budgets, found by
@@ -140,7 +141,8 @@ def optimize(
     - ``budget_s``: stop after this many seconds with the best answer so far (``result.stopped`` says so).
     - ``mode``: how each call is timed (default ``latency`` on CUDA: p99 is a served request's latency;
       ``host`` on the CPU). ``rung_options`` / ``confirm_options``: measure options of the rungs and of the
-      confirmation (defaults ``RUNGS`` and ``CONFIRM``).
+      confirmation (defaults ``RUNGS`` and ``CONFIRM``). ``compile_batches``: a compiled config is compiled at
+      its eager twin's best this many batch sizes (and where the twin first broke the SLO).
 
     Never raises for what the model does: a candidate that fails parity, runs out of memory or breaks a
     budget is logged with its reason; when none meets the budgets, ``best`` is None and ``closest`` says
@@ -152,6 +154,9 @@ def optimize(
     """
     t_start = time.perf_counter()
     _check(objective, eta)
+    if isinstance(compile_batches, bool) or not isinstance(compile_batches, int) or compile_batches < 1:
+        raise ValueError(f"compile_batches must be an integer >= 1 (batch sizes a compiled config is compiled at), "
+                         f"got {compile_batches!r}")
     slo = space.check_positive("slo_p99_ms", slo_p99_ms)
     mem = space.check_positive("memory_gb", memory_gb)
     budget = space.check_positive("budget_s", budget_s)
@@ -185,6 +190,7 @@ def optimize(
 
     search = _Search(work, cfgs, batches, dev, timed_mode, objective, slo, mem, budget, eta, parity, rungs, confirm,
                      say, t_start)
+    search.compile_batches = compile_batches
     return search.run()
 
 
@@ -205,6 +211,7 @@ class _Search:
         self.cands = {(c.label, b): _Candidate(c, b) for c in cfgs for b in batches}
         self.stopped: str | None = None
         self.contexts: dict[int, Any] = {}
+        self.compile_batches = COMPILE_BATCHES
 
     # -- bookkeeping -------------------------------------------------------------------------------------
     def _elapsed(self) -> float:
@@ -253,6 +260,10 @@ class _Search:
             self.contexts[batch] = self.runner.batch_context(batch)
         return self.contexts[batch]
 
+    def _forget_context(self, batch: int) -> None:
+        if self.contexts.pop(batch, None) is not None and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def _enter(self, c: _Candidate, rung: int, options: dict[str, Any]) -> None:
         """Prepare ``c`` (parity included) and measure it the first time."""
         if c.status != "waiting":
@@ -293,8 +304,8 @@ class _Search:
                 self._prune_larger(c, f"out of memory at batch {c.batch}")
             return
         if self.objective == "energy" and space.energy_per_item(row) is None:
-            raise ValueError(f"objective='energy' ranks by joules per item, and this measurement has none: "
-                             f"{space.energy_missing_reason(row)}")
+            raise ValueError(f"objective='energy' ranks by joules per item, and energy is not measured on this "
+                             f"device / build: {space.energy_missing_reason(row)}")
         c.gb, c.gb_source = space.memory_gb(row, c.cell.prepared)
         c.misses = space.misses(row, c.gb, slo_p99_ms=self.slo, memory_gb=self.mem)
         if c.misses:
@@ -339,18 +350,18 @@ class _Search:
         labels = {c.label for c in self.configs}
         deferred = {k: v for k, v in deferred.items() if v is not None and v.label in labels}
         try:
-            # rung 0: the cheap candidates, config by config, batch sizes ascending
-            for config in self.configs:
-                if config.label in deferred:
-                    continue
-                for b in self.batches:
-                    self._enter(self.cands[(config.label, b)], 0, self.rungs[0])
+            # rung 0: the cheap candidates, batch sizes ascending (one fp32 reference alive at a time)
+            for b in self.batches:
+                for config in self.configs:
+                    if config.label not in deferred:
+                        self._enter(self.cands[(config.label, b)], 0, self.rungs[0])
+                self._forget_context(b)
             self._halve(0)
             # compiled configs enter where their eager twin survived rung 0
             for label, twin in deferred.items():
                 survivors = self._ranked([c for c in self.cands.values() if c.label == twin.label
                                           and c.status == "alive"])
-                keep = {c.batch for c in survivors[:COMPILE_BATCHES]}
+                keep = {c.batch for c in survivors[:self.compile_batches]}
                 broke = sorted(c.batch for c in self.cands.values() if c.label == twin.label
                                and c.status == "infeasible" and "p99_ms_over" in c.misses)
                 if broke and any(b < broke[0] for b in keep):
@@ -360,10 +371,12 @@ class _Search:
                     if b in keep:
                         c.measure_once = True
                         self._enter(c, 1, self.confirm)
+                        self._forget_context(b)
                     elif c.status == "waiting":
                         c.status = "pruned"
                         c.reason = (f"its eager twin {twin.label} at batch {b} was not among its best "
-                                    f"{COMPILE_BATCHES} surviving rung 0 (compiling is the search's dominant cost)")
+                                    f"{self.compile_batches} surviving rung 0 (compiling is the search's "
+                                    f"dominant cost)")
                         self._note(c, None, "pruned", c.reason)
             self.contexts.clear()  # the fp32 references: parity is done
             rung = 1
