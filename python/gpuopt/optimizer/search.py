@@ -6,13 +6,13 @@ How the search runs (the rest of the design is in the package docstring):
    ``prepare_cell``: conversion, parity against fp32) and measured briefly, batch sizes ascending (one
    batch size's fp32 reference alive at a time). What is known to lose is not run: after a p99 over the
    SLO, a peak memory over the budget or an out-of-memory error at batch b, the config's larger batch
-   sizes are pruned (they grow with the batch); for throughput and energy, once a config's figure has gained less than 3% over two doublings
-   of the batch, its larger batch sizes are pruned as saturated.
+   sizes are pruned (they grow with the batch); for throughput and energy, once a config's figure has
+   gained less than 3% over two doublings of the batch, its larger batch sizes are pruned as saturated.
 2. Compiled configs cost a compilation per batch size (the search's dominant cost), so they enter at
    rung 1, only at the batch sizes where their eager twin (same precision and memory format) survived
    rung 0 (its best ``compile_batches``, default 1), plus the batch where the twin first broke the SLO
-   (compiling may bring it under). They are measured once, at the confirmation length (a later compile resets dynamo's cache, so re-measuring
-   would recompile).
+   (compiling may bring it under). They are measured once, at the confirmation length (a later compile
+   resets dynamo's cache, so re-measuring would recompile).
 3. Rungs 1, 2, ...: the best ``1/eta`` of the candidates that meet the constraints are kept (at least
    two), each measured again with longer options; the rest are dropped and their memory freed. When at
    most ``eta`` remain, they are measured at the confirmation length, and the best and the runner-up are
