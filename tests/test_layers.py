@@ -1,8 +1,7 @@
 """The package's layers import only downward, and only `gpuopt._ext` imports the compiled module.
 
 Read from the source with `ast` (no import needed), so it runs anywhere. The order is the architecture
-written in `gpuopt/__init__.py` and the README; the subpackage still to come (optimize) already has its
-place in it.
+written in `gpuopt/__init__.py` and the README.
 """
 
 from __future__ import annotations
@@ -24,8 +23,8 @@ LAYERS = {
     "analysis": 4,
     "report": 5,
     "run": 6,
-    # rooms for what comes next: engines built on run/ (and below)
-    "serving": 8, "llm": 8, "dist": 9, "optimize": 10,
+    # engines built on run/ (and below)
+    "serving": 8, "llm": 8, "dist": 9, "optimizer": 10,
     "testing": 11, "pytest": 12, "cli": 12, "__main__": 13, "__init__": 13,
 }
 

@@ -14,7 +14,9 @@ The package is layered; each subpackage imports only the ones listed before it:
 - ``testing``, ``pytest`` (the plugin), ``cli``: the surfaces on top
 
 Above ``run``, each a subpackage of the same shape: ``serving`` (dynamic batcher, load generator),
-``llm`` (prefill/decode), ``dist`` (torch.distributed) and, next, ``optimize`` (config search). Energy is no subpackage: every GPU measurement of ``timing`` records it
+``llm`` (prefill/decode), ``dist`` (torch.distributed) and ``optimizer`` (config search: :func:`gpuopt.optimize`,
+successive halving over configs x batch sizes under latency and memory budgets). Energy is no subpackage: every
+GPU measurement of ``timing`` records it
 (NVML's counter read by the C++ loop), and the rows, reports and plots carry it.
 """
 
@@ -25,6 +27,7 @@ from ._ext import build_info  # noqa: I001  (after torch)
 from .analysis import ProfileSummary, ceilings, datasheet, profile, roofline
 from .llm import decode_sweep, measure_decode
 from .memory import DevicePool, InputPipeline, PinnedPool
+from .optimizer import OptimizeResult, optimize
 from .prepare import (
     Config,
     Parity,
@@ -65,4 +68,5 @@ __all__ += ["RunToRun", "calibrate"]  # cross-run comparisons
 __all__ += ["LoadSpec", "NaiveBatcher", "QueueFullError", "RequestFailed", "ServeResult", "Server", "latency_curve",
             "max_rate", "serve"]  # serving
 __all__ += ["decode_sweep", "measure_decode"]  # LLM prefill/decode
+__all__ += ["OptimizeResult", "optimize"]  # the optimizer (gpuopt.optimizer)
 __all__ += ["dist"]  # several GPUs: benchmark(devices=...), gpuopt.dist.RankFailedError

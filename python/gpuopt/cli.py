@@ -732,8 +732,65 @@ def _run_llm(args: argparse.Namespace) -> int:
     return 1 if results.failed else 0
 
 
+def _add_optimize(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("optimize", help="search configs x batch sizes for the best one under latency / memory budgets",
+                       description="Successive halving over the device's configs and batch sizes (gpuopt.optimize): "
+                                   "short measurements rank the candidates, longer ones confirm the best; prints the "
+                                   "answer, the runner-up with a confidence interval and the search log.")
+    p.add_argument("model", help="a zoo model (gpuopt.zoo.names())")
+    p.add_argument("--objective", default="throughput", help="throughput (default), latency or energy")
+    p.add_argument("--slo-p99-ms", type=float, help="p99 latency per call at most this many ms")
+    p.add_argument("--memory-gb", type=float, help="peak allocated memory at most this many GB")
+    p.add_argument("--configs", type=_csv_list, help="preset name or comma-separated configs (default: the "
+                                                      "device's candidate set)")
+    p.add_argument("--batch-sizes", type=_int_list, help="comma-separated (default 1,2,4,...,256; 1 for latency)")
+    p.add_argument("--budget-s", type=float, help="stop the search after this many seconds with the best so far")
+    p.add_argument("--device", help="cuda, cuda:1 or cpu")
+    p.add_argument("--no-parity", action="store_true", help="skip the parity gate against fp32")
+    p.add_argument("--quick", action="store_true", help="shorter measurements (a smoke run)")
+    p.add_argument("--output", help="folder for optimize.json, report.md, the front plot and the results "
+                                    "(default gpuopt-results/<model>-optimize-<time>)")
+    p.add_argument("--quiet", "-q", action="store_true", help="print only the answer")
+    p.set_defaults(run=_run_optimize)
+
+
+def _run_optimize(args: argparse.Namespace) -> int:
+    from ._files import check_writable, write_atomic
+    from .optimizer import optimize
+
+    out = args.output or _default_output(f"{args.model}-optimize")
+    configs = args.configs
+    if configs is not None and len(configs) == 1:
+        configs = configs[0]
+    quick = {"rung_options": [{"max_time_s": 0.05, "min_time_s": 0.01, "target_rel_ci": 0.05}],
+             "confirm_options": {"max_time_s": 0.2, "min_time_s": 0.05, "target_rel_ci": 0.02}} if args.quick else {}
+    try:
+        check_writable(out)
+        result = optimize(args.model, None, objective=args.objective, slo_p99_ms=args.slo_p99_ms,
+                          memory_gb=args.memory_gb, configs=configs, batch_sizes=args.batch_sizes,
+                          budget_s=args.budget_s, device=args.device, parity=not args.no_parity,
+                          progress=not args.quiet, **quick)
+    except (ValueError, TypeError, ImportError) as exc:
+        raise UsageError(str(exc)) from exc
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    result.results.save(folder / "results", plots=False)
+    write_atomic(folder / "optimize.json", json.dumps(result.to_dict(), indent=2, default=str))
+    write_atomic(folder / "report.md", result.to_markdown())
+    try:
+        if result.pareto["measured"]:
+            import matplotlib.pyplot as plt
+
+            plt.close(result.plot_front(path=folder / "front"))  # a command leaves no figure open
+    except ImportError:
+        pass  # matplotlib is optional: the report has the front as a table
+    print(result.summary())
+    print(f"\nresults: {folder}/ (optimize.json, report.md, front.png, results/)")
+    return 0 if result.found else 1
+
+
 _SUBCOMMANDS = [_add_env, _add_bench, _add_sweep, _add_report, _add_compare, _add_plot, _add_ceilings, _add_profile,
-                _add_serve, _add_llm]
+                _add_serve, _add_llm, _add_optimize]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,7 +8,7 @@ import itertools
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +150,38 @@ def end_to_end(prepared: Prepared, host_batches: list[torch.Tensor]) -> Callable
     return call
 
 
+@dataclass
+class BatchContext:
+    """What every cell of one batch size shares: the inputs, the fp32 reference (with parity) and the
+    FLOP/byte counts per item."""
+
+    batch: int
+    inputs: Any
+    ref: Prepared | None
+    counts: dict[str, float | None]
+
+
+@dataclass
+class Cell:
+    """A config prepared at a batch size and parity-checked, ready to be measured (again)."""
+
+    config: Config
+    batch: int
+    inputs: Any
+    prepared: Prepared | None  # None: a training-only cell (prepared per measurement)
+    facts: dict[str, Any]
+
+    @property
+    def failure(self) -> str | None:
+        """Why the cell cannot be measured (preparation or parity failed), else None."""
+        if self.prepared is not None and not self.prepared.ok:
+            return self.prepared.error
+        gate = self.facts.get("parity")
+        if gate is not None and not gate["passed"]:
+            return gate["error"]
+        return None
+
+
 class Runner:
     """Runs cells of one workload: for a batch size, every config, every mode. Rows go to
     ``on_row`` as each finishes, so a sweep can persist them one by one. Every failure becomes rows
@@ -193,6 +225,21 @@ class Runner:
                   for c in configs}
         if not any(wanted.values()):
             return
+        ctx = self.batch_context(batch)
+        if isinstance(ctx, str):
+            self._fail_batch(batch, configs, wanted, ctx)
+            return
+        for config in configs:
+            if wanted[config.label]:
+                self._run_config(config, ctx, wanted[config.label])
+        del ctx
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def batch_context(self, batch: int) -> BatchContext | str:
+        """The inputs of batch size ``batch`` and (with parity) the fp32 reference every config of that batch
+        is checked against; or why the whole batch size fails (its inputs or the reference: e.g. out of memory).
+        :meth:`run_batch` and the optimizer (which prepares cells one at a time) start here."""
         ref, counts, failure = None, _NO_COUNTS, None
         try:
             inputs = self.work.inputs(batch)
@@ -219,14 +266,8 @@ class Runner:
             ref = inputs = None  # with the exception and its frames, so that the memory can be released
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            self._fail_batch(batch, configs, wanted, failure)
-            return
-        for config in configs:
-            if wanted[config.label]:
-                self._run_config(config, actual, inputs, ref, counts, wanted[config.label])
-        del ref
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+            return failure
+        return BatchContext(actual, inputs, ref, counts)
 
     def _reference_failure(self, exc: BaseException | None, error: str | None, inputs: Any, batch: int) -> str:
         if isinstance(exc, torch.OutOfMemoryError):
@@ -244,22 +285,34 @@ class Runner:
                 self.on_row(Row.failed(reason, **self._cell(config, batch, mode), **self._facts(config, batch)))
             self.progress("done", f"{self.work.name} b{batch} {config.label} (failed)")
 
-    def _run_config(self, config: Config, batch: int, inputs: Any, ref: Prepared | None, counts: dict,
-                    modes: list[str]) -> None:
+    def _run_config(self, config: Config, ctx: BatchContext, modes: list[str]) -> None:
         t_cell = time.perf_counter()
-        cell = f"{self.work.name} b{batch} {config.label}"
-        self.progress("start", cell)
-        facts = {**self._facts(config, batch), **counts}
-        inference = [m for m in modes if m != TRAIN_MODE]
-        prepared = config.apply(self.model, inputs, device=self.device) if inference else None
+        cell_name = f"{self.work.name} b{ctx.batch} {config.label}"
+        self.progress("start", cell_name)
+        cell = self.prepare_cell(config, ctx, inference=any(m != TRAIN_MODE for m in modes))
+        for mode in modes:
+            self.before_mode()
+            self.on_row(self.measure_cell(cell, mode))
+        if self.profile_dir is not None and cell.prepared is not None and cell.prepared.ok:
+            self._profile(config, cell.prepared, ctx.inputs, ctx.batch)
+        del cell
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.progress("done", f"{cell_name} ({time.perf_counter() - t_cell:.1f} s)")
+
+    def prepare_cell(self, config: Config, ctx: BatchContext, *, inference: bool = True) -> Cell:
+        """``config`` prepared at ``ctx``'s batch size and (with parity) checked against its reference; the
+        cell can then be measured any number of times (:meth:`measure_cell`). Failures are kept in the cell."""
+        facts = {**self._facts(config, ctx.batch), **ctx.counts}
+        prepared = config.apply(self.model, ctx.inputs, device=self.device) if inference else None
         if prepared is not None:
             facts.update(prepare_s=prepared.prepare_s, first_call_ms=prepared.first_call_ms,
                          notes=[*self.signal_notes, *prepared.notes])
         gate = None
-        if prepared is not None and prepared.ok and self.parity and ref is not None:
+        if prepared is not None and prepared.ok and self.parity and ctx.ref is not None:
             t0 = time.perf_counter()
             try:
-                p = check_parity(prepared, ref, self.work.inputs(batch))
+                p = check_parity(prepared, ctx.ref, self.work.inputs(ctx.batch))
                 gate = p.to_dict()
                 if not p.passed:
                     gate["error"] = f"parity failed: {p}"
@@ -267,33 +320,28 @@ class Runner:
                 gate = {"passed": False, "error": f"parity check raised {type(exc).__name__}: {exc}"}
             facts["parity_s"] = time.perf_counter() - t0
         facts["parity"] = gate
-        for mode in modes:
-            self.before_mode()
-            where = self._cell(config, batch, mode)
-            t_mode = time.perf_counter()
-            if mode != TRAIN_MODE and prepared is not None and not prepared.ok:
-                row = Row.failed(prepared.error, **where, **facts)
-            elif mode != TRAIN_MODE and gate is not None and not gate["passed"]:
-                row = Row.failed(gate["error"], **where, **facts)
-            else:
-                row = self._measure(config, prepared, inputs, batch, where, facts)
-            timed = row.timing or {}
-            overhead = max(0.0, (time.perf_counter() - t_mode) - timed.get("warmup_s", 0.0)
-                           - timed.get("sampling_s", 0.0))
-            self.on_row(replace(row, runner_overhead_s=overhead,
-                                roofline=_place(row, self.ceilings) if row.ok else None))
-        if self.profile_dir is not None and prepared is not None and prepared.ok:
-            self._profile(config, prepared, inputs, batch)
-        del prepared
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        self.progress("done", f"{cell} ({time.perf_counter() - t_cell:.1f} s)")
+        return Cell(config, ctx.batch, ctx.inputs, prepared, facts)
+
+    def measure_cell(self, cell: Cell, mode: str, measure_options: dict[str, Any] | None = None) -> Row:
+        """The row of one measurement of a prepared cell in ``mode`` (the failed row, with its reason, when the
+        config could not be prepared or failed parity), with ``measure_options`` (default: this runner's)."""
+        where = self._cell(cell.config, cell.batch, mode)
+        t_mode = time.perf_counter()
+        if mode != TRAIN_MODE and cell.failure is not None:
+            row = Row.failed(cell.failure, **where, **cell.facts)
+        else:
+            row = self._measure(cell.config, cell.prepared, cell.inputs, cell.batch, where, cell.facts,
+                                self.options if measure_options is None else measure_options)
+        timed = row.timing or {}
+        overhead = max(0.0, (time.perf_counter() - t_mode) - timed.get("warmup_s", 0.0)
+                       - timed.get("sampling_s", 0.0))
+        return replace(row, runner_overhead_s=overhead, roofline=_place(row, self.ceilings) if row.ok else None)
 
     def _measure(self, config: Config, prepared: Prepared | None, inputs: Any, batch: int, where: dict[str, Any],
-                 facts: dict[str, Any]) -> Row:
+                 facts: dict[str, Any], options: dict[str, Any]) -> Row:
         mode = where["mode"]
         try:
-            opts = dict(self.options)
+            opts = dict(options)
             label = f"{self.work.name} b{batch} {config.label} {mode}"
             if mode == TRAIN_MODE:
                 fn = train_step(config, self.model, inputs, self.device)

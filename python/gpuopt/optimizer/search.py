@@ -1,0 +1,487 @@
+"""``optimize()``: successive halving over (config, batch size) candidates.
+
+How the search runs (the rest of the design is in the package docstring):
+
+1. Rung 0: every cheap candidate (eager, TorchScript, CUDA graphs) is prepared once (the runner's
+   ``prepare_cell``: conversion, parity against fp32) and measured briefly, batch sizes ascending (one
+   batch size's fp32 reference alive at a time). What is known to lose is not run: after a p99 over the
+   SLO, a peak memory over the budget or an out-of-memory error at batch b, the config's larger batch
+   sizes are pruned (they grow with the batch); for throughput and energy, once a config's figure has
+   gained less than 3% over two doublings of the batch, its larger batch sizes are pruned as saturated.
+2. Compiled configs cost a compilation per batch size (the search's dominant cost), so they enter at
+   rung 1, only at the batch sizes where their eager twin (same precision and memory format) survived
+   rung 0 (its best ``compile_batches``, default 1), plus the batch where the twin first broke the SLO
+   (compiling may bring it under). They are measured once, at the confirmation length (a later compile
+   resets dynamo's cache, so re-measuring would recompile).
+3. Rungs 1, 2, ...: the best ``1/eta`` of the candidates that meet the constraints are kept (at least
+   two), each measured again with longer options; the rest are dropped and their memory freed. When at
+   most ``eta`` remain, they are measured at the confirmation length, and the best and the runner-up are
+   measured again, interleaved (``gpuopt.compare``: the C++ bootstrap over pairs), for the interval.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..analysis.roofline import LOW_UTILIZATION_PCT
+from ..prepare.config import Config, Prepared
+from ..report.results import Results, Row
+from ..run.runner import Cell, Runner
+from ..run.workload import (
+    batch_of,
+    check_measure_options,
+    resolve_batch_sizes,
+    resolve_configs,
+    resolve_device,
+    workload,
+)
+from ..timing.comparison import compare
+from . import space
+from .result import Choice, LogEntry, OptimizeResult, figures, pareto_front
+
+# Measure options of the rungs (the last repeats) and of the confirmation; the benchmark's sweep uses CONFIRM.
+RUNGS = ({"max_time_s": 0.25, "min_time_s": 0.05, "target_rel_ci": 0.02},
+         {"max_time_s": 0.75, "min_time_s": 0.2, "target_rel_ci": 0.01})
+CONFIRM = {"max_time_s": 2.0, "min_time_s": 0.5, "target_rel_ci": 0.005}
+# A compiled config is compiled at this many batch sizes by default (its eager twin's best surviving rung 0),
+# plus the batch where the twin first broke the SLO.
+COMPILE_BATCHES = 1
+SATURATION_GAIN = 0.03  # less than this gain over two doublings of the batch: larger batches are not run
+
+
+@dataclass
+class _Candidate:
+    config: Config
+    batch: int
+    cell: Cell | None = None
+    row: Row | None = None  # the latest measurement
+    rung: int = -1
+    gb: float | None = None
+    gb_source: str = ""
+    status: str = "waiting"  # waiting, alive, infeasible, failed, pruned, dropped
+    reason: str | None = None
+    misses: dict[str, float] = field(default_factory=dict)
+    measure_once: bool = False
+
+    @property
+    def label(self) -> str:
+        return self.config.label
+
+
+def _split_inputs(inputs_or_shape: Any) -> dict[str, Any]:
+    """The workload's input argument: None (a zoo model), an item shape (ints), a callable (batch -> inputs),
+    or fixed inputs (a tensor, tuple or dict)."""
+    if inputs_or_shape is None:
+        return {}
+    if isinstance(inputs_or_shape, (tuple, list)) and inputs_or_shape and all(
+            isinstance(d, int) and not isinstance(d, bool) for d in inputs_or_shape):
+        return {"input_shape": tuple(inputs_or_shape)}
+    if callable(inputs_or_shape) and not isinstance(inputs_or_shape, torch.nn.Module):
+        return {"input_fn": inputs_or_shape}
+    return {"inputs": inputs_or_shape}
+
+
+def _check(objective: Any, eta: Any) -> None:
+    if not isinstance(objective, str) or objective not in space.OBJECTIVES:
+        raise ValueError(f"objective must be one of {', '.join(map(repr, space.OBJECTIVES))}, got {objective!r}")
+    if isinstance(eta, bool) or not isinstance(eta, int) or eta < 2:
+        raise ValueError(f"eta must be an integer >= 2 (the share 1/eta of candidates each rung keeps), got {eta!r}")
+
+
+def _check_energy(objective: str, device: torch.device) -> None:
+    """objective='energy' needs NVML's readings: refused where the device has none (the one check to adapt)."""
+    if objective != "energy":
+        return
+    if device.type != "cuda":
+        raise ValueError(f"objective='energy' ranks by joules per item, and energy is not measured on this device "
+                         f"({device}): NVML measures GPUs; use objective='throughput' or 'latency'")
+    from ..timing import nvml
+
+    meter = nvml.energy_meter(device.index if device.index is not None else torch.cuda.current_device())
+    if not meter.active:
+        raise ValueError(f"objective='energy' ranks by joules per item, and energy is not measured on this "
+                         f"device / build: {meter.reason}")
+
+
+def optimize(
+    model: torch.nn.Module | str,
+    inputs_or_shape: Any = None,
+    objective: str = "throughput",
+    slo_p99_ms: float | None = None,
+    memory_gb: float | None = None,
+    configs: str | Config | Sequence[str | Config] | None = None,
+    batch_sizes: Sequence[int] | int | None = None,
+    budget_s: float | None = None,
+    *,
+    device: str | torch.device | None = None,
+    mode: str | None = None,
+    eta: int = 3,
+    parity: bool = True,
+    rung_options: Sequence[dict[str, Any]] | None = None,
+    confirm_options: dict[str, Any] | None = None,
+    compile_batches: int = COMPILE_BATCHES,
+    progress: Callable[[str], None] | bool = False,
+) -> OptimizeResult:
+    """The fastest config and batch size of ``model`` that keeps parity and meets the budgets, found by
+    successive halving (short measurements rank many candidates, longer ones confirm the few best).
+
+    - ``inputs_or_shape``: None for a zoo name, one item's shape (``(3, 224, 224)``), a callable
+      ``batch_size -> inputs``, or fixed inputs (then their batch size is the only one).
+    - ``objective``: ``"throughput"`` (items/s), ``"latency"`` (p99 per call; batch sizes default to 1)
+      or ``"energy"`` (joules per item; a GPU with NVML's counter).
+    - ``slo_p99_ms``: p99 latency per call at most this; ``memory_gb``: peak allocated memory at most this.
+    - ``configs``: as for :func:`gpuopt.benchmark`; default the device's candidate set
+      (:func:`gpuopt.optimize.candidate_configs`). ``batch_sizes``: default 1 .. 256 by doubling.
+    - ``budget_s``: stop after this many seconds with the best answer so far (``result.stopped`` says so).
+    - ``mode``: how each call is timed (default ``latency`` on CUDA: p99 is a served request's latency;
+      ``host`` on the CPU). ``rung_options`` / ``confirm_options``: measure options of the rungs and of the
+      confirmation (defaults ``RUNGS`` and ``CONFIRM``). ``compile_batches``: a compiled config is compiled at
+      its eager twin's best this many batch sizes (and where the twin first broke the SLO).
+
+    Never raises for what the model does: a candidate that fails parity, runs out of memory or breaks a
+    budget is logged with its reason; when none meets the budgets, ``best`` is None and ``closest`` says
+    by how much the nearest ones miss. Bad arguments raise ValueError / TypeError naming them.
+
+    >>> r = gpuopt.optimize("tiny-cnn", objective="throughput", slo_p99_ms=5, device="cpu",
+    ...                     batch_sizes=[1, 8, 32])                                 # doctest: +SKIP
+    >>> print(r.summary()); r.prepared(torch.randn(32, 3, 32, 32))                   # doctest: +SKIP
+    """
+    t_start = time.perf_counter()
+    _check(objective, eta)
+    if isinstance(compile_batches, bool) or not isinstance(compile_batches, int) or compile_batches < 1:
+        raise ValueError(f"compile_batches must be an integer >= 1 (batch sizes a compiled config is compiled at), "
+                         f"got {compile_batches!r}")
+    slo = space.check_positive("slo_p99_ms", slo_p99_ms)
+    mem = space.check_positive("memory_gb", memory_gb)
+    budget = space.check_positive("budget_s", budget_s)
+    if not isinstance(parity, bool):
+        raise TypeError(f"parity must be True or False, got {parity!r}")
+    work = workload(model, **_split_inputs(inputs_or_shape))
+    dev = resolve_device(device)
+    _check_energy(objective, dev)
+    cfgs = space.candidate_configs(dev) if configs is None else resolve_configs(configs, device=dev)
+    if work.make_inputs is None:
+        if batch_sizes is not None:
+            raise ValueError(f"batch_sizes={batch_sizes!r} needs inputs made per batch size (a zoo model, an item "
+                             f"shape or a callable); fixed inputs have one batch size")
+        batches = [batch_of(work.fixed_inputs)]
+    elif batch_sizes is None:
+        batches = list(space.LATENCY_BATCH_SIZES if objective == "latency" else space.DEFAULT_BATCH_SIZES)
+    else:
+        batches = sorted(resolve_batch_sizes(batch_sizes))
+    allowed_modes = ("latency", "host") if dev.type == "cuda" else ("host",)
+    timed_mode = mode or ("latency" if dev.type == "cuda" else "host")
+    if timed_mode not in allowed_modes:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, allowed_modes))} on {dev.type} (a mode that "
+                         f"times each call, so p99 is a call's latency), got {mode!r}")
+    rungs = [dict(o) for o in (RUNGS if rung_options is None else rung_options)]
+    if not rungs or not all(isinstance(o, dict) for o in rungs):
+        raise ValueError(f"rung_options must be a non-empty list of measure-option dicts, got {rung_options!r}")
+    confirm = dict(CONFIRM if confirm_options is None else confirm_options)
+    for o in (*rungs, confirm):
+        check_measure_options(o, [timed_mode], dev)
+    say = progress if callable(progress) else ((lambda line: print(line, flush=True)) if progress else None)
+
+    search = _Search(work, cfgs, batches, dev, timed_mode, objective, slo, mem, budget, eta, parity, rungs, confirm,
+                     say, t_start)
+    search.compile_batches = compile_batches
+    return search.run()
+
+
+class _Search:
+    def __init__(self, work, cfgs, batches, dev, mode, objective, slo, mem, budget, eta, parity, rungs, confirm, say,
+                 t_start):
+        self.work, self.configs, self.batches, self.device, self.mode = work, cfgs, batches, dev, mode
+        self.objective, self.slo, self.mem, self.budget, self.eta = objective, slo, mem, budget, eta
+        self.rungs, self.confirm, self.say, self.t0 = rungs, confirm, say, t_start
+        self.rows: dict[tuple, Row] = {}  # each cell's latest (longest) measurement
+        self.spec = ({"models": [work.name], "configs": [str(c) for c in cfgs],
+                                         "config_labels": [c.label for c in cfgs], "batch_sizes": batches,
+                                         "modes": [mode], "parity": parity, "optimize": {
+                                             "objective": objective, "slo_p99_ms": slo, "memory_gb": mem}})
+        self.runner = Runner(work, cfgs, [mode], parity=parity, device=dev, measure_options=confirm,
+                             on_row=lambda row: None)
+        self.log: list[LogEntry] = []
+        self.cands = {(c.label, b): _Candidate(c, b) for c in cfgs for b in batches}
+        self.stopped: str | None = None
+        self.contexts: dict[int, Any] = {}
+        self.compile_batches = COMPILE_BATCHES
+
+    # -- bookkeeping -------------------------------------------------------------------------------------
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _out_of_time(self) -> bool:
+        if self.budget is not None and self._elapsed() >= self.budget:
+            if self.stopped is None:
+                self.stopped = (f"budget_s={self.budget:g} spent after {self._elapsed():.1f} s; the answer is the "
+                                f"best candidate measured so far")
+            return True
+        return False
+
+    def _note(self, c: _Candidate, rung: int | None, action: str, reason: str | None = None) -> None:
+        figs = figures(c.row, c.gb, c.gb_source) if (action in ("measured", "infeasible") and c.row) else None
+        entry = LogEntry(c.label, c.batch, rung, action, reason, figs, round(self._elapsed(), 3))
+        self.log.append(entry)
+        if self.say is not None:
+            self.say(entry.line())
+
+    def _release(self, c: _Candidate) -> None:
+        c.cell = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _drop(self, c: _Candidate, status: str, reason: str, rung: int | None, action: str | None = None) -> None:
+        c.status, c.reason = status, reason
+        if status == "failed" and (c.row is None or c.row.ok):  # the Results record why the cell failed
+            facts = {"precision": c.config.precision, "items_per_call": c.batch, "device": self.runner.device_name}
+            row = Row.failed(reason, model=self.work.name, config=c.label, batch_size=c.batch, mode=self.mode,
+                             **facts)
+            self.rows[row.key] = row
+        self._note(c, rung, action or status, reason)
+        self._release(c)
+
+    def _prune_larger(self, c: _Candidate, reason: str) -> None:
+        for b in self.batches:
+            other = self.cands[(c.label, b)]
+            if b > c.batch and other.status == "waiting":
+                other.status, other.reason = "pruned", reason
+                self._note(other, None, "pruned", reason)
+
+    # -- one candidate -----------------------------------------------------------------------------------
+    def _context(self, batch: int):
+        if batch not in self.contexts:
+            self.contexts[batch] = self.runner.batch_context(batch)
+        return self.contexts[batch]
+
+    def _forget_context(self, batch: int) -> None:
+        if self.contexts.pop(batch, None) is not None and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _enter(self, c: _Candidate, rung: int, options: dict[str, Any]) -> None:
+        """Prepare ``c`` (parity included) and measure it the first time."""
+        if c.status != "waiting":
+            return
+        if self._out_of_time():
+            c.status, c.reason = "skipped", "budget_s spent before it was run"
+            self._note(c, rung, "skipped", c.reason)
+            return
+        ctx = self._context(c.batch)
+        if isinstance(ctx, str):
+            self._drop(c, "failed", ctx, rung)
+            if "out of memory" in ctx:
+                self._prune_larger(c, f"the fp32 reference ran out of memory at batch {c.batch}")
+            return
+        c.cell = self.runner.prepare_cell(c.config, ctx)
+        if c.cell.failure is not None:
+            failure = c.cell.failure
+            self._drop(c, "failed", failure, rung)
+            if "out of memory" in failure.lower() or "OutOfMemoryError" in failure:
+                self._prune_larger(c, f"out of memory at batch {c.batch}")
+            return
+        noop = [n for n in c.cell.prepared.notes if n.startswith("channels_last:")]
+        twin = Config(c.config.precision, "contiguous", c.config.backend, c.config.compile_mode,
+                      c.config.cudnn_benchmark)
+        if noop and (twin.label, c.batch) in self.cands and c.config.memory_format == "channels_last":
+            self._drop(c, "pruned", f"channels_last changes nothing in this model: the same as {twin.label}", rung)
+            self._prune_larger(c, f"channels_last changes nothing in this model: the same as {twin.label}")
+            return
+        self._measure(c, rung, options)
+
+    def _measure(self, c: _Candidate, rung: int, options: dict[str, Any]) -> None:
+        row = self.runner.measure_cell(c.cell, self.mode, options)
+        self.rows[row.key] = row
+        c.row, c.rung = row, rung
+        if not row.ok:
+            self._drop(c, "failed", row.error, rung)
+            if "out of memory" in (row.error or ""):
+                self._prune_larger(c, f"out of memory at batch {c.batch}")
+            return
+        if self.objective == "energy" and space.energy_per_item(row) is None:
+            raise ValueError(f"objective='energy' ranks by joules per item, and energy is not measured on this "
+                             f"device / build: {space.energy_missing_reason(row)}")
+        c.gb, c.gb_source = space.memory_gb(row, c.cell.prepared)
+        c.misses = space.misses(row, c.gb, slo_p99_ms=self.slo, memory_gb=self.mem)
+        if c.misses:
+            parts = []
+            if "p99_ms_over" in c.misses:
+                parts.append(f"p99 {row.latency_ms['p99']:.4g} ms > slo_p99_ms={self.slo:g}")
+            if "memory_gb_over" in c.misses:
+                parts.append(f"memory {c.gb:.3g} GB ({c.gb_source}) > memory_gb={self.mem:g}")
+            reason = "; ".join(parts)
+            self._drop(c, "infeasible", reason, rung)
+            self._prune_larger(c, f"{reason} at batch {c.batch} already (it grows with the batch)")
+            return
+        c.status = "alive"
+        self._note(c, rung, "measured")
+        if rung == 0:
+            self._saturation(c)
+
+    def _saturation(self, c: _Candidate) -> None:
+        if self.objective == "latency":
+            return
+        done = [self.cands[(c.label, b)] for b in self.batches if b <= c.batch]
+        scores = [space.score(x.row, self.objective) if x.row is not None and x.row.ok else None for x in done]
+        if len(scores) >= 3 and None not in scores[-3:]:
+            a, b_, now = scores[-3:]
+            gain = (now - a) / abs(a) if a else math.inf
+            if gain < SATURATION_GAIN:
+                self._prune_larger(c, f"saturated: {self.objective} gained {gain:+.1%} from batch "
+                                      f"{done[-3].batch} to {c.batch}")
+
+    # -- the search ---------------------------------------------------------------------------------------
+    def _alive(self) -> list[_Candidate]:
+        return [c for c in self.cands.values() if c.status == "alive"]
+
+    def _ranked(self, cands: list[_Candidate]) -> list[_Candidate]:
+        return sorted(cands, key=lambda c: -space.score(c.row, self.objective))
+
+    def _keep(self, n: int) -> int:
+        return max(2, math.ceil(n / self.eta))
+
+    def run(self) -> OptimizeResult:
+        deferred = {c.label: space.eager_twin(c) for c in self.configs}
+        labels = {c.label for c in self.configs}
+        deferred = {k: v for k, v in deferred.items() if v is not None and v.label in labels}
+        try:
+            # rung 0: the cheap candidates, batch sizes ascending (one fp32 reference alive at a time)
+            for b in self.batches:
+                for config in self.configs:
+                    if config.label not in deferred:
+                        self._enter(self.cands[(config.label, b)], 0, self.rungs[0])
+                self._forget_context(b)
+            self._halve(0)
+            # compiled configs enter where their eager twin survived rung 0
+            for label, twin in deferred.items():
+                survivors = self._ranked([c for c in self.cands.values() if c.label == twin.label
+                                          and c.status == "alive"])
+                keep = {c.batch for c in survivors[:self.compile_batches]}
+                broke = sorted(c.batch for c in self.cands.values() if c.label == twin.label
+                               and c.status == "infeasible" and "p99_ms_over" in c.misses)
+                if broke and any(b < broke[0] for b in keep):
+                    keep.add(broke[0])
+                for b in self.batches:
+                    c = self.cands[(label, b)]
+                    if b in keep:
+                        c.measure_once = True
+                        self._enter(c, 1, self.confirm)
+                        self._forget_context(b)
+                    elif c.status == "waiting":
+                        c.status = "pruned"
+                        c.reason = (f"its eager twin {twin.label} at batch {b} was not among its best "
+                                    f"{self.compile_batches} surviving rung 0 (compiling is the search's "
+                                    f"dominant cost)")
+                        self._note(c, None, "pruned", c.reason)
+            self.contexts.clear()  # the fp32 references: parity is done
+            rung = 1
+            while len(self._alive()) > self.eta and not self._out_of_time():
+                opts = self.rungs[min(rung, len(self.rungs) - 1)]
+                for c in self._alive():
+                    if not c.measure_once and c.rung < rung and not self._out_of_time():
+                        self._measure(c, rung, opts)
+                self._halve(rung)
+                rung += 1
+            # confirmation
+            for c in self._alive():
+                if not c.measure_once and not self._out_of_time():
+                    self._measure(c, rung, self.confirm)
+        finally:
+            self.contexts.clear()
+        return self._answer(rung)
+
+    def _halve(self, rung: int) -> None:
+        alive = self._ranked(self._alive())
+        if len(alive) <= self.eta:
+            return
+        keep = self._keep(len(alive))
+        for c in alive[keep:]:
+            self._drop(c, "dropped", f"not among the best {keep} of {len(alive)} at rung {rung}", rung, "dropped")
+
+    def _choice(self, c: _Candidate) -> Choice:
+        flags = []
+        roof = c.row.roofline or {}
+        pcts = [p for p in (roof.get("pct_of_compute_ceiling"), roof.get("pct_of_memory_ceiling")) if p is not None]
+        if pcts and max(pcts) < LOW_UTILIZATION_PCT:
+            flags.append(f"far below its roofline ({max(pcts):.0f}% of the nearest ceiling; {roof.get('bound')})")
+        return Choice(c.label, c.batch, space.objective_value(c.row, self.objective),
+                      figures(c.row, c.gb, c.gb_source), c.rung, flags, c.row)
+
+    def _answer(self, rung: int) -> OptimizeResult:
+        alive = self._ranked(self._alive())
+        best = self._choice(alive[0]) if alive else None
+        runner_up = self._choice(alive[1]) if len(alive) > 1 else None
+        comparison, ratio = None, None
+        if best is not None and runner_up is not None and not self._out_of_time():
+            comparison, ratio = self._compare(alive[0], alive[1])
+        prepared: Prepared | None = alive[0].cell.prepared if alive else None
+        for c in alive[1:]:
+            self._release(c)
+        measured = [c for c in self.cands.values() if c.row is not None and c.row.ok]
+        points = [{"config": c.label, "batch_size": c.batch, **figures(c.row, c.gb, c.gb_source)} for c in measured]
+        pareto = {"measured": points,
+                  "throughput_vs_p99": pareto_front(points, "items_per_s", "p99_ms"),
+                  "throughput_vs_memory": pareto_front(points, "items_per_s", "memory_gb")}
+        closest = []
+        if best is None:
+            infeasible = [c for c in self.cands.values() if c.status == "infeasible"]
+
+            def relative(c: _Candidate) -> float:
+                rel = [c.misses.get("p99_ms_over", 0) / self.slo if self.slo else 0,
+                       c.misses.get("memory_gb_over", 0) / self.mem if self.mem else 0]
+                return sum(rel)
+
+            closest = [{"config": c.label, "batch_size": c.batch, "misses": dict(c.misses),
+                        "figures": figures(c.row, c.gb, c.gb_source)} for c in sorted(infeasible, key=relative)[:5]]
+        failures: dict[str, list[str]] = {}
+        for c in self.cands.values():
+            if c.status == "failed":
+                failures.setdefault(c.label, []).append(f"batch {c.batch}: {c.reason}")
+        results = Results.new(spec=self.spec)
+        for row in self.rows.values():
+            results.add(row)
+        results.ceilings = self.runner.ceilings
+        return OptimizeResult(
+            model=self.work.name, device=self.runner.device_name, objective=self.objective,
+            constraints={"slo_p99_ms": self.slo, "memory_gb": self.mem}, mode=self.mode, best=best,
+            runner_up=runner_up, comparison=comparison, ratio=ratio, pareto=pareto, log=self.log,
+            results=results, prepared=prepared, closest=closest, failures=failures, stopped=self.stopped,
+            search_s=self._elapsed(), candidates=len(self.cands),
+            measured=len({(c.label, c.batch) for c in self.cands.values() if c.row is not None}),
+            settings={"eta": self.eta, "rungs": self.rungs, "confirm": self.confirm, "batch_sizes": self.batches,
+                      "configs": [c.label for c in self.configs], "last_rung": rung})
+
+    def _compare(self, best: _Candidate, second: _Candidate):
+        """Runner-up (baseline) and best (candidate) measured interleaved; the interval of time per call,
+        turned into the objective's ratio (items/s scale by the batch sizes)."""
+        try:
+            a = second.cell.prepared.runner(second.cell.inputs)
+            b = best.cell.prepared.runner(best.cell.inputs)
+            if self.objective == "energy":
+                cmp = compare(a, b, metric="energy", labels=(f"{second.label} b{second.batch}",
+                                                             f"{best.label} b{best.batch}"),
+                              mode=self.mode, **self.confirm)
+                scale, what = best.batch / second.batch, "joules per item, runner-up / best"
+            else:
+                cmp = compare(a, b, labels=(f"{second.label} b{second.batch}", f"{best.label} b{best.batch}"),
+                              mode=self.mode, **self.confirm)
+                if self.objective == "throughput":
+                    scale, what = best.batch / second.batch, "items/s, best / runner-up (medians, interleaved)"
+                else:
+                    scale, what = 1.0, "median latency per call, runner-up / best (interleaved)"
+        except Exception as exc:  # noqa: BLE001 - the answer stands without its interval
+            self.log.append(LogEntry(best.label, best.batch, None, "failed",
+                                     f"the interleaved comparison with the runner-up failed: "
+                                     f"{type(exc).__name__}: {exc}", None, round(self._elapsed(), 3)))
+            return None, None
+        lo, hi = cmp.ci[0] * scale, cmp.ci[1] * scale
+        # The comparison's own verdict is per call; at different batch sizes the objective's ratio decides.
+        verdict = ("best is better" if lo > 1 else "runner-up is better" if hi < 1 else "no significant difference")
+        ratio = {"value": cmp.speedup * scale, "ci": (lo, hi), "confidence": cmp.confidence, "what": what,
+                 "verdict": verdict}
+        return cmp, ratio

@@ -1,0 +1,113 @@
+"""The optimizer's search space and its objectives: the device's candidate configs (built from
+:class:`~gpuopt.Config`'s parts), the default batch sizes, the score of a row under an objective and
+the constraints a row can break (with by how much)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any
+
+import torch
+
+from ..prepare.config import Config
+from ..report.results import Row
+
+OBJECTIVES = ("throughput", "latency", "energy")
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+LATENCY_BATCH_SIZES = (1,)  # objective="latency": p99 of one item unless batch_sizes are given
+
+# The parts the default space is built from, per device type.
+_CUDA_PARTS = {"precision": ("fp32", "tf32", "fp16-amp", "bf16-amp", "fp16"),
+               "memory_format": ("contiguous", "channels_last"), "backend": ("eager", "compile")}
+_CPU_PARTS = {"precision": ("fp32", "bf16-amp"), "memory_format": ("contiguous", "channels_last"),
+              "backend": ("eager",)}
+
+
+def candidate_configs(device: torch.device) -> list[Config]:
+    """The default space on ``device``: precisions x memory formats x backends that apply there (on CUDA
+    bf16 only where the GPU has it; on the CPU a small set, no compile: inductor's C++ build takes minutes)."""
+    parts = _CUDA_PARTS if device.type == "cuda" else _CPU_PARTS
+    precisions = [p for p in parts["precision"]
+                  if not ("bf16" in p and device.type == "cuda" and not torch.cuda.is_bf16_supported())]
+    out = []
+    for precision, fmt, backend in itertools.product(precisions, parts["memory_format"], parts["backend"]):
+        if precision == "fp32" and (fmt, backend) != ("contiguous", "eager"):
+            continue  # fp32 is the reference point; its variants rarely win and each costs a preparation
+        out.append(Config(precision, fmt, backend))
+    return out
+
+
+def eager_twin(config: Config) -> Config | None:
+    """The same precision and memory format in eager mode, for a config whose preparation is expensive
+    (compile); None for one that is cheap to prepare."""
+    if config.backend != "compile":
+        return None
+    return Config(config.precision, config.memory_format, "eager", cudnn_benchmark=config.cudnn_benchmark)
+
+
+def energy_per_item(row: Row) -> float | None:
+    """Joules per item of a measured row (``Row.energy``), None where energy was not measured. The one
+    place the optimizer reads energy from."""
+    e = row.energy
+    return e.get("joules_per_item") if e else None
+
+
+def energy_missing_reason(row: Row) -> str:
+    e = row.energy
+    return (e or {}).get("reason") or "the measurement holds no energy reading"
+
+
+def memory_gb(row: Row, prepared: Any = None) -> tuple[float | None, str]:
+    """(GB, source) of a row: the allocator's peak during the measurement on CUDA; elsewhere (no allocator
+    record) the parameters, buffers and inputs of the prepared model, a lower bound."""
+    mem = row.peak_memory or {}
+    if mem.get("max_allocated_bytes") is not None:
+        return mem["max_allocated_bytes"] / 1e9, "allocator peak"
+    if prepared is None or prepared.eager_module is None:
+        return None, "not measured"
+    m = prepared.eager_module
+    n = sum(t.numel() * t.element_size() for t in [*m.parameters(), *m.buffers()])
+    return n / 1e9, "parameters + buffers (lower bound: no allocator record off CUDA)"
+
+
+def score(row: Row, objective: str) -> float | None:
+    """Higher is better: items/s (throughput), minus p99 ms (latency), minus joules per item (energy)."""
+    if not row.ok:
+        return None
+    if objective == "throughput":
+        return row.throughput_items_per_s
+    if objective == "latency":
+        return -row.latency_ms["p99"] if row.latency_ms else None
+    j = energy_per_item(row)
+    return -j if j is not None else None
+
+
+def objective_value(row: Row, objective: str) -> float | None:
+    """The objective in its own unit: items/s, p99 ms or J/item."""
+    s = score(row, objective)
+    return None if s is None else (s if objective == "throughput" else -s)
+
+
+OBJECTIVE_UNITS = {"throughput": "items/s", "latency": "ms p99", "energy": "J/item"}
+
+
+def misses(row: Row, gb: float | None, *, slo_p99_ms: float | None, memory_gb: float | None) -> dict[str, float]:
+    """How far a measured row is outside the constraints: {"p99_ms_over": ..., "memory_gb_over": ...}
+    (empty when it meets them)."""
+    out = {}
+    if slo_p99_ms is not None and row.latency_ms and row.latency_ms["p99"] > slo_p99_ms:
+        out["p99_ms_over"] = row.latency_ms["p99"] - slo_p99_ms
+    if memory_gb is not None and gb is not None and gb > memory_gb:
+        out["memory_gb_over"] = gb - memory_gb
+    return out
+
+
+def check_positive(name: str, value: Any, *, allow_none: bool = True) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number > 0{' or None' if allow_none else ''}, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0{' or None' if allow_none else ''}, got {value!r}")
+    return float(value)

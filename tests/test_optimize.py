@@ -1,0 +1,205 @@
+"""gpuopt.optimize on the CPU: real measurements of small models whose speed we control (a sleep in one
+path), so the search has a right answer to find; pruning and failure reasons; bad input."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+import gpuopt
+from gpuopt.cli import main
+from gpuopt.optimizer import OptimizeResult, pareto_front
+
+FAST = {"rung_options": [{"max_time_s": 0.05, "min_time_s": 0.01, "target_rel_ci": 0.05}],
+        "confirm_options": {"max_time_s": 0.15, "min_time_s": 0.03, "target_rel_ci": 0.02}}
+
+
+class SlowUnlessChannelsLast(torch.nn.Module):
+    """Sleeps 4 ms per call unless its input is channels-last: fp32+channels_last is clearly the fastest."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        if x.is_contiguous():
+            time.sleep(0.004)
+        return self.conv(x)
+
+
+class SleepPerItem(torch.nn.Module):
+    """p99 grows with the batch: 1.5 ms per item."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        time.sleep(0.0015 * x.shape[0])
+        return self.lin(x)
+
+
+class Overflow(torch.nn.Module):  # as in test_bench.py: fp16 overflows, so it fails parity
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        torch.nn.init.constant_(self.lin.weight, 1e3)
+
+    def forward(self, x):
+        return self.lin(x * 1e3)
+
+
+class Broken(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        raise RuntimeError("this model cannot run")
+
+
+def _actions(result: OptimizeResult, action: str) -> list:
+    return [e for e in result.log if e.action == action]
+
+
+def test_successive_halving_keeps_the_fast_config_and_its_prepared_runs():
+    r = gpuopt.optimize(SlowUnlessChannelsLast(), (3, 8, 8), configs=["fp32", "fp32+channels_last", "bf16-amp"],
+                        batch_sizes=[1, 2, 4, 8], device="cpu", **FAST)
+    assert r.found and r.best.config == "fp32+channels_last"
+    assert r.runner_up is not None
+    # at least a third of the rung-0 field was dropped before the confirmation
+    assert len(_actions(r, "dropped")) >= 4
+    assert r.ratio is not None and r.ratio["ci"][0] <= r.ratio["value"] <= r.ratio["ci"][1]
+    x = torch.randn(r.best.batch_size, 3, 8, 8)
+    assert r.prepared(x).shape == (r.best.batch_size, 4, 8, 8)
+    # every measured candidate is in the Results, and the front is non-empty and non-dominated
+    assert {row.config for row in r.results.ok} >= {"fp32", "fp32+channels_last"}
+    front = r.pareto["throughput_vs_p99"]
+    assert front and all(p["items_per_s"] is not None for p in front)
+    assert "Pareto front" in r.to_markdown() and "best: fp32+channels_last" in r.summary()
+
+
+def test_latency_objective_measures_batch_1_and_picks_the_lowest_p99():
+    r = gpuopt.optimize(SlowUnlessChannelsLast(), (3, 8, 8), objective="latency",
+                        configs=["fp32", "fp32+channels_last"], device="cpu", **FAST)
+    assert r.best.config == "fp32+channels_last" and r.best.batch_size == 1
+    assert r.best.objective_value == pytest.approx(r.best.figures["p99_ms"])
+    assert r.best.figures["p50_ms"] < 4.0  # the slow path sleeps 4 ms (p50: p99 of a shared CPU is noisy)
+
+
+def test_larger_batches_are_not_run_after_the_slo_breaks():
+    r = gpuopt.optimize(SleepPerItem(), (8,), slo_p99_ms=4.0, configs=["fp32"], batch_sizes=[1, 2, 4, 8, 16],
+                        device="cpu", **FAST)
+    infeasible = _actions(r, "infeasible")
+    assert [(e.batch_size, e.rung) for e in infeasible] == [(4, 0)]
+    assert "slo_p99_ms=4" in infeasible[0].reason
+    pruned = _actions(r, "pruned")
+    assert sorted(e.batch_size for e in pruned) == [8, 16]
+    assert all("at batch 4 already" in e.reason for e in pruned)
+    assert {row.batch_size for row in r.results.rows} == {1, 2, 4}  # 8 and 16 never ran
+    assert r.best.batch_size == 2
+
+
+def test_a_config_that_fails_parity_is_dropped_with_its_reason():
+    r = gpuopt.optimize(Overflow(), (8,), configs=["fp32", "fp16"], batch_sizes=[2, 4], device="cpu", **FAST)
+    assert r.best.config == "fp32"
+    assert set(r.failures) == {"fp16"}
+    assert all("parity failed" in reason for reason in r.failures["fp16"])
+    failed = [row for row in r.results.failed if row.config == "fp16"]
+    assert failed and all(row.error.startswith("parity failed") for row in failed)
+
+
+def test_an_impossible_budget_answers_the_closest_candidates_and_by_how_much_they_miss():
+    r = gpuopt.optimize(SleepPerItem(), (8,), slo_p99_ms=0.5, configs=["fp32", "bf16-amp"], batch_sizes=[1, 2],
+                        device="cpu", **FAST)
+    assert r.best is None and r.prepared is None and not r.found
+    assert [c["batch_size"] for c in r.closest[:2]] == [1, 1]  # batch 2 was pruned after batch 1 broke the SLO
+    for c in r.closest:
+        assert c["misses"]["p99_ms_over"] == pytest.approx(c["figures"]["p99_ms"] - 0.5)
+        assert c["misses"]["p99_ms_over"] > 1.0  # it sleeps 1.5 ms per item
+    assert "no candidate meets the constraints" in r.summary() and "p99_ms over by" in r.summary()
+
+
+def test_a_memory_budget_drops_candidates_over_it():
+    r = gpuopt.optimize(SleepPerItem(), (8,), memory_gb=1e-9, configs=["fp32"], batch_sizes=[1, 2], device="cpu",
+                        **FAST)
+    assert r.best is None
+    (c,) = r.closest
+    assert c["batch_size"] == 1 and c["misses"]["memory_gb_over"] > 0
+    assert "lower bound" in c["figures"]["memory_source"]
+    assert "memory_gb=1e-09" in _actions(r, "infeasible")[0].reason
+
+
+def test_a_model_that_fails_in_every_config_gives_the_reasons_per_config():
+    r = gpuopt.optimize(Broken(), (8,), configs=["fp32", "bf16-amp"], batch_sizes=[1, 2], device="cpu", **FAST)
+    assert r.best is None and r.closest == []
+    assert set(r.failures) == {"fp32", "bf16-amp"}
+    assert all("this model cannot run" in reason for reasons in r.failures.values() for reason in reasons)
+    assert "fp32 failed" in r.summary()
+
+
+def test_budget_s_stops_the_search_and_says_so():
+    t0 = time.perf_counter()
+    r = gpuopt.optimize(SleepPerItem(), (8,), configs=["fp32", "bf16-amp", "fp32+channels_last"],
+                        batch_sizes=[1, 2, 4, 8], budget_s=0.3, device="cpu", **FAST)
+    assert time.perf_counter() - t0 < 10
+    assert r.stopped is not None and "budget_s=0.3" in r.stopped
+    assert _actions(r, "skipped")
+    assert r.measured < r.candidates
+
+
+def test_cli_optimize_end_to_end(tmp_path, capsys):
+    out = tmp_path / "opt"
+    code = main(["optimize", "tiny-cnn", "--device", "cpu", "--configs", "fp32,bf16-amp", "--batch-sizes", "1,4",
+                 "--quick", "--quiet", "--output", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0
+    assert "best:" in text and "runner-up:" in text
+    doc = json.loads((out / "optimize.json").read_text())
+    assert doc["best"]["config"] in ("fp32", "bf16-amp") and doc["log"]
+    assert (out / "report.md").read_text().startswith("# optimize: tiny-cnn")
+    assert (out / "results" / "results.json").exists()
+
+
+def test_cli_bad_objective_is_a_usage_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["optimize", "tiny-cnn", "--device", "cpu", "--objective", "fast", "--output", str(tmp_path / "o")])
+    assert exc.value.code == 2
+    assert "objective must be one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"objective": "fast"}, ValueError, "objective must be one of 'throughput', 'latency', 'energy', got 'fast'"),
+    ({"slo_p99_ms": 0}, ValueError, "slo_p99_ms must be a finite number > 0"),
+    ({"slo_p99_ms": "5"}, TypeError, "slo_p99_ms must be a number"),
+    ({"memory_gb": -1.0}, ValueError, "memory_gb must be a finite number > 0 or None, got -1.0"),
+    ({"budget_s": 0}, ValueError, "budget_s must be"),
+    ({"batch_sizes": []}, ValueError, "batch_sizes must be a non-empty list"),
+    ({"batch_sizes": [0, 2]}, ValueError, "batch_sizes must hold positive integers"),
+    ({"configs": []}, ValueError, "configs must be"),
+    ({"configs": ["fp33"]}, ValueError, "unknown config token 'fp33'"),
+    ({"eta": 1}, ValueError, "eta must be an integer >= 2"),
+    ({"compile_batches": 0}, ValueError, "compile_batches must be an integer >= 1"),
+    ({"objective": "energy"}, ValueError, "objective='energy' ranks by joules per item, and energy is not measured"),
+    ({"mode": "throughput"}, ValueError, "mode must be one of 'host' on cpu"),
+    ({"rung_options": [{"max_time_s": -1}]}, ValueError, "max_time_s"),
+])
+def test_bad_arguments_name_the_parameter_the_value_and_what_is_allowed(kwargs, error, match):
+    with pytest.raises(error, match=match.replace("(", r"\(").replace("'", "'")):
+        gpuopt.optimize("tiny-cnn", device="cpu", **kwargs)
+
+
+def test_fixed_inputs_have_one_batch_size_and_refuse_batch_sizes():
+    with pytest.raises(ValueError, match="batch_sizes=\\[1, 2\\] needs inputs made per batch size"):
+        gpuopt.optimize(SleepPerItem(), torch.randn(3, 8), batch_sizes=[1, 2], device="cpu")
+    r = gpuopt.optimize(SleepPerItem(), torch.randn(3, 8), configs=["fp32"], device="cpu", **FAST)
+    assert r.best.batch_size == 3
+
+
+def test_pareto_front_keeps_only_the_points_nothing_beats_on_both():
+    pts = [{"c": "a", "tp": 10.0, "lat": 1.0}, {"c": "b", "tp": 20.0, "lat": 2.0}, {"c": "c", "tp": 15.0, "lat": 3.0},
+           {"c": "d", "tp": 20.0, "lat": 2.5}, {"c": "e", "tp": None, "lat": 0.1}]
+    assert [p["c"] for p in pareto_front(pts, "tp", "lat")] == ["a", "b"]
