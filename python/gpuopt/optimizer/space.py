@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ..prepare.config import Config
+from ..quant import QUANTIZED_PRECISIONS, fp8_refusal
 from ..report.results import Row
 
 OBJECTIVES = ("throughput", "latency", "energy")
@@ -26,7 +27,8 @@ _CPU_PARTS = {"precision": ("fp32", "bf16-amp"), "memory_format": ("contiguous",
 
 def candidate_configs(device: torch.device) -> list[Config]:
     """The default space on ``device``: precisions x memory formats x backends that apply there (on CUDA
-    bf16 only where the GPU has it; on the CPU a small set, no compile: inductor's C++ build takes minutes)."""
+    bf16 only where the GPU has it, and the quantized precisions -- fp8 where the GPU has FP8 tensor cores --
+    in eager mode; on the CPU a small set, no compile: inductor's C++ build takes minutes)."""
     parts = _CUDA_PARTS if device.type == "cuda" else _CPU_PARTS
     precisions = [p for p in parts["precision"]
                   if not ("bf16" in p and device.type == "cuda" and not torch.cuda.is_bf16_supported())]
@@ -35,6 +37,10 @@ def candidate_configs(device: torch.device) -> list[Config]:
         if precision == "fp32" and (fmt, backend) != ("contiguous", "eager"):
             continue  # fp32 is the reference point; its variants rarely win and each costs a preparation
         out.append(Config(precision, fmt, backend))
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():  # quantized: the rest of the model in bf16
+        for precision, fmt in itertools.product(QUANTIZED_PRECISIONS, parts["memory_format"]):
+            if precision != "fp8" or fp8_refusal(device) is None:
+                out.append(Config(precision, fmt, "eager"))
     return out
 
 
