@@ -16,10 +16,12 @@ from .._ext import _C
 from ..quant.linear import QUANTIZED_PRECISIONS, fp8_refusal, quantize_linears
 from ..timing import graphs
 from ..timing.inputs import split_inputs
+from . import exported
+from .exported import EXPORTED_BACKENDS
 
 PRECISIONS = ("fp32", "tf32", "fp16-amp", "bf16-amp", "fp16", "bf16", *QUANTIZED_PRECISIONS)
 MEMORY_FORMATS = ("contiguous", "channels_last")
-BACKENDS = ("eager", "torchscript", "compile", "cudagraph")
+BACKENDS = ("eager", "torchscript", "compile", "cudagraph", *EXPORTED_BACKENDS)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 _AMP = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}
@@ -43,7 +45,8 @@ class Config:
     - ``memory_format``: ``contiguous`` or ``channels_last``.
     - ``backend``: ``eager``; ``torchscript`` (trace, freeze, optimize_for_inference); ``compile``
       (``compile_mode`` one of default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs);
-      ``cudagraph`` (the eager model captured with static inputs, replayed).
+      ``cudagraph`` (the eager model captured with static inputs, replayed); exported: ``onnxruntime``
+      (``torch.onnx.export``, ONNX Runtime), ``tensorrt`` (torch-tensorrt) -- see :mod:`.exported`.
 
     ``str(config)`` and :meth:`parse` round-trip: ``Config.parse("fp16-amp+channels_last+compile:max-autotune")``.
 
@@ -72,6 +75,10 @@ class Config:
         elif self.compile_mode is not None:
             raise ValueError(f"compile_mode applies to backend='compile' only; got compile_mode="
                              f"{self.compile_mode!r} with backend={self.backend!r}")
+        if self.backend in EXPORTED_BACKENDS and (self.precision in _AMP or self.precision in QUANTIZED_PRECISIONS):
+            raise ValueError(f"precision {self.precision!r} does not survive the export of backend "
+                             f"{self.backend!r} (autocast and gpuopt's quantized layers are not exported); use "
+                             "fp32, tf32, fp16 or bf16 with it")
         if not isinstance(self.cudnn_benchmark, bool):
             raise TypeError(f"cudnn_benchmark must be True or False, got {self.cudnn_benchmark!r}")
         if self.name is not None and not isinstance(self.name, str):
@@ -257,6 +264,10 @@ class Prepared:
             self.module = m
         elif c.backend == "torchscript":
             self.module = self._torchscript(m, args, kwargs)
+        elif c.backend in EXPORTED_BACKENDS:
+            built = exported.build(c.backend, m, args, kwargs, self.device)
+            self.module = built
+            self.notes += built.notes
         elif c.backend == "compile":
             from torch import _dynamo
 
@@ -436,8 +447,10 @@ def precision(mode: str = "fp32", *, cudnn_benchmark: bool | None = None) -> Any
     return _C.StateGuard(tf32=mode == "tf32", cudnn_benchmark=cudnn_benchmark)
 
 
-# Backends that cannot time a training step (a traced, frozen graph; a replayed capture).
-INFERENCE_ONLY_BACKENDS = ("torchscript", "cudagraph")
+# Backends that cannot time a training step (a traced, frozen graph; a replayed capture; an exported model),
+# and precisions that cannot (quantized layers have no backward).
+INFERENCE_ONLY_BACKENDS = ("torchscript", "cudagraph", *EXPORTED_BACKENDS)
+INFERENCE_ONLY_PRECISIONS = QUANTIZED_PRECISIONS
 
 _PRESETS: dict[str, tuple[str, ...]] = {
     # The seeds' comparisons.
@@ -450,7 +463,7 @@ _PRESETS: dict[str, tuple[str, ...]] = {
     "bench-cpu-train": ("fp32", "bf16-amp"),
     "precisions": PRECISIONS,
     "backends": ("fp16+channels_last", "fp16+channels_last+torchscript", "fp16+channels_last+cudagraph",
-                 "fp16+channels_last+compile"),
+                 "fp16+channels_last+compile", "fp16+onnxruntime"),
 }
 
 

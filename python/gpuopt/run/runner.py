@@ -18,7 +18,7 @@ from .._ext import _C
 from ..analysis import device_ceilings, roofline
 from ..analysis.profiler import profile
 from ..memory import InputPipeline, PinnedPool
-from ..prepare.config import Config, Prepared
+from ..prepare.config import INFERENCE_ONLY_BACKENDS, INFERENCE_ONLY_PRECISIONS, Config, Prepared
 from ..prepare.gate import parity as check_parity
 from ..prepare.signal import with_signal
 from ..report.results import Key, Row
@@ -98,8 +98,10 @@ def train_step(config: Config, model: torch.nn.Module, inputs: Any, device: torc
     """One forward + backward + optimizer step (SGD with momentum) under ``config``: autocast with a
     GradScaler for fp16-amp, none for bf16-amp; channels-last; torch.compile. TorchScript and CUDA-graph
     configs are inference-only."""
-    if config.backend in ("torchscript", "cudagraph"):
+    if config.backend in INFERENCE_ONLY_BACKENDS:
         raise ValueError(f"backend {config.backend!r} is inference-only; train=True supports eager and compile")
+    if config.precision in INFERENCE_ONLY_PRECISIONS:
+        raise ValueError(f"precision {config.precision!r} is inference-only (quantized layers have no backward)")
     m = copy.deepcopy(model).train()
     with torch.no_grad():
         for t in [*m.parameters(), *m.buffers()]:

@@ -9,7 +9,14 @@ from typing import Any
 
 import torch
 
-from ..prepare.config import INFERENCE_ONLY_BACKENDS, Config, default_preset, preset, presets
+from ..prepare.config import (
+    INFERENCE_ONLY_BACKENDS,
+    INFERENCE_ONLY_PRECISIONS,
+    Config,
+    default_preset,
+    preset,
+    presets,
+)
 from ..timing.inputs import tensors_in
 from ..timing.measurement import MODES, validate_measure_options
 from . import zoo
@@ -97,10 +104,12 @@ def resolve_configs(configs: str | Config | Sequence[str | Config] | None, *, de
         dupes = sorted({x for x in labels if labels.count(x) > 1})
         if dupes:
             raise ValueError(f"configs repeat {', '.join(dupes)}; give each a distinct name")
-    inference_only = [c.label for c in out if c.backend in INFERENCE_ONLY_BACKENDS]
+    inference_only = [c.label for c in out
+                      if c.backend in INFERENCE_ONLY_BACKENDS or c.precision in INFERENCE_ONLY_PRECISIONS]
     if train and inference_only:
         raise ValueError(f"configs {', '.join(inference_only)} use an inference-only backend "
-                         f"({' or '.join(INFERENCE_ONLY_BACKENDS)}) and cannot time training steps; with train=True "
+                         f"({' or '.join(INFERENCE_ONLY_BACKENDS)}) or precision "
+                         f"({' or '.join(INFERENCE_ONLY_PRECISIONS)}) and cannot time training steps; with train=True "
                          f"give eager or compile configs, or no configs for the training preset "
                          f"({default_preset('cpu', True)} on the CPU, {default_preset('cuda', True)} on CUDA)")
     return out
