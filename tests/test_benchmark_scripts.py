@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -31,3 +33,18 @@ def test_cross_run_quick_runs_and_records_its_counts(tmp_path):
                                 "confidence": 0.95}
         assert all(p["calibrated"]["run_to_run"] == w["calibration"] for p in w["a_a"] + w["slow_5pct"])
     assert [t["passed"] for t in record["targets"]] == [None, None, None]
+
+
+def test_exported_quick_measures_onnxruntime_beside_eager_on_the_cpu(tmp_path):
+    pytest.importorskip("onnxruntime", reason="the onnx extra")
+    pytest.importorskip("torchvision", reason="the models extra")
+    out = tmp_path / "exported.json"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, "exported.py", "--quick", "--parts", "resnet50", "--out", str(out)],
+                          cwd=ROOT / "benchmarks", env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUMMARY exported on cpu: 1/1 targets met" in proc.stdout
+    r = json.loads(out.read_text())["results"]["resnet50"]
+    ort = r["configs"]["fp32+onnxruntime"]
+    assert r["device"] == "cpu" and ort["parity"] is True and ort["speedup_vs_eager"] > 0
+    assert any("runs on CPUExecutionProvider" in n for n in ort["notes"])
