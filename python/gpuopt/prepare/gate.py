@@ -32,8 +32,8 @@ class OutputParity:
     ref_max_abs: float  # the reference's largest magnitude: what the range diagnosis looks at
     finite: bool
     degenerate: bool  # reference all zeros or constant: no signal, compared by max abs error
-    # For a classifier's output ([batch, classes], classes >= 2): the share of rows whose top-1 class
-    # matches the reference's. None for other outputs.
+    # For a classifier's output ([batch, classes], classes >= 2; the model's only output or one named
+    # logits): the share of rows whose top-1 class matches the reference's. None for other outputs.
     top1_agreement: float | None = None
 
 
@@ -85,10 +85,16 @@ def _compare(path: str, cand: torch.Tensor, ref: torch.Tensor) -> OutputParity:
     ref_norm = float(torch.linalg.vector_norm(r))
     degenerate = is_degenerate(ref)
     rel = None if degenerate else float(torch.linalg.vector_norm(diff)) / ref_norm
-    top1 = None
-    if c.dim() == 2 and c.shape[0] >= 1 and c.shape[1] >= 2 and c.is_floating_point() and finite:
-        top1 = float((c.argmax(dim=1) == r.argmax(dim=1)).double().mean())
-    return OutputParity(path, rel, max_abs, ref_norm, ref_max_abs, finite, degenerate, top1)
+    return OutputParity(path, rel, max_abs, ref_norm, ref_max_abs, finite, degenerate)
+
+
+def _top1(cand: torch.Tensor, ref: torch.Tensor) -> float | None:
+    """Top-1 agreement of a [batch, classes] output (classes >= 2), else None."""
+    if cand.dim() != 2 or cand.shape[0] < 1 or cand.shape[1] < 2 or not cand.is_floating_point():
+        return None
+    if not bool(torch.isfinite(cand).all()):
+        return None
+    return float((cand.argmax(dim=1).cpu() == ref.argmax(dim=1).cpu()).double().mean())
 
 
 def _precision(candidate: Any, precision: str | None) -> str:
@@ -162,6 +168,10 @@ def parity(candidate: Any, reference: Any, inputs: Any, *, rtol: float | None = 
     if not ref_out:
         return Parity(False, tol, [], note="the reference returned no tensors")
     outputs = [_compare(p, c, r) for (p, c), (_, r) in zip(cand_out, ref_out)]
+    # A classifier's output: the model's only tensor, or one named logits (Hugging Face).
+    for o, (p, c), (_, r) in zip(outputs, cand_out, ref_out):
+        if len(outputs) == 1 or "logits" in p.lower():
+            o.top1_agreement = _top1(c, r)
     notes = [f"non-finite values in {o.path}" for o in outputs if not o.finite]
     flat = [o for o in outputs if o.degenerate]
     if len(flat) == len(outputs):

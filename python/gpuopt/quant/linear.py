@@ -45,6 +45,9 @@ class Fp8Linear(torch.nn.Module):
         self.register_buffer("weight", weight)
         self.register_buffer("scales", scales)
         self.register_buffer("bias", bias)
+        # The bias in the GEMM's epilogue where this torch's row-wise _scaled_mm takes one on this device
+        # (no extra pass over the output), else added after it.
+        self.fused_bias = bias is not None and _scaled_mm_takes_bias(weight.device)
 
     @classmethod
     def from_float(cls, lin: torch.nn.Linear) -> Fp8Linear:
@@ -54,13 +57,31 @@ class Fp8Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qx, sx = torch.ops.gpuopt.quantize_rowwise(_rows(x), torch.float8_e4m3fn)
-        y = torch._scaled_mm(qx, self.weight.t(), scale_a=sx, scale_b=self.scales, out_dtype=torch.bfloat16)
-        if self.bias is not None:
+        y = torch._scaled_mm(qx, self.weight.t(), scale_a=sx, scale_b=self.scales,
+                             bias=self.bias if self.fused_bias else None, out_dtype=torch.bfloat16)
+        if self.bias is not None and not self.fused_bias:
             y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+_BIAS_PROBED: dict[str, bool] = {}
+
+
+def _scaled_mm_takes_bias(device: torch.device) -> bool:
+    """Whether row-wise scaled FP8 matmuls take a bf16 bias on ``device`` (asked once per device type)."""
+    key = device.type
+    if key not in _BIAS_PROBED:
+        try:
+            a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
+            torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1, device=device), scale_b=torch.ones(1, 16, device=device),
+                             bias=torch.zeros(16, device=device, dtype=torch.bfloat16), out_dtype=torch.bfloat16)
+            _BIAS_PROBED[key] = True
+        except Exception:  # noqa: BLE001 - this torch or device cannot: the bias is added after
+            _BIAS_PROBED[key] = False
+    return _BIAS_PROBED[key]
 
 
 class Int8Linear(torch.nn.Module):
