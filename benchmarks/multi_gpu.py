@@ -9,6 +9,15 @@
 - serving over every GPU of the process: one Server, a replica per GPU, offline throughput against a
   one-GPU server and the per-GPU busy fractions.
 
+For 4 and 8 GPUs (issue 16), with the parts of any N:
+
+- scaling: the replicas at each N of ``--gpus`` (default 1,2,4,8, as many as are visible), each job with its
+  own one-GPU baseline: scaling efficiency per N, >= 0.95 at the largest;
+- sweep: a sweep sharded over every GPU against the same sweep on one GPU: wall times, and the cells
+  identical in content (the same keys, none lost, none twice);
+- serve_rate: the highest Poisson rate with p99 <= ``--slo-ms`` (10) of one Server over every GPU against a
+  one-GPU server (gpuopt.max_rate).
+
 A part that fails is recorded with its reason and the others still run.
 """
 
@@ -29,7 +38,10 @@ MODEL, CONFIG = "resnet50", "fp16+channels_last"
 
 
 def _extra(p):
-    p.add_argument("--parts", default="replicas,split,shared,serve")
+    p.add_argument("--parts", default="replicas,split,shared,serve",
+                   help="replicas,split,shared,serve (two GPUs); scaling,sweep,serve_rate (any N)")
+    p.add_argument("--gpus", default="1,2,4,8", help="the GPU counts of the scaling part")
+    p.add_argument("--slo-ms", type=float, default=10.0, help="the p99 bound of the serve_rate part")
     p.add_argument("--batch", type=int, default=256, help="per-GPU batch of the replicas part")
     p.add_argument("--split-batch", type=int, default=512, help="global batch of the split part")
 
@@ -147,16 +159,104 @@ def part_serve(args, results: dict, targets: list[Target]) -> None:
               f"server's offline throughput (same run)", flush=True)
 
 
+def part_scaling(args, results: dict, targets: list[Target]) -> None:
+    visible = torch.cuda.device_count()
+    counts = sorted({int(n) for n in args.gpus.split(",") if 2 <= int(n) <= visible})
+    out: dict = {"visible": visible, "batch_per_gpu": args.batch, "by_gpus": {}}
+    results["scaling"] = out
+    for n in counts:
+        folder = tempfile.mkdtemp(prefix=f"gpuopt-scaling{n}-")
+        r = gpuopt.benchmark(MODEL, configs=[CONFIG], batch_sizes=[args.batch], modes=("throughput",),
+                             devices=list(range(n)), parity=False, progress=False, output_dir=folder, **_budget(args))
+        single = r.find(MODEL, CONFIG, args.batch, "throughput @1 rank")
+        agg = r.find(MODEL, CONFIG, args.batch, f"throughput @{n} ranks")
+        cell = {"single_img_s": single.throughput_items_per_s, "aggregate_img_s": agg.throughput_items_per_s,
+                "scaling_efficiency": agg.dist.get("scaling_efficiency"), "overlap": agg.dist.get("overlap")}
+        out["by_gpus"][n] = cell
+        print(f"REPORT scaling {MODEL} {CONFIG} b{args.batch}: {n} GPUs {cell['aggregate_img_s']:,.0f} img/s = "
+              f"{cell['aggregate_img_s'] / cell['single_img_s']:.2f}x one GPU ({cell['single_img_s']:,.0f} img/s, same "
+              f"job), efficiency {cell['scaling_efficiency']:.3f}, overlap {cell['overlap']:.2f}", flush=True)
+        targets.append(_overlap_target(f"scaling {n} GPUs", cell["overlap"]))
+    if counts:
+        n = counts[-1]
+        targets.append(Target(f"{MODEL} {CONFIG} b{args.batch} replicas: scaling efficiency at {n} GPUs",
+                              out["by_gpus"][n]["scaling_efficiency"] or 0.0, ">=", 0.95, "",
+                              "one GPU alone in the same job (rank 0)"))
+
+
+SWEEP_MODELS = ("resnet18", "resnet50", "mobilenet_v3_large", "vit_b_16")
+SWEEP_CONFIGS = ("fp32", "tf32", "fp16-amp", "fp16-amp+channels_last", "bf16-amp", "fp16+channels_last+cudagraph")
+SWEEP_BATCHES = (1, 8, 32, 128)
+
+
+def part_sweep(args, results: dict, targets: list[Target]) -> None:
+    models, configs, batches = ((SWEEP_MODELS[:2], SWEEP_CONFIGS[:2], SWEEP_BATCHES[:2]) if args.quick
+                                else (SWEEP_MODELS, SWEEP_CONFIGS, SWEEP_BATCHES))
+    spec = {"models": list(models), "configs": list(configs), "batch_sizes": list(batches), "modes": ["latency"],
+            "measure": {"max_time_s": 0.3, "min_time_s": 0.05}}
+    n = torch.cuda.device_count()
+    out: dict = {"gpus": n, "spec": spec}
+    results["sweep"] = out
+    runs = {}
+    for label, devices in (("one_gpu", None), ("all_gpus", n)):
+        folder = tempfile.mkdtemp(prefix=f"gpuopt-sweep-{label}-")
+        t0 = time.perf_counter()
+        r = gpuopt.sweep(spec, folder, progress=False, devices=devices)
+        out[f"{label}_wall_s"] = time.perf_counter() - t0
+        out[f"{label}_cells"] = len(r.rows)
+        out[f"{label}_failed"] = len(r.failed)
+        runs[label] = r
+    one, every = [x.key for x in runs["one_gpu"].rows], [x.key for x in runs["all_gpus"].rows]
+    out["same_cells"] = sorted(one) == sorted(every)
+    out["duplicated"] = len(every) - len(set(every))
+    out["speedup"] = out["one_gpu_wall_s"] / out["all_gpus_wall_s"]
+    print(f"REPORT sweep of {len(one)} cells: {n} GPUs {out['all_gpus_wall_s']:.0f} s, one GPU "
+          f"{out['one_gpu_wall_s']:.0f} s = {out['speedup']:.2f}x; same cells: {out['same_cells']}, duplicated: "
+          f"{out['duplicated']}, failed {out['all_gpus_failed']} / {out['one_gpu_failed']}", flush=True)
+    targets.append(Target(f"sweep over {n} GPUs: cells identical to one GPU's (none lost or twice)",
+                          float(out["same_cells"] and out["duplicated"] == 0), ">=", 1.0, "", "the one-GPU sweep"))
+    targets.append(Target(f"sweep over {n} GPUs: wall-time speedup", out["speedup"], ">=", 0.7 * n, "x",
+                          "the same sweep on one GPU, same run"))
+
+
+def part_serve_rate(args, results: dict, targets: list[Target]) -> None:
+    model, _ = gpuopt.zoo.get(MODEL)
+    g = torch.Generator().manual_seed(0)
+    samples = [torch.randn(3, 224, 224, generator=g) for _ in range(64)]
+    cfg = CONFIG + "+cudagraph"
+    n = torch.cuda.device_count()
+    out: dict = {"slo_p99_ms": args.slo_ms, "gpus": n}
+    results["serve_rate"] = out
+    for label, kw in (("one_gpu", {"device": "cuda:0"}), ("all_gpus", {"devices": "all"})):
+        s = gpuopt.Server(model, cfg, samples[0], max_batch_size=64, instances=2, **kw)
+        s.add_samples(samples)
+        try:
+            search = gpuopt.max_rate(s, slo_ms=args.slo_ms, model_name=MODEL, duration_s=1.0 if args.quick else 3.0)
+        finally:
+            s.close(drain=False)
+        out[label] = {"max_rate": search.max_rate, "steps": len(search.steps),
+                      "offline": search.offline.throughput if search.offline else None}
+        print(f"serve_rate {label}: {search.max_rate} req/s under p99 <= {args.slo_ms} ms", flush=True)
+    a, b = out["one_gpu"]["max_rate"], out["all_gpus"]["max_rate"]
+    out["speedup"] = (b / a) if a and b else None
+    if out["speedup"]:
+        print(f"REPORT {MODEL} {cfg} max rate under p99 <= {args.slo_ms} ms: {n} GPUs {b:,.0f} req/s = "
+              f"{out['speedup']:.2f}x one GPU ({a:,.0f} req/s)", flush=True)
+    targets.append(Target(f"serving over {n} GPUs: max rate under p99 <= {args.slo_ms:g} ms / one GPU",
+                          out["speedup"] or 0.0, ">=", 0.9 * n, "x", "a one-GPU server, same run"))
+
+
 def main() -> int:
     args = parse_args("multi_gpu", _extra)
     require_gpu("multi_gpu")
     results: dict = {"errors": {}, "gpus": torch.cuda.device_count()}
     targets: list[Target] = []
-    parts = {"replicas": part_replicas, "split": part_split, "shared": part_shared, "serve": part_serve}
+    parts = {"replicas": part_replicas, "split": part_split, "shared": part_shared, "serve": part_serve,
+             "scaling": part_scaling, "sweep": part_sweep, "serve_rate": part_serve_rate}
     for name in args.parts.split(","):
         if name not in parts:
             raise SystemExit(f"unknown part {name!r}; parts: {', '.join(parts)}")
-        if name in ("replicas", "split", "serve") and torch.cuda.device_count() < 2:
+        if name in ("replicas", "split", "serve", "scaling", "sweep", "serve_rate") and torch.cuda.device_count() < 2:
             results["errors"][name] = f"needs 2 or more GPUs, {torch.cuda.device_count()} visible"
             continue
         t0 = time.perf_counter()
