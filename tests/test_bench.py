@@ -57,7 +57,8 @@ def test_the_default_configs_follow_the_device_and_train(monkeypatch):
         plan = plan_benchmark("tiny-cnn", device="cpu", train=train, **FAST)
         assert plan.configs == gpuopt.preset(name)
     with pytest.raises(ValueError, match="configs fp32\\+torchscript use an inference-only backend \\(torchscript "
-                                         "or cudagraph\\) and cannot time training steps; with train=True"):
+                                         "or cudagraph or onnxruntime or tensorrt\\) or precision \\(int8-wo or "
+                                         "int8 or fp8\\) and cannot time training steps; with train=True"):
         plan_benchmark("tiny-cnn", configs=["fp32", "fp32+torchscript"], train=True, device="cpu")
     with pytest.raises(ValueError, match="configs fp32\\+torchscript use an inference-only"):
         plan_benchmark("tiny-cnn", configs="bench-cpu", train=True, device="cpu")
