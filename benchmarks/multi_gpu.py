@@ -173,9 +173,11 @@ def part_scaling(args, results: dict, targets: list[Target]) -> None:
         cell = {"single_img_s": single.throughput_items_per_s, "aggregate_img_s": agg.throughput_items_per_s,
                 "scaling_efficiency": agg.dist.get("scaling_efficiency"), "overlap": agg.dist.get("overlap")}
         out["by_gpus"][n] = cell
+        eff, ov = cell["scaling_efficiency"], cell["overlap"]
         print(f"REPORT scaling {MODEL} {CONFIG} b{args.batch}: {n} GPUs {cell['aggregate_img_s']:,.0f} img/s = "
               f"{cell['aggregate_img_s'] / cell['single_img_s']:.2f}x one GPU ({cell['single_img_s']:,.0f} img/s, same "
-              f"job), efficiency {cell['scaling_efficiency']:.3f}, overlap {cell['overlap']:.2f}", flush=True)
+              f"job), efficiency {'n/a' if eff is None else f'{eff:.3f}'}, overlap {'n/a' if ov is None else f'{ov:.2f}'}",
+              flush=True)
         targets.append(_overlap_target(f"scaling {n} GPUs", cell["overlap"]))
     if counts:
         n = counts[-1]

@@ -19,7 +19,7 @@ def test_optimize_on_the_gpu_with_a_compiled_config_behind_its_eager_twin():
     r = gpuopt.optimize("tiny-cnn", configs=CONFIGS, batch_sizes=[1, 8, 64, 256], slo_p99_ms=50.0, memory_gb=20.0,
                         **FAST)
     assert r.found and r.mode == "latency"
-    assert r.best.figures["memory_source"] == "allocator peak" and r.best.figures["memory_gb"] > 0
+    assert r.best.figures["memory_source"].startswith("allocator peak") and r.best.figures["memory_gb"] > 0
     compiled = [e for e in r.log if e.config == "fp16-amp+channels_last+compile"]
     assert compiled and all(e.rung != 0 for e in compiled)  # never in rung 0
     pruned = [e for e in compiled if e.action == "pruned"]

@@ -83,6 +83,60 @@ def test_attention_is_quantized_around_sdpa_in_either_layout():
         q(x, x, x)
 
 
+def _rel(got, want):
+    return float((got - want).norm() / want.norm())
+
+
+def test_attention_masks_follow_multihead_attention():
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(64, 4, batch_first=True).eval()
+    q = QuantizedSelfAttention(copy.deepcopy(mha), "int8")
+    x = torch.randn(2, 9, 64)
+    pad = torch.zeros(2, 9, dtype=torch.bool)
+    pad[:, -2:] = True
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(9)  # float, -inf above the diagonal
+    bias = torch.randn(9, 9)  # a float mask is added, whatever its values
+    per_head = torch.randn(2 * 4, 9, 9)  # [batch * heads, L, S]
+    cases = [
+        {"attn_mask": causal, "is_causal": True},
+        {"attn_mask": causal.isinf(), "is_causal": True, "key_padding_mask": pad},
+        {"attn_mask": bias, "key_padding_mask": pad},
+        {"attn_mask": per_head},
+        {"key_padding_mask": pad.float().masked_fill(pad, float("-inf"))},
+    ]
+    for kwargs in cases:
+        want = mha(x, x, x, need_weights=False, **kwargs)[0]
+        got, _ = q(x, x, x, need_weights=False, **kwargs)
+        assert _rel(got, want) < 0.03, kwargs
+
+
+def test_cross_attention_and_sequence_first_inputs():
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(64, 4).eval()  # batch_first=False: [T, B, E]
+    q = QuantizedSelfAttention(copy.deepcopy(mha), "int8")
+    x, mem = torch.randn(9, 2, 64), torch.randn(5, 2, 64)
+    assert _rel(q(x, mem, mem, need_weights=False)[0], mha(x, mem, mem, need_weights=False)[0]) < 0.03
+    calls = []
+    q.in_proj.register_forward_hook(lambda *a: calls.append(1))
+    q(x, x, x, need_weights=False)
+    assert len(calls) == 1  # self-attention: one projection of [3E, E], also with sequence-first inputs
+
+
+def test_an_encoder_with_padded_inputs_runs_quantized():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+    enc = torch.nn.TransformerEncoder(layer, 2).eval()
+    x = torch.randn(2, 9, 64)
+    pad = torch.zeros(2, 9, dtype=torch.bool)
+    pad[1, -3:] = True
+    with torch.no_grad():
+        want = enc(x, src_key_padding_mask=pad)
+        quantize_linears(enc, "int8")
+        got = enc(x, src_key_padding_mask=pad)
+    keep = ~pad  # the padded positions' outputs are not defined alike (nested tensors leave them 0)
+    assert _rel(got[keep], want[keep]) < 0.05
+
+
 def test_quantize_linears_says_what_it_replaced_and_what_it_kept():
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     report = quantize_linears(model, "fp8")

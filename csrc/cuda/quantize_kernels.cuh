@@ -33,9 +33,12 @@ __device__ __forceinline__ float block_max(float v) {
   return v;
 }
 
+// 1 / scale, and the scale written once. A row of zeros (or so small that qmax / amax overflows) gets
+// inverse 0: its values quantize to 0.
 __device__ __forceinline__ float inverse_scale(float amax, float qmax, float* scale_out) {
   if (threadIdx.x == 0) *scale_out = amax > 0.0f ? amax / qmax : 1.0f;
-  return amax > 0.0f ? qmax / amax : 0.0f;
+  const float inv = amax > 0.0f ? qmax / amax : 0.0f;
+  return isfinite(inv) ? inv : 0.0f;
 }
 
 // A row held in registers: kVecs chunks of 16 values per thread (k % 16 == 0, 16-byte aligned x).

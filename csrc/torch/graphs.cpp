@@ -63,6 +63,9 @@ void release_host_pool(A*, Mempool, long) {}
 int graph_pool_use_count(std::int64_t device, PoolId pool) {
 #ifdef GPUOPT_WITH_CUDA
   try {
+    // Only torch's own caching allocator tells a missing pool (an error) from a count; another backend
+    // (cudaMallocAsync) errors for every pool.
+    if (alloc::get()->name() != "native") return -1;
     return use_count(alloc::get(), static_cast<c10::DeviceIndex>(device), mempool(pool), 0);
   } catch (...) {
     return -1;

@@ -20,6 +20,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <cstdint>
 #include <tuple>
 #include <vector>
@@ -61,10 +62,12 @@ std::tuple<at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& x, at::ScalarT
   check_args(x, dtype);
   const float qmax = qmax_of(dtype);
   const at::Tensor x32 = x.to(at::kFloat);
-  const at::Tensor amax = at::amax(at::abs(x32), {-1}, /*keepdim=*/true);
+  // As the kernel: NaN does not enter the absmax (fmaxf skips it), and an inverse that overflows is 0.
+  const at::Tensor amax = at::amax(at::abs(x32).nan_to_num(0.0, INFINITY, 0.0), {-1}, /*keepdim=*/true);
   const at::Tensor positive = amax.gt(0);
   const at::Tensor scales = at::where(positive, amax.div(qmax), at::ones_like(amax));
-  const at::Tensor inv = at::where(positive, at::full_like(amax, qmax).div(amax), at::zeros_like(amax));
+  at::Tensor inv = at::where(positive, at::full_like(amax, qmax).div(amax), at::zeros_like(amax));
+  inv = at::where(inv.isfinite(), inv, at::zeros_like(inv));
   at::Tensor v = x32.mul(inv);
   at::Tensor q = dtype == at::kChar ? v.round().clamp(-127, 127).to(at::kChar) : v.clamp(-448, 448).to(dtype);
   return {q, scales};

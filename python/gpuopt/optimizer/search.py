@@ -68,6 +68,7 @@ class _Candidate:
     reason: str | None = None
     misses: dict[str, float] = field(default_factory=dict)
     measure_once: bool = False
+    static_bytes: int = 0  # on CUDA: what its preparation left allocated (converted weights, inputs, graphs)
 
     @property
     def label(self) -> str:
@@ -278,7 +279,9 @@ class _Search:
             if "out of memory" in ctx:
                 self._prune_larger(c, f"the fp32 reference ran out of memory at batch {c.batch}")
             return
+        before = self._allocated()
         c.cell = self.runner.prepare_cell(c.config, ctx)
+        c.static_bytes = max(0, self._allocated() - before)
         if c.cell.failure is not None:
             failure = c.cell.failure
             self._drop(c, "failed", failure, rung)
@@ -294,7 +297,13 @@ class _Search:
             return
         self._measure(c, rung, options)
 
+    def _allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
+
     def _measure(self, c: _Candidate, rung: int, options: dict[str, Any]) -> None:
+        # The allocator's peak counts every candidate still prepared and the batch's fp32 reference: what
+        # was allocated before the measurement, less this candidate's own preparation, is not its memory.
+        others = max(0, self._allocated() - c.static_bytes)
         row = self.runner.measure_cell(c.cell, self.mode, options)
         self.rows[row.key] = row
         c.row, c.rung = row, rung
@@ -306,7 +315,7 @@ class _Search:
         if self.objective == "energy" and space.energy_per_item(row) is None:
             raise ValueError(f"objective='energy' ranks by joules per item, and energy is not measured on this "
                              f"device / build: {space.energy_missing_reason(row)}")
-        c.gb, c.gb_source = space.memory_gb(row, c.cell.prepared)
+        c.gb, c.gb_source = space.memory_gb(row, c.cell.prepared, exclude_bytes=others)
         c.misses = space.misses(row, c.gb, slo_p99_ms=self.slo, memory_gb=self.mem)
         if c.misses:
             parts = []

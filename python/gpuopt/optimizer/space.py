@@ -64,12 +64,14 @@ def energy_missing_reason(row: Row) -> str:
     return (e or {}).get("reason") or "the measurement holds no energy reading"
 
 
-def memory_gb(row: Row, prepared: Any = None) -> tuple[float | None, str]:
-    """(GB, source) of a row: the allocator's peak during the measurement on CUDA; elsewhere (no allocator
-    record) the parameters, buffers and inputs of the prepared model, a lower bound."""
+def memory_gb(row: Row, prepared: Any = None, exclude_bytes: int = 0) -> tuple[float | None, str]:
+    """(GB, source) of a row: the allocator's peak during the measurement on CUDA, less ``exclude_bytes``
+    (what other candidates and the fp32 reference held then); elsewhere (no allocator record) the
+    parameters and buffers of the prepared model, a lower bound."""
     mem = row.peak_memory or {}
     if mem.get("max_allocated_bytes") is not None:
-        return mem["max_allocated_bytes"] / 1e9, "allocator peak"
+        own = max(0, int(mem["max_allocated_bytes"]) - int(exclude_bytes))
+        return own / 1e9, "allocator peak" + (" less what other candidates held" if exclude_bytes else "")
     if prepared is None or prepared.eager_module is None:
         return None, "not measured"
     m = prepared.eager_module

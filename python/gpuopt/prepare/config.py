@@ -79,6 +79,9 @@ class Config:
             raise ValueError(f"precision {self.precision!r} does not survive the export of backend "
                              f"{self.backend!r} (autocast and gpuopt's quantized layers are not exported); use "
                              "fp32, tf32, fp16 or bf16 with it")
+        if self.backend == "onnxruntime" and self.precision == "bf16":
+            raise ValueError("precision 'bf16' with backend 'onnxruntime': ONNX Runtime's providers lack bfloat16 "
+                             "kernels (convolutions, most matmuls) and numpy has no bfloat16; use fp32 or fp16")
         if not isinstance(self.cudnn_benchmark, bool):
             raise TypeError(f"cudnn_benchmark must be True or False, got {self.cudnn_benchmark!r}")
         if self.name is not None and not isinstance(self.name, str):

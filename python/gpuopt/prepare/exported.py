@@ -156,12 +156,12 @@ def _cpu_runner(session: Any, names: list[str], outputs: list[str]) -> Any:
 
 
 def _cuda_runner(session: Any, names: list[str], outputs: list[str], device: torch.device) -> Any:
-    index = device.index or 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
 
     def run(args: tuple, kwargs: dict) -> list[torch.Tensor]:
         binding = session.io_binding()
-        for name, t in zip(names, _match(names, args, kwargs)):
-            t = t.contiguous()
+        bound = [t.contiguous() for t in _match(names, args, kwargs)]  # alive until the session has read them
+        for name, t in zip(names, bound):
             if t.dtype not in _ORT_ELEMENT:
                 raise RuntimeError(f"onnxruntime cannot bind an input of {t.dtype}")
             binding.bind_input(name, "cuda", index, _ORT_ELEMENT[t.dtype], list(t.shape), t.data_ptr())
@@ -169,6 +169,7 @@ def _cuda_runner(session: Any, names: list[str], outputs: list[str], device: tor
             binding.bind_output(name, "cuda", index)
         torch.cuda.current_stream(device).synchronize()  # ONNX Runtime runs on a stream of its own
         session.run_with_iobinding(binding)
+        del bound
         return [torch.from_dlpack(o.to_dlpack()) if hasattr(o, "to_dlpack") else torch.from_numpy(o.numpy()).to(device)
                 for o in binding.get_outputs()]
 

@@ -152,27 +152,39 @@ class QuantizedSelfAttention(torch.nn.Module):
         if need_weights:
             raise ValueError("a quantized MultiheadAttention does not compute attention weights: call it with "
                              "need_weights=False")
+        same = query is key and key is value  # before the transposes make new tensors
         if not self.batch_first:  # [T, B, E] -> [B, T, E]
             query, key, value = (t.transpose(0, 1) for t in (query, key, value))
         e, h = self.embed_dim, self.num_heads
-        if query is key and key is value:
+        if same:
             q, k, v = self.in_proj(query).split(e, dim=-1)
         else:
             w_q, w_k, w_v = (self.in_proj(t)[..., i * e:(i + 1) * e] for i, t in enumerate((query, key, value)))
             q, k, v = w_q, w_k, w_v
         bsz, tq, tk = q.shape[0], q.shape[1], k.shape[1]
         q, k, v = (t.reshape(bsz, -1, h, e // h).transpose(1, 2) for t in (q, k, v))
-        mask = attn_mask
-        if key_padding_mask is not None:
-            pad = key_padding_mask.view(bsz, 1, 1, tk)
-            pad = pad if pad.dtype == torch.bool else pad.bool()
-            keep = ~pad if mask is None else (~pad) & (~mask.bool() if mask.dtype == torch.bool else mask == 0)
-            mask = keep
-        elif mask is not None and mask.dtype == torch.bool:
-            mask = ~mask  # MultiheadAttention: True = masked out; SDPA: True = attend
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)
+        # MultiheadAttention's masks as one additive mask (bool: True = not attended; float: added), as
+        # F.multi_head_attention_forward merges them; a causal hint without a padding mask goes to SDPA alone.
+        if is_causal and key_padding_mask is None:
+            mask, causal = None, True
+        else:
+            mask, causal = None, False
+            if attn_mask is not None:
+                m = attn_mask.view(bsz, h, tq, tk) if attn_mask.dim() == 3 else attn_mask
+                mask = _additive(m, q.dtype)
+            if key_padding_mask is not None:
+                pad = _additive(key_padding_mask.view(bsz, 1, 1, tk), q.dtype)
+                mask = pad if mask is None else mask + pad
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
         out = self.out_proj(out.transpose(1, 2).reshape(bsz, tq, e))
         return (out if self.batch_first else out.transpose(0, 1)), None
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A MultiheadAttention mask as an additive one: bool True (not attended) -> -inf, float as given."""
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
+    return mask.to(dtype)
 
 
 @dataclass
@@ -227,6 +239,10 @@ def quantize_linears(model: torch.nn.Module, precision: str) -> QuantizeReport:
                 report.quantized.append(full)
     for parent, name, new in replace:
         setattr(parent, name, new)
+    for m in model.modules():  # an encoder whose layers changed must not turn padded inputs into nested tensors
+        if isinstance(m, torch.nn.TransformerEncoder) and any(
+                isinstance(getattr(layer, "self_attn", None), QuantizedSelfAttention) for layer in m.layers):
+            m.use_nested_tensor = False
     return report
 
 

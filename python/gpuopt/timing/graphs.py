@@ -34,7 +34,11 @@ def capture(graph: torch.cuda.CUDAGraph, *, stream: torch.cuda.Stream,
         torch.cuda.empty_cache()  # as torch.cuda.graph: free what can be freed for the graph
         before = _C.graph_pool_use_count(device.index, pool)
         with torch.cuda.stream(stream):
-            graph.capture_begin(pool=pool)
+            try:
+                graph.capture_begin(pool=pool)
+            except BaseException:
+                _abandon(graph, device, pool, before)
+                raise
             try:
                 yield
             except BaseException:
