@@ -1,6 +1,6 @@
-"""Quantized precisions on a GPU: the quantize kernel against the CPU reference (both code paths of the
-kernel, every input type), opcheck on CUDA, and the fp8 / int8 / int8-wo configs through the parity gate,
-composed with CUDA graphs and torch.compile."""
+"""Quantized precisions on a GPU: the quantize kernel against the CPU reference (each code path: a row
+held by a thread group, held by a block, or read twice; every input type), opcheck on CUDA, and the fp8 /
+int8 / int8-wo configs through the parity gate, composed with CUDA graphs and torch.compile."""
 
 from __future__ import annotations
 
@@ -17,6 +17,10 @@ pytestmark = pytest.mark.gpuopt_gpu
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])
 @pytest.mark.parametrize("rows, k, xtype", [
     (4096, 4096, torch.bfloat16),   # held in registers, one chunk per thread
+    (4099, 768, torch.bfloat16),    # a row per 16 threads, three chunks each; a last block part empty
+    (1001, 1024, torch.float16),    # a row per warp, two chunks each
+    (37, 640, torch.bfloat16),      # 40 chunks: 16 threads, the last chunk on some only
+    (5, 16, torch.float32),         # one chunk: 8 threads, seven of them idle
     (64, 12288, torch.float16),     # held, three chunks
     (33, 100, torch.float32),       # odd K: the two-pass path
     (7, 20000, torch.bfloat16),     # too long to hold: the two-pass path

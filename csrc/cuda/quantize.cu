@@ -8,6 +8,35 @@ namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
+// Rows of `chunks` 16-value chunks, kGroup threads each: kVecs = ceil(chunks / kGroup) <= 4.
+template <typename T, int kGroup>
+void launch_grouped(const T* x, std::uint8_t* q, const QuantizeRowsParams& p, std::int64_t chunks, float qmax,
+                    bool fp8, cudaStream_t stream) {
+  constexpr int kRowsPerBlock = kernels::kQuantizeThreads / kGroup;
+  const auto blocks = static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  constexpr int kThreads = kernels::kQuantizeThreads;
+  switch ((chunks + kGroup - 1) / kGroup) {
+    case 1: kernels::quantize_rows_grouped<T, kGroup, 1><<<blocks, kThreads, 0, stream>>>(x, q, p.scales, p.rows, p.k, qmax, fp8); break;
+    case 2: kernels::quantize_rows_grouped<T, kGroup, 2><<<blocks, kThreads, 0, stream>>>(x, q, p.scales, p.rows, p.k, qmax, fp8); break;
+    case 3: kernels::quantize_rows_grouped<T, kGroup, 3><<<blocks, kThreads, 0, stream>>>(x, q, p.scales, p.rows, p.k, qmax, fp8); break;
+    default: kernels::quantize_rows_grouped<T, kGroup, 4><<<blocks, kThreads, 0, stream>>>(x, q, p.scales, p.rows, p.k, qmax, fp8); break;
+  }
+}
+
+// Threads per row for a row of `chunks` 16-value chunks held in registers (at most 4 per thread): the
+// widest of 32, 16, 8 that divides the row evenly, else the narrowest that holds it; 0 when a row is too
+// long for one warp (a block per row then).
+int group_for(std::int64_t chunks) {
+  if (chunks > 4 * 32) return 0;
+  for (int g : {32, 16, 8}) {
+    if (chunks % g == 0 && (chunks + g - 1) / g <= 4) return g;
+  }
+  for (int g : {8, 16, 32}) {
+    if ((chunks + g - 1) / g <= 4) return g;
+  }
+  return 32;
+}
+
 template <typename T>
 void launch(const QuantizeRowsParams& p, cudaStream_t stream) {
   const bool fp8 = p.qtype == QuantType::kFloat8E4M3;
@@ -18,7 +47,14 @@ void launch(const QuantizeRowsParams& p, cudaStream_t stream) {
   constexpr int kThreads = kernels::kQuantizeThreads;
   const std::int64_t chunks = (p.k + 16 * kThreads - 1) / (16 * kThreads);  // 16-value chunks per thread
   const bool held = p.k % 16 == 0 && aligned16(p.x) && aligned16(p.q);
-  if (held && chunks <= 1) {
+  const int group = held ? group_for(p.k / 16) : 0;
+  if (group == 32) {
+    launch_grouped<T, 32>(x, q, p, p.k / 16, qmax, fp8, stream);
+  } else if (group == 16) {
+    launch_grouped<T, 16>(x, q, p, p.k / 16, qmax, fp8, stream);
+  } else if (group == 8) {
+    launch_grouped<T, 8>(x, q, p, p.k / 16, qmax, fp8, stream);
+  } else if (held && chunks <= 1) {
     kernels::quantize_rows_held<T, 1><<<blocks, kThreads, 0, stream>>>(x, q, p.scales, p.k, qmax, fp8);
   } else if (held && chunks <= 2) {
     kernels::quantize_rows_held<T, 2><<<blocks, kThreads, 0, stream>>>(x, q, p.scales, p.k, qmax, fp8);

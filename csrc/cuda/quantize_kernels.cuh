@@ -35,10 +35,14 @@ __device__ __forceinline__ float block_max(float v) {
 
 // 1 / scale, and the scale written once. A row of zeros (or so small that qmax / amax overflows) gets
 // inverse 0: its values quantize to 0.
-__device__ __forceinline__ float inverse_scale(float amax, float qmax, float* scale_out) {
-  if (threadIdx.x == 0) *scale_out = amax > 0.0f ? amax / qmax : 1.0f;
+__device__ __forceinline__ float row_scale(float amax, float qmax) { return amax > 0.0f ? amax / qmax : 1.0f; }
+__device__ __forceinline__ float row_inverse(float amax, float qmax) {
   const float inv = amax > 0.0f ? qmax / amax : 0.0f;
   return isfinite(inv) ? inv : 0.0f;
+}
+__device__ __forceinline__ float inverse_scale(float amax, float qmax, float* scale_out) {
+  if (threadIdx.x == 0) *scale_out = row_scale(amax, qmax);
+  return row_inverse(amax, qmax);
 }
 
 // A row held in registers: kVecs chunks of 16 values per thread (k % 16 == 0, 16-byte aligned x).
@@ -65,6 +69,50 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_held(const T* 
 #pragma unroll
   for (int c = 0; c < kVecs; ++c) {
     const std::int64_t at = (static_cast<std::int64_t>(c) * kQuantizeThreads + threadIdx.x) * 16;
+    if (at < k) {
+      alignas(16) std::uint8_t out[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) out[i] = quantize_one(v[c][i] * inv, fp8);
+      *reinterpret_cast<uint4*>(qr + at) = *reinterpret_cast<const uint4*>(out);
+    }
+  }
+}
+
+// Short rows: kGroup threads per row (kGroup divides 32, so a row's threads sit in one warp and reduce
+// by shuffles), kQuantizeThreads / kGroup rows per block, kVecs chunks of 16 values per thread. One block
+// per row would leave most of its threads idle on the 768-wide rows of a BERT-base (48 chunks for 256).
+template <typename T, int kGroup, int kVecs>
+__global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_grouped(const T* __restrict__ x,
+                                                                          std::uint8_t* __restrict__ q,
+                                                                          float* __restrict__ scales,
+                                                                          std::int64_t rows, std::int64_t k,
+                                                                          float qmax, bool fp8) {
+  static_assert(kGroup >= 1 && kGroup <= 32 && (32 % kGroup) == 0, "a row's threads must sit in one warp");
+  constexpr int kRowsPerBlock = kQuantizeThreads / kGroup;
+  const int lane = static_cast<int>(threadIdx.x) % kGroup;
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kGroup;
+  const bool live = row < rows;  // the threads past the last row still take part in the shuffles
+  const T* xr = x + (live ? row : 0) * k;
+  std::uint8_t* qr = q + (live ? row : 0) * k;
+  float v[kVecs][16];
+  float amax = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kVecs; ++c) {
+    const std::int64_t at = (static_cast<std::int64_t>(c) * kGroup + lane) * 16;
+    if (live && at < k) {
+      load16(xr + at, v[c]);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[c][i]));
+    }
+  }
+#pragma unroll
+  for (int o = kGroup / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (!live) return;
+  const float inv = row_inverse(amax, qmax);
+  if (lane == 0) scales[row] = row_scale(amax, qmax);
+#pragma unroll
+  for (int c = 0; c < kVecs; ++c) {
+    const std::int64_t at = (static_cast<std::int64_t>(c) * kGroup + lane) * 16;
     if (at < k) {
       alignas(16) std::uint8_t out[16];
 #pragma unroll
