@@ -104,6 +104,42 @@ def test_larger_batches_are_not_run_after_the_slo_breaks():
     assert r.best.batch_size == 2
 
 
+class SlowHostUnlessChannelsLast(torch.nn.Module):
+    """Stands in for a launch-bound eager model and its compiled twin: contiguous inputs pay 10 ms a call
+    whatever the batch (over a 6 ms SLO even at batch 1); channels-last ones 0.5 ms per item."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        time.sleep(0.010 if x.is_contiguous() else 0.0005 * x.shape[0])
+        return self.conv(x)
+
+
+def test_an_expensive_config_enters_where_its_twin_broke_the_slo_at_its_smallest_batch_and_climbs(monkeypatch):
+    # The optimizer defers compiled configs behind their eager twin; here fp32+channels_last plays the
+    # compiled one (CPU tests do not compile). Its twin, fp32, is over the SLO at batch 1 already: the
+    # deferred config must still be tried there, and climb while it meets the SLO (the H100's BERT-base
+    # under p99 <= 5 ms: eager over at batch 1, compiled under it up to batch 16).
+    from gpuopt.optimizer import space
+
+    real = space.eager_twin
+    monkeypatch.setattr(space, "eager_twin", lambda c: gpuopt.Config("fp32") if c.label == "fp32+channels_last"
+                        else real(c))
+    r = gpuopt.optimize(SlowHostUnlessChannelsLast(), (3, 8, 8), slo_p99_ms=6.0,
+                        configs=["fp32", "fp32+channels_last"], batch_sizes=[1, 2, 4, 8, 16], device="cpu", **FAST)
+    assert [(e.config, e.batch_size) for e in _actions(r, "infeasible")][0] == ("fp32", 1)
+    runs = [(e.batch_size, e.rung) for e in r.log if e.config == "fp32+channels_last" and e.action in
+            ("measured", "infeasible")]
+    assert runs[0] == (1, 1)  # entered where the twin broke the SLO
+    assert (8, 1) in runs  # 0.5 ms at batch 1: the SLO allows 12x, at most 8x at once
+    assert r.found and r.best.config == "fp32+channels_last" and r.best.batch_size == 8
+    skipped = [e for e in _actions(r, "pruned") if e.config == "fp32+channels_last"]
+    assert 2 in {e.batch_size for e in skipped}  # jumped over: each compilation is expensive
+    assert all("the search jumped from batch 1 to" in e.reason for e in skipped if e.batch_size < 8)
+
+
 def test_a_config_that_fails_parity_is_dropped_with_its_reason():
     r = gpuopt.optimize(Overflow(), (8,), configs=["fp32", "fp16"], batch_sizes=[2, 4], device="cpu", **FAST)
     assert r.best.config == "fp32"

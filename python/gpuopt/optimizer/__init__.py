@@ -13,9 +13,10 @@ Design:
   lower is better; ``energy`` = joules per item from ``Row.energy`` (NVML; refused where not measured).
   Constraints: p99 per call <= ``slo_p99_ms``, peak allocated memory <= ``memory_gb``.
 - Pruned with a reason, never run: larger batch sizes of a config after a p99 over the SLO, memory over
-  the budget or out of memory (all grow with the batch), after a throughput that saturated, and compiled
-  configs at batch sizes where their eager twin lost (see :mod:`gpuopt.optimizer.search`). Failed with a
-  reason: preparation errors, parity failures, out of memory.
+  the budget or out of memory (all grow with the batch), smaller ones once the objective stopped improving
+  (:mod:`gpuopt.optimizer.ladder` picks the batch sizes a config measures), and compiled configs at batch
+  sizes where their eager twin lost (see :mod:`gpuopt.optimizer.search`). Failed with a reason:
+  preparation errors, parity failures, out of memory.
 - The answer (:class:`OptimizeResult`): best and runner-up with their figures, their interleaved
   comparison (``gpuopt.compare``: the C++ bootstrap) as a ratio with an interval, Pareto fronts
   (throughput vs p99, vs memory), the log, every measurement as Results, the winner's Prepared; with no

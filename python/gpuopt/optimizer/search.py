@@ -2,16 +2,19 @@
 
 How the search runs (the rest of the design is in the package docstring):
 
-1. Rung 0: every cheap candidate (eager, TorchScript, CUDA graphs) is prepared once (the runner's
-   ``prepare_cell``: conversion, parity against fp32) and measured briefly, batch sizes ascending (one
-   batch size's fp32 reference alive at a time). What is known to lose is not run: after a p99 over the
-   SLO, a peak memory over the budget or an out-of-memory error at batch b, the config's larger batch
-   sizes are pruned (they grow with the batch); for throughput and energy, once a config's figure has
-   gained less than 3% over two doublings of the batch, its larger batch sizes are pruned as saturated.
+1. Rung 0: the cheap candidates (eager, TorchScript, CUDA graphs) are prepared (the runner's
+   ``prepare_cell``: conversion, parity against fp32) and measured briefly, each at the batch sizes its
+   :class:`~gpuopt.optimizer.ladder.Ladder` hands out: up from the smallest with a budget (jumping as far
+   as the budget allows), down from the largest without one, then down from the largest that meets the
+   budgets while smaller ones could still win. What is known to lose is not run: larger batch sizes after
+   a p99 over the SLO, a peak memory over the budget or out of memory (they grow with the batch), and
+   smaller ones once the objective stopped improving; each with its reason in the log. The ladders go
+   in rounds, each round's batch sizes ascending (one batch size's fp32 reference alive at a time).
 2. Compiled configs cost a compilation per batch size (the search's dominant cost), so they enter at
    rung 1, only at the batch sizes where their eager twin (same precision and memory format) survived
    rung 0 (its best ``compile_batches``, default 1), plus the batch where the twin first broke the SLO
-   (compiling may bring it under). They are measured once, at the confirmation length (a later compile
+   (compiling may bring it under: the host's launch overhead is gone), and, when it does, upward from
+   there on a ladder of their own. They are measured once, at the confirmation length (a later compile
    resets dynamo's cache, so re-measuring would recompile).
 3. Rungs 1, 2, ...: the best ``1/eta`` of the candidates that meet the constraints are kept (at least
    two), each measured again with longer options; the rest are dropped and their memory freed. When at
@@ -43,6 +46,7 @@ from ..run.workload import (
 )
 from ..timing.comparison import compare
 from . import space
+from .ladder import Ladder
 from .result import Choice, LogEntry, OptimizeResult, figures, pareto_front
 
 # Measure options of the rungs (the last repeats) and of the confirmation; the benchmark's sweep uses CONFIRM.
@@ -52,7 +56,7 @@ CONFIRM = {"max_time_s": 2.0, "min_time_s": 0.5, "target_rel_ci": 0.005}
 # A compiled config is compiled at this many batch sizes by default (its eager twin's best surviving rung 0),
 # plus the batch where the twin first broke the SLO.
 COMPILE_BATCHES = 1
-SATURATION_GAIN = 0.03  # less than this gain over two doublings of the batch: larger batches are not run
+SATURATION_GAIN = 0.03  # a batch size this much worse than the best (or two not better by it) ends a walk
 
 
 @dataclass
@@ -329,20 +333,6 @@ class _Search:
             return
         c.status = "alive"
         self._note(c, rung, "measured")
-        if rung == 0:
-            self._saturation(c)
-
-    def _saturation(self, c: _Candidate) -> None:
-        if self.objective == "latency":
-            return
-        done = [self.cands[(c.label, b)] for b in self.batches if b <= c.batch]
-        scores = [space.score(x.row, self.objective) if x.row is not None and x.row.ok else None for x in done]
-        if len(scores) >= 3 and None not in scores[-3:]:
-            a, b_, now = scores[-3:]
-            gain = (now - a) / abs(a) if a else math.inf
-            if gain < SATURATION_GAIN:
-                self._prune_larger(c, f"saturated: {self.objective} gained {gain:+.1%} from batch "
-                                      f"{done[-3].batch} to {c.batch}")
 
     # -- the search ---------------------------------------------------------------------------------------
     def _alive(self) -> list[_Candidate]:
@@ -359,34 +349,32 @@ class _Search:
         labels = {c.label for c in self.configs}
         deferred = {k: v for k, v in deferred.items() if v is not None and v.label in labels}
         try:
-            # rung 0: the cheap candidates, batch sizes ascending (one fp32 reference alive at a time)
-            for b in self.batches:
-                for config in self.configs:
-                    if config.label not in deferred:
-                        self._enter(self.cands[(config.label, b)], 0, self.rungs[0])
-                self._forget_context(b)
+            # rung 0: the cheap candidates, on their ladders
+            self._climb({c.label: self._ladder() for c in self.configs if c.label not in deferred}, 0,
+                        self.rungs[0])
             self._halve(0)
-            # compiled configs enter where their eager twin survived rung 0
+            # compiled configs enter where their eager twin survived rung 0, and where it first broke the SLO
+            climbs = {}
             for label, twin in deferred.items():
                 survivors = self._ranked([c for c in self.cands.values() if c.label == twin.label
                                           and c.status == "alive"])
                 keep = {c.batch for c in survivors[:self.compile_batches]}
                 broke = sorted(c.batch for c in self.cands.values() if c.label == twin.label
                                and c.status == "infeasible" and "p99_ms_over" in c.misses)
-                if broke and any(b < broke[0] for b in keep):
-                    keep.add(broke[0])
+                for b in sorted(keep):
+                    self._enter_once(self.cands[(label, b)])
+                if broke and broke[0] not in keep:
+                    # Compiling removes the host's launch overhead: a twin over the SLO even at its
+                    # smallest batch size may come under it compiled. If it does, larger batch sizes may too.
+                    climbs[label] = self._ladder(start=broke[0], descend=False)
+            self._climb(climbs, 1, self.confirm, once=True)
+            for label, twin in deferred.items():
                 for b in self.batches:
                     c = self.cands[(label, b)]
-                    if b in keep:
-                        c.measure_once = True
-                        self._enter(c, 1, self.confirm)
-                        self._forget_context(b)
-                    elif c.status == "waiting":
-                        c.status = "pruned"
-                        c.reason = (f"its eager twin {twin.label} at batch {b} was not among its best "
-                                    f"{self.compile_batches} surviving rung 0 (compiling is the search's "
-                                    f"dominant cost)")
-                        self._note(c, None, "pruned", c.reason)
+                    if c.status == "waiting":
+                        self._leave_out(c, f"its eager twin {twin.label} at batch {b} was not among its best "
+                                           f"{self.compile_batches} surviving rung 0 (compiling is the search's "
+                                           f"dominant cost)")
             self.contexts.clear()  # the fp32 references: parity is done
             rung = 1
             while len(self._alive()) > self.eta and not self._out_of_time():
@@ -403,6 +391,56 @@ class _Search:
         finally:
             self.contexts.clear()
         return self._answer(rung)
+
+    def _ladder(self, start: int | None = None, descend: bool = True) -> Ladder:
+        return Ladder(self.batches, objective=self.objective, slo_p99_ms=self.slo, memory_gb=self.mem,
+                      gain=SATURATION_GAIN, start=start, descend=descend)
+
+    def _enter_once(self, c: _Candidate) -> None:
+        c.measure_once = True
+        self._enter(c, 1, self.confirm)
+        self._forget_context(c.batch)
+
+    def _climb(self, ladders: dict[str, Ladder], rung: int, options: dict[str, Any], once: bool = False) -> None:
+        """Runs each config's ladder to its end, in rounds (each round's batch sizes ascending, one fp32
+        reference alive at a time); the batch sizes a ladder left out are pruned with its reason."""
+        while ladders and not self.stopped:
+            wanted: dict[int, list[str]] = {}
+            for label, ladder in ladders.items():
+                b = ladder.next()
+                if b is not None:
+                    wanted.setdefault(b, []).append(label)
+            if not wanted:
+                break
+            for b in sorted(wanted):
+                for label in wanted[b]:
+                    c = self.cands[(label, b)]
+                    c.measure_once = once
+                    self._enter(c, rung, options)
+                    self._feed(ladders[label], c)
+                self._forget_context(b)
+        for label, ladder in ladders.items():
+            for b in self.batches:
+                c = self.cands[(label, b)]
+                if c.status == "waiting":
+                    self._leave_out(c, ladder.why_not(b))
+
+    def _leave_out(self, c: _Candidate, reason: str) -> None:
+        """A candidate never run: pruned with ``reason``, or skipped once budget_s is spent."""
+        if self.stopped:
+            c.status, c.reason = "skipped", "budget_s spent before it was run"
+        else:
+            c.status, c.reason = "pruned", reason
+        self._note(c, None, c.status, c.reason)
+
+    def _feed(self, ladder: Ladder, c: _Candidate) -> None:
+        if c.status == "alive":
+            ladder.record_ok(c.batch, space.score(c.row, self.objective), c.row.latency_ms and c.row.latency_ms["p99"],
+                             c.gb)
+        elif c.status == "infeasible" or (c.status == "failed" and "out of memory" in (c.reason or "").lower()):
+            ladder.record_over(c.batch)
+        else:  # failed (parity, an error), pruned (a no-op config) or skipped (budget_s)
+            ladder.stop(f"{c.label} {c.status} at batch {c.batch}: {c.reason}")
 
     def _halve(self, rung: int) -> None:
         alive = self._ranked(self._alive())

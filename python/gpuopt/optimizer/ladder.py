@@ -1,0 +1,206 @@
+"""Which batch sizes of one config the optimizer measures, and why it leaves the others out.
+
+A config's figures move with the batch size in known directions: p99 per call and memory grow with it,
+items/s grows and saturates, joules per item fall and flatten. So the search does not measure every batch
+size: a :class:`Ladder` hands out one batch size at a time and learns from each measurement.
+
+- Finding the largest batch size that meets the budgets (p99, memory; out of memory always counts):
+  - with a budget: from the smallest batch size upward. From one measurement the next batch size is the
+    largest the budget allows if p99 (memory) grew in proportion to the batch -- a bound, since both grow
+    more slowly than that. From two, the line through the last two (at most 8x the batch at once). Past
+    the first batch size over the budget, binary search between it and the largest under it;
+  - without one (throughput, energy): from the largest batch size, one step down after out of memory.
+- Then downward from there (throughput, energy), while the smaller batch sizes could still win: the walk
+  stops at one more than ``gain`` below the best, or at two in a row that do not beat it by ``gain``.
+- For ``objective="latency"`` (p99 per call: smaller batches win) the walk goes upward from the smallest,
+  with the same stopping rule.
+
+Batch sizes the ladder never handed out get a reason from :meth:`Ladder.why_not`. Pure bookkeeping: the
+search measures; tests drive it with synthetic curves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+JUMP = 8  # the line may take the batch at most this many times larger in one step
+
+
+class Ladder:
+    def __init__(self, batches: Sequence[int], *, objective: str, slo_p99_ms: float | None = None,
+                 memory_gb: float | None = None, gain: float = 0.03, start: int | None = None,
+                 descend: bool = True):
+        """``batches`` ascending; ``start``: the batch size to begin at (default: the smallest with a budget
+        or for latency, the largest otherwise); ``descend``: walk below the largest feasible batch size
+        (False for a config that only extends another's search upward)."""
+        self.batches = list(batches)
+        self.objective, self.slo, self.mem, self.gain = objective, slo_p99_ms, memory_gb, gain
+        self.constrained = slo_p99_ms is not None or memory_gb is not None
+        self.upward = objective == "latency"
+        n = len(self.batches)
+        if start is None:
+            start = 0 if (self.constrained or self.upward) else n - 1
+        elif start not in self.batches:
+            raise ValueError(f"start={start!r} is not one of the batch sizes {self.batches}")
+        else:
+            start = self.batches.index(start)
+        self._start = start
+        self.descend = descend
+        self.ok: dict[int, tuple[float, float | None, float | None]] = {}  # index -> (score, p99, gb)
+        self.over: set[int] = set()
+        self.asked: set[int] = set()
+        self.stopped: str | None = None  # why the ladder ended early (a failure)
+        self._walk: list[int] = []  # indices the final walk visited, in order
+        self._walk_done: str | None = None
+        self._phase = "find"
+
+    # -- what the search tells it ------------------------------------------------------------------------
+    def record_ok(self, batch: int, score: float, p99_ms: float | None = None, gb: float | None = None) -> None:
+        self.ok[self._index(batch)] = (score, p99_ms, gb)
+
+    def record_over(self, batch: int) -> None:
+        """Over a budget or out of memory at ``batch``: larger batch sizes are too."""
+        self.over.add(self._index(batch))
+
+    def stop(self, reason: str) -> None:
+        """A failure that says nothing about other batch sizes of the config: no more of them."""
+        self.stopped = reason
+
+    def _index(self, batch: int) -> int:
+        i = self.batches.index(batch)
+        if i not in self.asked:
+            raise ValueError(f"batch {batch} was not handed out by this ladder")
+        return i
+
+    # -- what it asks for --------------------------------------------------------------------------------
+    @property
+    def lowest_over(self) -> int:
+        return min(self.over) if self.over else len(self.batches)
+
+    def next(self) -> int | None:
+        """The next batch size to measure, or None when the ladder is done."""
+        if self.stopped is not None:
+            return None
+        i = self._next_index()
+        if i is None:
+            return None
+        if i in self.asked:  # cannot happen: each step moves to an index not measured yet
+            raise RuntimeError(f"ladder asked twice for batch {self.batches[i]}")
+        self.asked.add(i)
+        return self.batches[i]
+
+    def _next_index(self) -> int | None:
+        if self._phase == "find":
+            i = self._find()
+            if i is not None:
+                return i
+            self._phase = "walk"
+            top = self.feasible_top
+            if top is None or not self.descend:
+                self._walk_done = "nothing meets the budgets" if top is None else "upward only"
+                return None
+            self._walk = [top]
+        return self._step()
+
+    @property
+    def feasible_top(self) -> int | None:
+        """Index of the largest batch size measured within the budgets (the smallest for latency)."""
+        if not self.ok:
+            return None
+        return min(self.ok) if self.upward else max(self.ok)
+
+    def _find(self) -> int | None:
+        n, lo_over = len(self.batches), self.lowest_over
+        if not self.asked:
+            return self._start
+        if self.upward:  # latency: the smallest batch size that fits starts the walk
+            if self.ok:
+                return None
+            nxt = max(self.asked) + 1
+            return nxt if nxt < lo_over and nxt < n else None
+        top = max(self.ok) if self.ok else None
+        if top is None:
+            if self.constrained or not self.descend:
+                return None  # over the budget where it began: so is every larger batch size
+            below = [i for i in range(min(self.asked), -1, -1) if i not in self.asked and i < lo_over]
+            return below[0] if below else None  # out of memory at the top: one step down
+        if top + 1 >= min(lo_over, n):
+            return None
+        if not self.constrained:
+            return None  # without a budget the largest that ran is the top
+        target = self._estimate(top)
+        j = max((i for i, b in enumerate(self.batches) if b <= target), default=top)
+        return min(max(j, top + 1), lo_over - 1)
+
+    def _estimate(self, top: int) -> float:
+        """The largest batch size the budgets allow, judged from the measurements at or below ``top``."""
+        b_top = self.batches[top]
+        bounds = []
+        for k, limit in ((1, self.slo), (2, self.mem)):
+            if limit is None:
+                continue
+            pts = sorted((self.batches[i], v[k]) for i, v in self.ok.items() if v[k] is not None and i <= top)
+            if not pts:
+                continue
+            (b2, q2) = pts[-1]
+            if len(pts) == 1:
+                bounds.append(b2 * limit / q2 if q2 > 0 else math.inf)  # grows at most in proportion
+            else:
+                b1, q1 = pts[-2]
+                slope = (q2 - q1) / (b2 - b1)
+                bounds.append(b2 + (limit - q2) / slope if slope > 0 else math.inf)
+        return min([JUMP * b_top, *bounds])
+
+    def _step(self) -> int | None:
+        """One step of the walk away from the top; None when it stops (``_walk_done`` says why)."""
+        while True:
+            last = self._walk[-1]
+            best_i = max(self._walk, key=lambda i: self.ok[i][0])
+            best = self.ok[best_i][0]
+            if len(self._walk) > 1 and last != best_i:
+                s = self.ok[last][0]
+                if s < best - self.gain * abs(best):
+                    self._walk_done = (f"batch {self.batches[last]} was {(best - s) / abs(best):.1%} below batch "
+                                       f"{self.batches[best_i]}")
+                    return None
+                since = self._walk[self._walk.index(best_i) + 1:]
+                if len(since) >= 2:
+                    self._walk_done = (f"batch sizes {' and '.join(str(self.batches[i]) for i in since)} did not "
+                                       f"beat batch {self.batches[best_i]} by {self.gain:.0%}")
+                    return None
+            nxt = last + 1 if self.upward else last - 1
+            if nxt < 0 or nxt >= min(len(self.batches), self.lowest_over):
+                self._walk_done = "no more batch sizes"
+                return None
+            if nxt in self.ok:  # measured while finding the top: no cost
+                self._walk.append(nxt)
+                continue
+            if nxt in self.asked:  # over or failed: the walk ends there
+                self._walk_done = f"batch {self.batches[nxt]} did not run within the budgets"
+                return None
+            self._walk.append(nxt)
+            return nxt
+
+    # -- the batch sizes it left out --------------------------------------------------------------------
+    def why_not(self, batch: int) -> str:
+        """Why ``batch`` was never handed out (after :meth:`next` returned None)."""
+        i = self.batches.index(batch)
+        if self.stopped is not None:
+            return f"not run: {self.stopped}"
+        if i >= self.lowest_over:
+            return f"not run: batch {self.batches[self.lowest_over]} was already over the budgets"
+        top = self.feasible_top
+        what = {"throughput": "items/s", "energy": "joules per item", "latency": "p99"}[self.objective]
+        if top is None:
+            return "not run: no batch size of this config met the budgets"
+        if not self.descend:
+            if i < self._start:
+                return f"not run: below batch {self.batches[self._start]}, where this config's search began"
+            lower = max(k for k in self.asked if k < i)
+            upper = min((k for k in self.asked if k > i), default=top)
+            return (f"not run: the search jumped from batch {self.batches[lower]} to {self.batches[upper]}, as far "
+                    f"as the budgets allowed judging by the smaller ones")
+        side = "above" if self.upward else "below"
+        return (f"not run: {side} the walk from batch {self.batches[top]}, which stopped where {what} stopped "
+                f"improving ({self._walk_done})")
