@@ -33,6 +33,7 @@ def drive(ladder: Ladder, p99=None, gb=None, oom_from=None, fail_at=None, slo=No
             continue
         score = -t if objective == "latency" else b / t * 1e3
         ladder.record_ok(b, score, t, g)
+    assert ladder.next() is None and ladder.next() is None  # the search polls a finished ladder again
     return asked
 
 

@@ -91,6 +91,8 @@ class Ladder:
         return self.batches[i]
 
     def _next_index(self) -> int | None:
+        if self._walk_done is not None:
+            return None
         if self._phase == "find":
             i = self._find()
             if i is not None:
