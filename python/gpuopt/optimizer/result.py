@@ -21,7 +21,7 @@ class LogEntry:
     config: str
     batch_size: int
     rung: int | None
-    action: str  # "measured", "pruned", "failed", "dropped", "infeasible", "skipped"
+    action: str  # "measured", "remeasured", "pruned", "failed", "dropped", "infeasible", "skipped"
     reason: str | None = None
     figures: dict[str, Any] | None = None
     at_s: float = 0.0  # seconds into the search
