@@ -178,7 +178,8 @@ def test_the_tail_rule():
         return SimpleNamespace(ok=True, measurement=m, latency_ms={"p50": s[len(s) // 2], "p99": s[-1]})
 
     assert tail_undecided(row([1.0] * 40 + [20.0]), 5.0) is not None  # one of 41: a 1% tail may do that
-    assert tail_undecided(row([1.0] * 40 + [20.0] * 4), 5.0) is None  # four of 44: not a 1% tail
+    assert tail_undecided(row([1.0, 20.0] * 4 + [1.0] * 36), 5.0) is None  # four stalls in 44: not a 1% tail
+    assert "4 of 44 calls in 1 episode" in tail_undecided(row([1.0] * 40 + [20.0] * 4), 5.0)  # one burst
     assert tail_undecided(row([6.0] * 40), 5.0) is None  # the median is over: over
     assert tail_undecided(row([1.0] * 400 + [20.0] * 5), 5.0) is None  # enough samples: the p99 stands
     assert tail_undecided(row([1.0] * 40), 5.0) is None and tail_undecided(row([1.0] * 40 + [20.0]), None) is None

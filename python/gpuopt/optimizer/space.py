@@ -117,19 +117,21 @@ TAIL_SAMPLES = 300  # a p99 the SLO judges, where a 1% tail may explain it, is m
 def tail_undecided(row: Row, slo_p99_ms: float | None) -> str | None:
     """Why ``row``'s p99 over ``slo_p99_ms`` does not show the config breaks the SLO, or None when it does
     (or meets it). p99 allows 1% of calls over: from few samples, one host stall (a page fault, the GC, a
-    preempted thread) is the "p99". The median over the SLO decides at once; otherwise the calls over it
-    must be more than a 1% tail explains (binomial, 5% level) or come from at least ``TAIL_SAMPLES``
-    samples."""
+    preempted thread) is the "p99". The median over the SLO decides at once; otherwise the episodes over
+    it (runs of consecutive calls: one stall of the host spans several) must be more than a 1% tail
+    explains (binomial, 5% level) or come from at least ``TAIL_SAMPLES`` samples."""
     if slo_p99_ms is None or not row.ok or row.measurement is None or not row.latency_ms:
         return None
     if row.latency_ms["p99"] <= slo_p99_ms or row.latency_ms["p50"] > slo_p99_ms:
         return None
-    samples = row.measurement.samples_ms
+    samples = row.measurement.samples_ms  # in the order they were taken
     n, over = len(samples), sum(x > slo_p99_ms for x in samples)
-    if n >= TAIL_SAMPLES or _binomial_tail(over, n, 0.01) < 0.05:
+    episodes = sum(x > slo_p99_ms and (i == 0 or samples[i - 1] <= slo_p99_ms) for i, x in enumerate(samples))
+    if n >= TAIL_SAMPLES or _binomial_tail(episodes, n, 0.01) < 0.05:
         return None
-    return (f"p99 {row.latency_ms['p99']:.4g} ms > slo_p99_ms={slo_p99_ms:g} from {over} of {n} calls (median "
-            f"{row.latency_ms['p50']:.4g} ms): a 1% tail explains that many")
+    return (f"p99 {row.latency_ms['p99']:.4g} ms > slo_p99_ms={slo_p99_ms:g} from {over} of {n} calls in "
+            f"{episodes} episode{'s' if episodes != 1 else ''} (median {row.latency_ms['p50']:.4g} ms): a 1% tail "
+            f"explains that many")
 
 
 def tail_options(confirm: dict[str, Any]) -> dict[str, Any]:
