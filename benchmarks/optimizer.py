@@ -31,6 +31,7 @@ from _common import Target, parse_args, require_gpu, write  # noqa: E402
 
 import gpuopt  # noqa: E402
 from gpuopt.optimizer import CONFIRM  # noqa: E402
+from gpuopt.optimizer.space import request_p99  # noqa: E402
 
 # The space per model: precisions, channels-last where the model has convolutions, and the compiled best
 # guess (each compiled config costs a compilation per batch size in the sweep).
@@ -57,7 +58,9 @@ def _extra(p: argparse.ArgumentParser) -> None:
 
 
 def _best(rows, slo: float | None):
-    ok = [r for r in rows if r.ok and (slo is None or r.latency_ms["p99"] <= slo)]
+    # The SLO judges a request's p99 in the sweep as in the optimizer: per call the later of the device
+    # time and the host's time issuing it (gpuopt.optimizer.space.request_p99).
+    ok = [r for r in rows if r.ok and (slo is None or request_p99(r) <= slo)]
     return max(ok, key=lambda r: r.throughput_items_per_s) if ok else None
 
 
@@ -91,7 +94,7 @@ def part(model: str, args, results: dict, targets: list[Target]) -> None:
         d = {"slo_p99_ms": slo, "optimizer_wall_s": opt_s, "sweep_wall_s": sweep_s, "summary": r.summary(),
              "optimizer": r.to_dict(), "sweep_best": None if best is None else {
                  "config": best.config, "batch_size": best.batch_size, "items_per_s": best.throughput_items_per_s,
-                 "p99_ms": best.latency_ms["p99"]}}
+                 "p99_ms": request_p99(best), "device_p99_ms": best.latency_ms["p99"]}}
         out["budget" if slo is not None else "unbounded"] = d
         print(f"{model} ({tag}): optimizer {opt_s:.1f} s vs sweep {sweep_s:.1f} s\n{r.summary()}\n"
               f"sweep best: {d['sweep_best']}", flush=True)

@@ -174,7 +174,7 @@ def test_the_tail_rule():
 
     def row(samples):
         s = sorted(samples)
-        m = SimpleNamespace(samples_ms=samples, n=len(samples))
+        m = SimpleNamespace(samples_ms=samples, enqueue_ms=[0.5] * len(samples), n=len(samples))
         return SimpleNamespace(ok=True, measurement=m, latency_ms={"p50": s[len(s) // 2], "p99": s[-1]})
 
     assert tail_undecided(row([1.0] * 40 + [20.0]), 5.0) is not None  # one of 41: a 1% tail may do that
@@ -183,6 +183,22 @@ def test_the_tail_rule():
     assert tail_undecided(row([6.0] * 40), 5.0) is None  # the median is over: over
     assert tail_undecided(row([1.0] * 400 + [20.0] * 5), 5.0) is None  # enough samples: the p99 stands
     assert tail_undecided(row([1.0] * 40), 5.0) is None and tail_undecided(row([1.0] * 40 + [20.0]), None) is None
+
+
+def test_the_slo_judges_a_request_the_later_of_device_time_and_issuing_time():
+    # Latency mode's device time hides the launches; a launch-bound call (1 ms on the device, 8 ms to
+    # issue, as torch.compile's BERT-base at batch 1 on the H100's host) serves no request in 5 ms.
+    from gpuopt.optimizer.space import misses, request_p99
+    from gpuopt.report.results import Row
+    from gpuopt.timing.measurement import Measurement
+
+    m = Measurement.from_samples([1.0] * 50, enqueue_ms=[8.0] * 50, mode="latency")
+    row = Row.measured(m, model="m", config="fp16", batch_size=1, mode="latency")
+    assert row.latency_ms["p99"] == pytest.approx(1.0) and request_p99(row) == pytest.approx(8.0)
+    assert misses(row, None, slo_p99_ms=5.0, memory_gb=None) == {"p99_ms_over": pytest.approx(3.0)}
+    fast = Row.measured(Measurement.from_samples([1.0] * 50, enqueue_ms=[0.2] * 50, mode="latency"), model="m",
+                        config="fp16", batch_size=1, mode="latency")
+    assert request_p99(fast) == pytest.approx(1.0) and misses(fast, None, slo_p99_ms=5.0, memory_gb=None) == {}
 
 
 def test_a_config_that_fails_parity_is_dropped_with_its_reason():

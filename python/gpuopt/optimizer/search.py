@@ -140,7 +140,9 @@ def optimize(
       ``batch_size -> inputs``, or fixed inputs (then their batch size is the only one).
     - ``objective``: ``"throughput"`` (items/s), ``"latency"`` (p99 per call; batch sizes default to 1)
       or ``"energy"`` (joules per item; a GPU with NVML's counter).
-    - ``slo_p99_ms``: p99 latency per call at most this; ``memory_gb``: peak allocated memory at most this.
+    - ``slo_p99_ms``: p99 latency per call at most this, as a request sees it (per call the later of the
+      device time and the host's time issuing it: a launch-bound config is judged by its host);
+      ``memory_gb``: peak allocated memory at most this.
     - ``configs``: as for :func:`gpuopt.benchmark`; default the device's candidate set
       (:func:`gpuopt.optimize.candidate_configs`). ``batch_sizes``: default 1 .. 256 by doubling.
     - ``budget_s``: stop after this many seconds with the best answer so far (``result.stopped`` says so).
@@ -326,11 +328,11 @@ class _Search:
         c.misses = space.misses(row, c.gb, slo_p99_ms=self.slo, memory_gb=self.mem)
         if tail is not None:
             self._note(c, rung, "remeasured", f"{tail}; measured again with at least {space.TAIL_SAMPLES} samples: "
-                                              f"p99 {row.latency_ms['p99']:.4g} ms from {row.measurement.n}")
+                                              f"p99 {space.request_p99(row):.4g} ms from {row.measurement.n}")
         if c.misses:
             parts = []
             if "p99_ms_over" in c.misses:
-                parts.append(f"p99 {row.latency_ms['p99']:.4g} ms > slo_p99_ms={self.slo:g}")
+                parts.append(f"p99 {space.request_p99(row):.4g} ms > slo_p99_ms={self.slo:g}")
             if "memory_gb_over" in c.misses:
                 parts.append(f"memory {c.gb:.3g} GB ({c.gb_source}) > memory_gb={self.mem:g}")
             reason = "; ".join(parts)
@@ -441,8 +443,7 @@ class _Search:
 
     def _feed(self, ladder: Ladder, c: _Candidate) -> None:
         if c.status == "alive":
-            ladder.record_ok(c.batch, space.score(c.row, self.objective), c.row.latency_ms and c.row.latency_ms["p99"],
-                             c.gb)
+            ladder.record_ok(c.batch, space.score(c.row, self.objective), space.request_p99(c.row), c.gb)
         elif c.status == "infeasible" or (c.status == "failed" and "out of memory" in (c.reason or "").lower()):
             ladder.record_over(c.batch)
         else:  # failed (parity, an error), pruned (a no-op config) or skipped (budget_s)

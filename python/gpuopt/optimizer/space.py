@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from .._ext import _C
 from ..prepare.config import Config
 from ..quant import QUANTIZED_PRECISIONS, fp8_refusal
 from ..report.results import Row
@@ -80,13 +81,15 @@ def memory_gb(row: Row, prepared: Any = None, exclude_bytes: int = 0) -> tuple[f
 
 
 def score(row: Row, objective: str) -> float | None:
-    """Higher is better: items/s (throughput), minus p99 ms (latency), minus joules per item (energy)."""
+    """Higher is better: items/s (throughput), minus a request's p99 ms (latency, :func:`request_p99`),
+    minus joules per item (energy)."""
     if not row.ok:
         return None
     if objective == "throughput":
         return row.throughput_items_per_s
     if objective == "latency":
-        return -row.latency_ms["p99"] if row.latency_ms else None
+        p99 = request_p99(row)
+        return -p99 if p99 is not None else None
     j = energy_per_item(row)
     return -j if j is not None else None
 
@@ -100,12 +103,33 @@ def objective_value(row: Row, objective: str) -> float | None:
 OBJECTIVE_UNITS = {"throughput": "items/s", "latency": "ms p99", "energy": "J/item"}
 
 
+def request_ms(row: Row) -> list[float]:
+    """Each call's latency as a request sees it, in the order measured: the later of the device time and
+    the host's time issuing the call. Latency mode times the device alone (a kernel queued ahead hides the
+    launches), so a launch-bound call -- torch.compile's BERT-base at batch 1 on the H100's host: 1.1 ms on
+    the device, 8 ms to issue -- would look faster than any request can be served."""
+    m = row.measurement
+    if m is None:
+        return []
+    enqueue = m.enqueue_ms if len(m.enqueue_ms) == len(m.samples_ms) else [0.0] * len(m.samples_ms)
+    return [max(s, e) for s, e in zip(m.samples_ms, enqueue)]
+
+
+def request_p99(row: Row) -> float | None:
+    """p99 of :func:`request_ms` (the SLO's figure), or the row's p99 where it holds no samples."""
+    calls = request_ms(row)
+    if not calls:
+        return row.latency_ms["p99"] if row.latency_ms else None
+    return float(_C.quantile(calls, 0.99))
+
+
 def misses(row: Row, gb: float | None, *, slo_p99_ms: float | None, memory_gb: float | None) -> dict[str, float]:
     """How far a measured row is outside the constraints: {"p99_ms_over": ..., "memory_gb_over": ...}
-    (empty when it meets them)."""
+    (empty when it meets them). The SLO judges :func:`request_p99`."""
     out = {}
-    if slo_p99_ms is not None and row.latency_ms and row.latency_ms["p99"] > slo_p99_ms:
-        out["p99_ms_over"] = row.latency_ms["p99"] - slo_p99_ms
+    p99 = request_p99(row) if slo_p99_ms is not None else None
+    if p99 is not None and p99 > slo_p99_ms:
+        out["p99_ms_over"] = p99 - slo_p99_ms
     if memory_gb is not None and gb is not None and gb > memory_gb:
         out["memory_gb_over"] = gb - memory_gb
     return out
@@ -122,16 +146,18 @@ def tail_undecided(row: Row, slo_p99_ms: float | None) -> str | None:
     explains (binomial, 5% level) or come from at least ``TAIL_SAMPLES`` samples."""
     if slo_p99_ms is None or not row.ok or row.measurement is None or not row.latency_ms:
         return None
-    if row.latency_ms["p99"] <= slo_p99_ms or row.latency_ms["p50"] > slo_p99_ms:
+    samples = request_ms(row)  # in the order they were taken
+    if not samples:
         return None
-    samples = row.measurement.samples_ms  # in the order they were taken
+    p50, p99 = float(_C.quantile(samples, 0.5)), float(_C.quantile(samples, 0.99))
+    if p99 <= slo_p99_ms or p50 > slo_p99_ms:
+        return None
     n, over = len(samples), sum(x > slo_p99_ms for x in samples)
     episodes = sum(x > slo_p99_ms and (i == 0 or samples[i - 1] <= slo_p99_ms) for i, x in enumerate(samples))
     if n >= TAIL_SAMPLES or _binomial_tail(episodes, n, 0.01) < 0.05:
         return None
-    return (f"p99 {row.latency_ms['p99']:.4g} ms > slo_p99_ms={slo_p99_ms:g} from {over} of {n} calls in "
-            f"{episodes} episode{'s' if episodes != 1 else ''} (median {row.latency_ms['p50']:.4g} ms): a 1% tail "
-            f"explains that many")
+    return (f"p99 {p99:.4g} ms > slo_p99_ms={slo_p99_ms:g} from {over} of {n} calls in "
+            f"{episodes} episode{'s' if episodes != 1 else ''} (median {p50:.4g} ms): a 1% tail explains that many")
 
 
 def tail_options(confirm: dict[str, Any]) -> dict[str, Any]:
