@@ -94,6 +94,39 @@ def test_an_upward_only_ladder_from_a_start_never_goes_below_it():
     assert asked == [16, 32, 128, 256] and "jumped from batch 32 to 128" in lad.why_not(64)
 
 
+@pytest.mark.parametrize("objective", ["throughput", "energy"])
+def test_a_batch_over_the_budget_on_the_walk_down_ends_the_walk(objective):
+    # Smaller batches score better here (p99 grows faster than the batch), so the walk down from the top
+    # (16) goes on -- until a p99 blip puts batch 4 over the SLO below the top: the walk ends there, the top
+    # stays 16, nothing raises.
+    lad = Ladder(BATCHES, objective=objective, slo_p99_ms=5.0)
+    asked = drive(lad, p99=lambda b: 9.0 if b == 4 else 0.1 * b ** 1.2, slo=5.0, objective=objective)
+    assert asked == [1, 8, 16, 32, 4]
+    assert BATCHES[lad.feasible_top] == 16 and lad.lowest_over == BATCHES.index(32)
+    assert "batch 4 did not run within the budgets" in lad.why_not(2)
+
+
+def test_a_batch_over_the_budget_on_the_latency_walk_up_ends_it():
+    lad = Ladder([1, 2, 4], objective="latency", slo_p99_ms=3.0)
+    asked = drive(lad, p99=lambda b: 1.0 if b == 1 else 1.02 if b == 2 else 9.0, slo=3.0, objective="latency")
+    assert asked == [1, 2, 4] and lad.feasible_top == 0
+
+
+def test_past_the_first_over_it_searches_by_halves():
+    dense = list(range(1, 129))
+    lad = Ladder(dense, objective="throughput", slo_p99_ms=5.0)
+    asked = []
+    while (b := lad.next()) is not None:
+        asked.append(b)
+        t = 0.5 + b / 20 + max(0, b - 60) ** 2  # linear, then steep past 60: feasible up to 61
+        if t > 5.0:
+            lad.record_over(b)
+        else:
+            lad.record_ok(b, b / t, t)
+    assert dense[lad.feasible_top] == 61
+    assert len(asked) <= 16  # an ascending scan takes 62
+
+
 def test_a_failure_stops_the_ladder_and_is_the_reason_for_the_rest():
     lad = Ladder(BATCHES, objective="throughput")
     assert drive(lad, fail_at=128) == [256, 128]

@@ -7,8 +7,8 @@ size: a :class:`Ladder` hands out one batch size at a time and learns from each 
 - Finding the largest batch size that meets the budgets (p99, memory; out of memory always counts):
   - with a budget: from the smallest batch size upward. From one measurement the next batch size is the
     largest the budget allows if p99 (memory) grew in proportion to the batch -- a bound, since both grow
-    more slowly than that. From two, the line through the last two (at most 8x the batch at once). Past
-    the first batch size over the budget, binary search between it and the largest under it;
+    more slowly than that. From two, the line through the last two (at most 8x the batch at once). Once a
+    batch size is over the budget, binary search between it and the largest under it;
   - without one (throughput, energy): from the largest batch size, one step down after out of memory.
 - Then downward from there (throughput, energy), while the smaller batch sizes could still win: the walk
   stops at one more than ``gain`` below the best, or at two in a row that do not beat it by ``gain``.
@@ -76,7 +76,16 @@ class Ladder:
     # -- what it asks for --------------------------------------------------------------------------------
     @property
     def lowest_over(self) -> int:
-        return min(self.over) if self.over else len(self.batches)
+        """Index of the smallest batch size over the budgets above the feasible top (below it, an over is
+        noise -- a p99 blip on the walk -- and ends the walk instead)."""
+        top = self.feasible_top
+        above = [i for i in self.over if top is None or i > top]
+        return min(above) if above else len(self.batches)
+
+    @property
+    def finished(self) -> bool:
+        """True once the ladder has nothing more to hand out (not merely interrupted)."""
+        return self.stopped is not None or self._walk_done is not None
 
     def next(self) -> int | None:
         """The next batch size to measure, or None when the ladder is done."""
@@ -131,9 +140,11 @@ class Ladder:
             return None
         if not self.constrained:
             return None  # without a budget the largest that ran is the top
+        if lo_over < n:  # bracketed: binary search between the top and the first over
+            return (top + lo_over) // 2 if (top + lo_over) // 2 > top else top + 1
         target = self._estimate(top)
         j = max((i for i, b in enumerate(self.batches) if b <= target), default=top)
-        return min(max(j, top + 1), lo_over - 1)
+        return min(max(j, top + 1), n - 1)
 
     def _estimate(self, top: int) -> float:
         """The largest batch size the budgets allow, judged from the measurements at or below ``top``."""
@@ -158,7 +169,10 @@ class Ladder:
         """One step of the walk away from the top; None when it stops (``_walk_done`` says why)."""
         while True:
             last = self._walk[-1]
-            best_i = max(self._walk, key=lambda i: self.ok[i][0])
+            if last not in self.ok:  # over a budget (a blip) or out of memory below the top: the walk ends
+                self._walk_done = f"batch {self.batches[last]} did not run within the budgets"
+                return None
+            best_i = max((i for i in self._walk if i in self.ok), key=lambda i: self.ok[i][0])
             best = self.ok[best_i][0]
             if len(self._walk) > 1 and last != best_i:
                 s = self.ok[last][0]
@@ -194,11 +208,11 @@ class Ladder:
             return f"not run: batch {self.batches[self.lowest_over]} was already over the budgets"
         top = self.feasible_top
         what = {"throughput": "items/s", "energy": "joules per item", "latency": "p99"}[self.objective]
+        if not self.descend and i < self._start:
+            return f"not run: below batch {self.batches[self._start]}, where this config's search began"
         if top is None:
             return "not run: no batch size of this config met the budgets"
         if not self.descend:
-            if i < self._start:
-                return f"not run: below batch {self.batches[self._start]}, where this config's search began"
             lower = max(k for k in self.asked if k < i)
             upper = min((k for k in self.asked if k > i), default=top)
             return (f"not run: the search jumped from batch {self.batches[lower]} to {self.batches[upper]}, as far "

@@ -291,7 +291,7 @@ class _Search:
         if c.cell.failure is not None:
             failure = c.cell.failure
             self._drop(c, "failed", failure, rung)
-            if "out of memory" in failure.lower() or "OutOfMemoryError" in failure:
+            if space.is_out_of_memory(failure):
                 self._prune_larger(c, f"out of memory at batch {c.batch}")
             return
         noop = [n for n in c.cell.prepared.notes if n.startswith("channels_last:")]
@@ -312,13 +312,15 @@ class _Search:
         others = max(0, self._allocated() - c.static_bytes)
         row = self.runner.measure_cell(c.cell, self.mode, options)
         tail = space.tail_undecided(row, self.slo)
-        if tail is not None:  # a p99 over the SLO that a 1% tail explains: measured again, longer
+        if tail is not None and not self._out_of_time():  # a p99 over the SLO that a 1% tail explains
             row = self.runner.measure_cell(c.cell, self.mode, space.tail_options(self.confirm))
+        else:
+            tail = None
         self.rows[row.key] = row
         c.row, c.rung = row, rung
         if not row.ok:
             self._drop(c, "failed", row.error, rung)
-            if "out of memory" in (row.error or ""):
+            if space.is_out_of_memory(row.error):
                 self._prune_larger(c, f"out of memory at batch {c.batch}")
             return
         if self.objective == "energy" and space.energy_per_item(row) is None:
@@ -327,8 +329,9 @@ class _Search:
         c.gb, c.gb_source = space.memory_gb(row, c.cell.prepared, exclude_bytes=others)
         c.misses = space.misses(row, c.gb, slo_p99_ms=self.slo, memory_gb=self.mem)
         if tail is not None:
-            self._note(c, rung, "remeasured", f"{tail}; measured again with at least {space.TAIL_SAMPLES} samples: "
-                                              f"p99 {space.request_p99(row):.4g} ms from {row.measurement.n}")
+            self._note(c, rung, "remeasured", f"{tail}; measured again, longer (aiming at {space.TAIL_SAMPLES} "
+                                              f"samples): p99 {space.request_p99(row):.4g} ms from "
+                                              f"{row.measurement.n} samples, as measured")
         if c.misses:
             parts = []
             if "p99_ms_over" in c.misses:
@@ -431,22 +434,23 @@ class _Search:
             for b in self.batches:
                 c = self.cands[(label, b)]
                 if c.status == "waiting":
-                    self._leave_out(c, ladder.why_not(b))
+                    self._leave_out(c, ladder.why_not(b) if ladder.finished else None)
 
-    def _leave_out(self, c: _Candidate, reason: str) -> None:
-        """A candidate never run: pruned with ``reason``, or skipped once budget_s is spent."""
-        if self.stopped:
+    def _leave_out(self, c: _Candidate, reason: str | None) -> None:
+        """A candidate never run: pruned with ``reason``, or skipped once budget_s is spent (reason None: its
+        ladder was interrupted)."""
+        if self.stopped and reason is None:
             c.status, c.reason = "skipped", "budget_s spent before it was run"
         else:
-            c.status, c.reason = "pruned", reason
+            c.status, c.reason = "pruned", reason or "not run"
         self._note(c, None, c.status, c.reason)
 
     def _feed(self, ladder: Ladder, c: _Candidate) -> None:
         if c.status == "alive":
             ladder.record_ok(c.batch, space.score(c.row, self.objective), space.request_p99(c.row), c.gb)
-        elif c.status == "infeasible" or (c.status == "failed" and "out of memory" in (c.reason or "").lower()):
+        elif c.status == "infeasible" or (c.status == "failed" and space.is_out_of_memory(c.reason)):
             ladder.record_over(c.batch)
-        else:  # failed (parity, an error), pruned (a no-op config) or skipped (budget_s)
+        elif c.status != "skipped":  # failed (parity, an error) or pruned (a no-op config); skipped: budget_s
             ladder.stop(f"{c.label} {c.status} at batch {c.batch}: {c.reason}")
 
     def _halve(self, rung: int) -> None:

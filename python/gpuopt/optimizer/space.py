@@ -117,10 +117,19 @@ def request_ms(row: Row) -> list[float]:
 
 def request_p99(row: Row) -> float | None:
     """p99 of :func:`request_ms` (the SLO's figure), or the row's p99 where it holds no samples."""
+    return request_quantile(row, 0.99)
+
+
+def request_quantile(row: Row, q: float) -> float | None:
     calls = request_ms(row)
     if not calls:
-        return row.latency_ms["p99"] if row.latency_ms else None
-    return float(_C.quantile(calls, 0.99))
+        return row.latency_ms[{0.5: "p50", 0.99: "p99"}[q]] if row.latency_ms else None
+    return float(_C.quantile(calls, q))
+
+
+def is_out_of_memory(text: str | None) -> bool:
+    """A failure reason that says the device ran out of memory (torch's message or its exception's name)."""
+    return bool(text) and ("out of memory" in text.lower() or "OutOfMemoryError" in text)
 
 
 def misses(row: Row, gb: float | None, *, slo_p99_ms: float | None, memory_gb: float | None) -> dict[str, float]:
@@ -161,9 +170,13 @@ def tail_undecided(row: Row, slo_p99_ms: float | None) -> str | None:
 
 
 def tail_options(confirm: dict[str, Any]) -> dict[str, Any]:
-    """The measure options of a second look at a tail: the confirmation's, with ``TAIL_SAMPLES`` samples."""
-    return {**confirm, "min_iters": max(TAIL_SAMPLES, int(confirm.get("min_iters", 0))),
-            "max_time_s": max(5.0, float(confirm.get("max_time_s", 0.0)))}
+    """The measure options of a second look at a tail: the confirmation's, aiming at ``TAIL_SAMPLES``
+    samples within at most 5 s (or the confirmation's longer limit); a call over ~17 ms gets fewer."""
+    o = {k: v for k, v in confirm.items() if k != "iters"}
+    o["min_iters"] = max(TAIL_SAMPLES, int(o.get("min_iters") or 0))
+    o["max_iters"] = max(o["min_iters"], int(o.get("max_iters") or 0))
+    o["max_time_s"] = max(5.0, float(o.get("max_time_s") or 0.0))
+    return o
 
 
 def _binomial_tail(k: int, n: int, p: float) -> float:
