@@ -292,6 +292,32 @@ double rel_halfwidth(double center, double lo, double hi) {
   return std::max(center - lo, hi - center) / center;
 }
 
+Exceedance exceedance(const std::vector<double>& samples_in_order, double threshold, double tail_share) {
+  check_samples(samples_in_order, "samples");
+  GPUOPT_CHECK_VALUE(std::isfinite(threshold), "threshold must be finite, got ", threshold);
+  GPUOPT_CHECK_VALUE(tail_share > 0.0 && tail_share < 1.0, "tail_share must be in (0, 1), got ", tail_share);
+  Exceedance e;
+  e.n = samples_in_order.size();
+  bool in_episode = false;
+  for (double x : samples_in_order) {
+    const bool over = x > threshold;
+    e.over += over ? 1 : 0;
+    e.episodes += (over && !in_episode) ? 1 : 0;
+    in_episode = over;
+  }
+  // P[B >= k] = 1 - P[B <= k - 1], the lower terms summed in logs (k is small where it matters).
+  const double dn = static_cast<double>(e.n);
+  const double log_p = std::log(tail_share), log_q = std::log1p(-tail_share);
+  double below = 0.0;
+  for (std::size_t j = 0; j < e.episodes; ++j) {
+    const double dj = static_cast<double>(j);
+    below += std::exp(std::lgamma(dn + 1) - std::lgamma(dj + 1) - std::lgamma(dn - dj + 1) + dj * log_p +
+                      (dn - dj) * log_q);
+  }
+  e.p_value = std::clamp(1.0 - below, 0.0, 1.0);
+  return e;
+}
+
 bool meets_target(const MedianCi& ci, double target_rel_ci) {
   return ci.attained && rel_halfwidth(ci.median, ci.lo, ci.hi) <= target_rel_ci;
 }

@@ -170,6 +170,20 @@ void bind_stats(py::module_& m) {
         return d;
       },
       "compare_samples()'s defaults, defined once in C++ (compare() states the same).");
+  m.def(
+      "exceedance",
+      [](const std::vector<double>& samples, double threshold, double tail_share) {
+        const stats::Exceedance e = stats::exceedance(samples, threshold, tail_share);
+        py::dict d;
+        d["n"] = e.n;
+        d["over"] = e.over;
+        d["episodes"] = e.episodes;
+        d["p_value"] = e.p_value;
+        return d;
+      },
+      py::arg("samples"), py::arg("threshold"), py::arg("tail_share"),
+      "Samples (in order) over `threshold`: calls, episodes (runs of consecutive calls) and P[B >= episodes] "
+      "for B ~ Binomial(n, tail_share) -- whether a tail of that share explains them.");
   m.def("batch_count", &stats::batch_count, py::arg("n"));
   m.def(
       "batch_median_ci",

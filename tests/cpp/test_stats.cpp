@@ -537,6 +537,29 @@ TEST(RunToRun, PoolsLogVarianceOverWorkloads) {
             "round medians must be finite and > 0, got 0");
 }
 
+TEST(Exceedance, CountsEpisodesAndTheirBinomialTail) {
+  std::vector<double> s(40, 1.0);
+  s[5] = s[6] = s[7] = 20.0;  // one burst of three calls
+  s[30] = 20.0;               // and a lone stall
+  const auto e = gpuopt::stats::exceedance(s, 5.0, 0.01);
+  EXPECT_EQ(e.n, 40u);
+  EXPECT_EQ(e.over, 4u);
+  EXPECT_EQ(e.episodes, 2u);
+  // P[B >= 2], B ~ Binomial(40, 0.01) = 1 - 0.99^40 - 40 * 0.01 * 0.99^39
+  EXPECT_NEAR(e.p_value, 1.0 - std::pow(0.99, 40) - 40 * 0.01 * std::pow(0.99, 39), 1e-12);
+  EXPECT_EQ(gpuopt::stats::exceedance(std::vector<double>(10, 1.0), 5.0, 0.01).p_value, 1.0);  // none over
+  std::vector<double> all(300, 9.0);
+  const auto a = gpuopt::stats::exceedance(all, 5.0, 0.01);
+  EXPECT_EQ(a.episodes, 1u);  // one long episode is one event
+  EXPECT_NEAR(a.p_value, 1.0 - std::pow(0.99, 300), 1e-12);
+  std::vector<double> alt(200, 1.0);
+  for (std::size_t i = 0; i < alt.size(); i += 20) alt[i] = 9.0;  // 10 separate stalls in 200: not a 1% tail
+  EXPECT_LT(gpuopt::stats::exceedance(alt, 5.0, 0.01).p_value, 1e-3);
+  EXPECT_EQ(value_error([] { gpuopt::stats::exceedance({1.0}, 5.0, 1.0); }), "tail_share must be in (0, 1), got 1");
+  EXPECT_EQ(value_error([] { gpuopt::stats::exceedance({}, 5.0, 0.01); }),
+            "samples must hold at least one sample, got none");
+}
+
 TEST(Quantiles, StudentTIsExactForOneAndTwoDegrees) {
   EXPECT_NEAR(gpuopt::stats::student_t_quantile(0.975, 1), 12.706205, 1e-5);
   EXPECT_NEAR(gpuopt::stats::student_t_quantile(0.975, 2), 4.302653, 1e-6);

@@ -105,6 +105,17 @@ MedianCi median_ci(const std::vector<double>& samples_in_order, double confidenc
 // Largest distance of a bound of [lo, hi] from `center`, relative to it; +inf unless center > 0.
 double rel_halfwidth(double center, double lo, double hi);
 
+// Samples (in the order taken) over a threshold, and whether a tail of `tail_share` explains them: the
+// calls over it, the episodes they form (runs of consecutive calls over it: one stall of the host spans
+// several calls, so an episode is the independent event), and p_value = P[B >= episodes] for
+// B ~ Binomial(n, tail_share). A p99 over an SLO is shown only when p_value is small (tail_share 0.01).
+struct Exceedance {
+  std::size_t n = 0, over = 0, episodes = 0;
+  double p_value = 1.0;
+};
+// kValue errors for no samples, a non-finite sample or threshold, tail_share outside (0, 1).
+Exceedance exceedance(const std::vector<double>& samples_in_order, double threshold, double tail_share);
+
 // The precision target of the sampler and of summaries: the interval reached its confidence and
 // lies within +-target_rel_ci of the median.
 bool meets_target(const MedianCi& ci, double target_rel_ci);

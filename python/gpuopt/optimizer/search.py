@@ -282,7 +282,7 @@ class _Search:
         ctx = self._context(c.batch)
         if isinstance(ctx, str):
             self._drop(c, "failed", ctx, rung)
-            if "out of memory" in ctx:
+            if space.is_out_of_memory(ctx):
                 self._prune_larger(c, f"the fp32 reference ran out of memory at batch {c.batch}")
             return
         before = self._allocated()

@@ -161,12 +161,11 @@ def tail_undecided(row: Row, slo_p99_ms: float | None) -> str | None:
     p50, p99 = float(_C.quantile(samples, 0.5)), float(_C.quantile(samples, 0.99))
     if p99 <= slo_p99_ms or p50 > slo_p99_ms:
         return None
-    n, over = len(samples), sum(x > slo_p99_ms for x in samples)
-    episodes = sum(x > slo_p99_ms and (i == 0 or samples[i - 1] <= slo_p99_ms) for i, x in enumerate(samples))
-    if n >= TAIL_SAMPLES or _binomial_tail(episodes, n, 0.01) < 0.05:
+    e = _C.exceedance(samples, slo_p99_ms, 0.01)
+    if e["n"] >= TAIL_SAMPLES or e["p_value"] < 0.05:
         return None
-    return (f"p99 {p99:.4g} ms > slo_p99_ms={slo_p99_ms:g} from {over} of {n} calls in "
-            f"{episodes} episode{'s' if episodes != 1 else ''} (median {p50:.4g} ms): a 1% tail explains that many")
+    return (f"p99 {p99:.4g} ms > slo_p99_ms={slo_p99_ms:g} from {e['over']} of {e['n']} calls in {e['episodes']} "
+            f"episode{'s' if e['episodes'] != 1 else ''} (median {p50:.4g} ms): a 1% tail explains that many")
 
 
 def tail_options(confirm: dict[str, Any]) -> dict[str, Any]:
@@ -177,11 +176,6 @@ def tail_options(confirm: dict[str, Any]) -> dict[str, Any]:
     o["max_iters"] = max(o["min_iters"], int(o.get("max_iters") or 0))
     o["max_time_s"] = max(5.0, float(o.get("max_time_s") or 0.0))
     return o
-
-
-def _binomial_tail(k: int, n: int, p: float) -> float:
-    """P(X >= k) for X ~ Binomial(n, p)."""
-    return max(0.0, 1.0 - sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k)))
 
 
 def check_positive(name: str, value: Any, *, allow_none: bool = True) -> float | None:
