@@ -208,10 +208,25 @@ def part_sweep(args, results: dict, targets: list[Target]) -> None:
         out[f"{label}_cells"] = len(r.rows)
         out[f"{label}_failed"] = len(r.failed)
         runs[label] = r
+        torch.cuda.empty_cache()  # what this process cached on cuda:0 is not rank 0's to lose
     one, every = [x.key for x in runs["one_gpu"].rows], [x.key for x in runs["all_gpus"].rows]
     out["same_cells"] = sorted(one) == sorted(every)
     out["duplicated"] = len(every) - len(set(every))
     out["speedup"] = out["one_gpu_wall_s"] / out["all_gpus_wall_s"]
+    out["failed_cells"] = {label: {f"{x.model} {x.config} b{x.batch_size}": x.error for x in r.failed}
+                           for label, r in runs.items()}
+    # Where the N-GPU wall time went: each rank's busy time (its pieces), when it finished (from the
+    # ranks' common start), and the rest -- torchrun's start, imports, the merge -- as the launch's share.
+    ranks = runs["all_gpus"].spec.get("dist", {}).get("ranks", [])
+    out["ranks"] = ranks
+    out["pieces"] = runs["all_gpus"].spec.get("dist", {}).get("pieces")
+    if ranks:
+        busy = [x["busy_s"] for x in ranks]
+        out["busy_max_over_mean"] = max(busy) / (sum(busy) / len(busy))
+        out["outside_ranks_s"] = out["all_gpus_wall_s"] - max(x["end_s"] for x in ranks)
+        print(f"sweep ranks: busy {', '.join(f'{b:.1f}' for b in busy)} s (max / mean {out['busy_max_over_mean']:.2f}), "
+              f"units {[x['units'] for x in ranks]}, {out['pieces']} pieces; launch and merge "
+              f"{out['outside_ranks_s']:.1f} s of {out['all_gpus_wall_s']:.1f} s", flush=True)
     print(f"REPORT sweep of {len(one)} cells: {n} GPUs {out['all_gpus_wall_s']:.0f} s, one GPU "
           f"{out['one_gpu_wall_s']:.0f} s = {out['speedup']:.2f}x; same cells: {out['same_cells']}, duplicated: "
           f"{out['duplicated']}, failed {out['all_gpus_failed']} / {out['one_gpu_failed']}", flush=True)
@@ -241,9 +256,16 @@ def part_serve_rate(args, results: dict, targets: list[Target]) -> None:
         print(f"serve_rate {label}: {search.max_rate} req/s under p99 <= {args.slo_ms} ms", flush=True)
     a, b = out["one_gpu"]["max_rate"], out["all_gpus"]["max_rate"]
     out["speedup"] = (b / a) if a and b else None
+    oa, ob = out["one_gpu"]["offline"], out["all_gpus"]["offline"]
+    out["offline_speedup"] = (ob / oa) if oa and ob else None
     if out["speedup"]:
+        # The rate ratio can pass N: N GPUs behind one queue hold a p99 at a higher share of their
+        # capacity than one GPU does (queueing: pooled servers wait less at the same load), so the
+        # offline (capacity) ratio is printed beside it.
+        share = f"{a / oa:.0%} / {b / ob:.0%}" if oa and ob else "n/a"
         print(f"REPORT {MODEL} {cfg} max rate under p99 <= {args.slo_ms} ms: {n} GPUs {b:,.0f} req/s = "
-              f"{out['speedup']:.2f}x one GPU ({a:,.0f} req/s)", flush=True)
+              f"{out['speedup']:.2f}x one GPU ({a:,.0f} req/s); offline capacity {out['offline_speedup'] or 0:.2f}x; "
+              f"max rate as a share of offline: {share} (one GPU / {n} GPUs)", flush=True)
     targets.append(Target(f"serving over {n} GPUs: max rate under p99 <= {args.slo_ms:g} ms / one GPU",
                           out["speedup"] or 0.0, ">=", 0.9 * n, "x", "a one-GPU server, same run"))
 

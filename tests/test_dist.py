@@ -440,3 +440,34 @@ def test_ctrl_c_stops_the_ranks_and_keeps_the_rows_so_far(tmp_path):
     assert (1, "host @1 rank") in {(r.batch_size, r.mode) for r in kept.rows}
     for state in reports(out, 2).values():  # every worker of the job is gone
         assert not os.path.exists(f"/proc/{state['pid']}")
+
+
+def test_ranks_read_the_idle_power_before_they_align_and_only_with_energy_on(monkeypatch):
+    # Read at a rank's first measurement, the 0.5 s idle reading started ranks 1..N-1 that much after
+    # rank 0 (which read it while it measured alone): the 4-GPU windows overlapped only 77-79%.
+    from gpuopt.dist import worker
+    from gpuopt.timing import nvml
+
+    seen = []
+    monkeypatch.setattr(nvml, "idle_power_w", lambda index, meter=None: seen.append(index))
+    worker.settle_idle_power(3, {"max_time_s": 1.0})
+    worker.settle_idle_power(1, {"energy": False})
+    assert seen == [3]
+
+
+def test_idle_power_without_a_meter_is_none_at_once_and_cached(monkeypatch):
+    import time
+
+    from gpuopt.timing import nvml
+
+    class Inactive:
+        active = False
+
+        def power_w(self):
+            raise AssertionError("an inactive meter is not read")
+
+    monkeypatch.setattr(nvml, "_IDLE_POWER", {})
+    t = time.perf_counter()
+    assert nvml.idle_power_w(5, Inactive()) is None
+    assert time.perf_counter() - t < nvml.IDLE_INTERVAL_S  # no sleeping between readings that cannot come
+    assert nvml._IDLE_POWER == {5: None}

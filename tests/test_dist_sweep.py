@@ -16,7 +16,7 @@ import gpuopt
 from gpuopt import Results
 from gpuopt.cli import main
 from gpuopt.dist import RankFailedError
-from gpuopt.dist.sweep import assign
+from gpuopt.dist.sweep import cost, work_items
 from gpuopt.report.results import read_cells
 
 SPEC = {"models": ["tiny-cnn"], "configs": ["fp32", "bf16-amp"], "batch_sizes": [1, 2], "modes": ["host"],
@@ -36,16 +36,24 @@ def spec(tmp_path):
     return path
 
 
-def test_assign_is_deterministic_balanced_and_leaves_extra_ranks_idle(np_rng):
-    costs = list(np_rng.integers(1, 100, 40).astype(float))
-    shares = assign(costs, 3)
-    assert shares == assign(costs, 3)
-    assert sorted(i for s in shares for i in s) == list(range(40)) and all(s == sorted(s) for s in shares)
-    loads = [sum(costs[i] for i in s) for s in shares]
-    assert max(loads) - min(loads) <= max(costs)  # greedy, largest first: within the largest unit
-    assert assign([5.0, 1.0], 4) == [[0], [1], [], []]
+def test_work_items_group_a_models_configs_at_a_batch_size_when_there_are_enough_pieces():
+    from gpuopt.run.sweeps import SweepUnit
+
+    a, b = object(), object()
+    units = [SweepUnit(m, batch, c) for m in (a, b) for batch in (1, 32) for c in ("fp32", "fp16", "bf16")]
+    one = work_items(units, ["latency"], 1)
+    assert one == work_items(units, ["latency"], 2)  # 4 groups: enough for two ranks
+    assert sorted(map(tuple, one)) == [(0, 1, 2), (3, 4, 5), (6, 7, 8), (9, 10, 11)]
+    costs = [sum(cost(units[i], ["latency"]) for i in piece) for piece in one]
+    assert costs == sorted(costs, reverse=True) and one[0] == [3, 4, 5]  # largest first, ties in order
+    # Fewer than two groups per rank: single units, so every rank gets work; still largest first.
+    three = work_items(units, ["latency"], 3)
+    assert sorted(i for piece in three for i in piece) == list(range(12)) and all(len(p) == 1 for p in three)
+    assert [units[p[0]].batch for p in three] == [32] * 6 + [1] * 6
+    # Training counts three passes: a batch of 8 trained outweighs a batch of 16 timed once.
+    assert cost(SweepUnit(a, 8, "fp32"), ["train"]) > cost(SweepUnit(a, 16, "fp32"), ["latency"])
     with pytest.raises(ValueError, match="world_size"):
-        assign([1.0], 0)
+        work_items(units, ["latency"], 0)
 
 
 def _keys(path) -> list:
@@ -58,9 +66,14 @@ def test_two_ranks_share_the_cells_and_rank_0_merges_them_once(spec, tmp_path, c
     results = Results.load(out / "results.json")
     assert {r.key for r in results.rows} == CELLS and len(results.rows) == len(CELLS) and not results.failed
     shares = results.spec["dist"]["shares"]
-    assert results.spec["dist"]["world_size"] == 2 and sorted(set(shares.values())) == [0, 1] and len(shares) == 4
+    assert results.spec["dist"]["world_size"] == 2 and set(shares.values()) <= {0, 1} and len(shares) == 4
     ranks = [set(_keys(out / f"cells-rank{r}.jsonl")) for r in (0, 1)]
     assert ranks[0] | ranks[1] == CELLS and not ranks[0] & ranks[1]
+    # What each rank took from the queue is what it measured, and its busy time is recorded.
+    stats = results.spec["dist"]["ranks"]
+    assert [s["rank"] for s in stats] == [0, 1] and [s["cells"] for s in stats] == [len(x) for x in ranks]
+    assert sum(s["units"] for s in stats) == 4 and all(0 <= s["busy_s"] <= s["end_s"] for s in stats)
+    assert sum(v == 1 for v in shares.values()) == len(ranks[1])
     assert sorted(_keys(out / "cells.jsonl")) == sorted(CELLS)  # merged: every cell once
     assert "4 cells, 0 failed" in capsys.readouterr().out
 
@@ -81,7 +94,9 @@ def test_more_ranks_than_units_leave_some_idle(tmp_path):
     results = gpuopt.sweep({**SPEC, "configs": ["fp32"], "batch_sizes": [1]}, tmp_path / "out", devices=2,
                            progress=False)
     assert [r.key for r in results.rows] == [("tiny-cnn", "fp32", 1, "host")]
-    assert _keys(tmp_path / "out" / "cells-rank1.jsonl") == []
+    per_rank = [_keys(tmp_path / "out" / f"cells-rank{r}.jsonl") for r in (0, 1)]
+    assert sorted(per_rank, key=len) == [[], [("tiny-cnn", "fp32", 1, "host")]]  # one piece: one rank took it
+    assert sorted(s["units"] for s in results.spec["dist"]["ranks"]) == [0, 1]
 
 
 def test_a_rank_stopped_by_another_ranks_failure_says_aborted_not_failed(tmp_path, monkeypatch):

@@ -3,21 +3,25 @@ per device, started by torchrun -- gpuopt's launcher, or the user's own (several
 ``torchrun --nnodes 2 ... -m gpuopt sweep SPEC --output DIR`` on each).
 
 Each rank measures its share of the cells on its own device, exactly as a one-device sweep would, and
-appends every finished cell to its own ``DIR/cells-rank<R>.jsonl`` (flushed, fsynced). The share is
-fixed before anything runs (:func:`assign`): the units of work -- a config at a batch size of a model,
-all its modes, or a section cell -- not yet measured go, largest first by a cost proxy (batch size x
-modes, plus a fixed share for preparing the config), to the rank with the least work so far; ties go
-to the lower rank, so the same folder and world size always give the same shares. More ranks than
-units: the others idle.
+appends every finished cell to its own ``DIR/cells-rank<R>.jsonl`` (flushed, fsynced). The shares are
+taken, not fixed: the work not yet measured is cut into pieces (:func:`work_items`) -- a model's configs
+at one batch size together, since they share the model and its FP32 reference, where there are at least
+two such pieces per rank, else single units (a config at a batch size, all its modes); a section cell
+alone -- and put in a queue largest first by a cost proxy (batch size x modes, plus a fixed share for
+preparing the config). Each rank takes the next piece from the job's TCP store (an atomic counter)
+whenever it is free, so a piece that takes longer than its proxy said delays only its own rank: no
+rank idles while the others work through a share fixed by a guess. Which rank measured what is
+recorded (``results.spec["dist"]["shares"]``, with each rank's busy time under ``ranks``). More ranks
+than pieces: the others idle.
 
 Resume works per cell: the ranks pool the cells every one of them can read (``cells.jsonl`` and every
 ``cells-rank*.jsonl`` of its folder; checked against ``sweep.json``'s fingerprint as a one-device sweep
 does) and share out only the rest. When all ranks are done, the ranks send rank 0 the cells it cannot
 read (machines without a shared folder) and rank 0 writes the merged ``cells.jsonl`` and the results.
 
-The coordination is gloo (objects, whatever the devices). Between the start and the merge the ranks do
-not talk: each reports its progress to the job's TCP store (torchrun's), and a rank done with its
-share waits there for the others -- at most ``GPUOPT_DIST_TIMEOUT_S`` without any of them finishing a
+The coordination is gloo (objects, whatever the devices). Between the start and the merge the ranks
+meet only in the job's TCP store (torchrun's): they take pieces from its queue and report their
+progress there, and a rank that finds the queue empty waits there for the others -- at most ``GPUOPT_DIST_TIMEOUT_S`` without any of them finishing a
 cell, and not at all once one says it failed: RankFailedError naming it (its finished cells stay in
 its file; rerunning the command resumes)."""
 
@@ -58,31 +62,40 @@ def rank_cells_path(output_dir: str | os.PathLike, rank: int) -> Path:
 
 
 def cost(unit: SweepUnit, modes: Sequence[str]) -> float:
-    """The proxy of a unit's time that :func:`assign` balances: batch size x modes (training counts
-    three forward passes), plus :data:`PREPARE_COST`; a section cell (a serving run) counts as a
-    unit at batch 64 in two modes."""
+    """The proxy of a unit's time that orders the queue of pieces (:func:`work_items`): batch size x
+    modes (training counts three forward passes), plus :data:`PREPARE_COST`; a section cell (a serving
+    run) counts as a unit at batch 64 in two modes."""
     if unit.section is not None:
         return PREPARE_COST + 2 * 64
     return PREPARE_COST + unit.batch * sum(3 if m == TRAIN_MODE else 1 for m in modes)
 
 
-def assign(costs: Sequence[float], world_size: int) -> list[list[int]]:
-    """Each rank's units (indices into ``costs``, in order): largest first, each to the rank with the
-    least cost so far, ties to the lower rank -- deterministic, and within the largest unit of the
-    best balance.
+def work_items(units: Sequence[SweepUnit], modes: Sequence[str], world_size: int) -> list[list[int]]:
+    """The pieces of work the ranks take from the queue (indices into ``units``, in their order), the
+    queue's order: largest first by :func:`cost`, ties in the units' order. A model's consecutive units
+    at one batch size form one piece (its configs share the model and the FP32 reference) where there
+    are at least two such pieces per rank; else each unit is a piece. A section cell is always alone.
 
-    >>> assign([1, 5, 2, 2], 2)
-    [[1], [0, 2, 3]]
+    >>> from types import SimpleNamespace as N
+    >>> m = N(name="m")
+    >>> us = [SweepUnit(m, b, c) for b in (1, 8) for c in ("fp32", "fp16")]
+    >>> work_items(us, ["latency"], 1), work_items(us, ["latency"], 2)
+    ([[2, 3], [0, 1]], [[2], [3], [0], [1]])
     """
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, got {world_size}")
-    load = [0.0] * world_size
-    shares: list[list[int]] = [[] for _ in range(world_size)]
-    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        r = min(range(world_size), key=lambda r: (load[r], r))
-        shares[r].append(i)
-        load[r] += costs[i]
-    return [sorted(s) for s in shares]
+    groups: list[list[int]] = []
+    for i, u in enumerate(units):
+        prev = units[groups[-1][-1]] if groups else None
+        if (prev is not None and u.section is None and prev.section is None and u.model is prev.model
+                and u.batch == prev.batch):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    if len(groups) < 2 * world_size:
+        groups = [[i] for g in groups for i in g]
+    costs = [sum(cost(units[i], modes) for i in g) for g in groups]
+    return [groups[k] for k in sorted(range(len(groups)), key=lambda k: (-costs[k], k))]
 
 
 # ---- validation and the launcher ---------------------------------------------------------------------
@@ -182,6 +195,16 @@ class _Progress:
         self.cells += 1
         self.set("running")
 
+    def take(self, count: int) -> int | None:
+        """The next piece of the queue (``0 .. count - 1``) for this rank, or None when every piece has been
+        taken: the store's counter is atomic, so each piece goes to exactly one rank."""
+        k = self.store.add("next-piece", 1) - 1
+        return k if k < count else None
+
+    def finished_units(self) -> int:
+        """A unit finished by this rank; returns how many the job's ranks finished so far."""
+        return self.store.add("units-done", 1)
+
     def wait_all(self, timeout_s: float) -> None:
         """Until every rank is done: RankFailedError at once naming a rank that failed, or naming those
         that finished no cell for ``timeout_s`` seconds."""
@@ -264,14 +287,21 @@ def _share(plan: SweepPlan, group: Group, progress: _Progress, files: RankFiles,
     if local == 0:  # each machine's folder says how its cells were measured (a resume there checks it)
         plan.write_header(results)
     pending = [u for u in plan.units() if not u.done(done, plan.modes)]
-    shares = assign([cost(u, plan.modes) for u in pending], world)
-    mine = [pending[i] for i in shares[rank]]
-    if plan.progress:
-        print(f"gpuopt sweep rank {rank}/{world}: {len(mine)} of the {len(pending)} units left to measure"
+    items = work_items(pending, plan.modes, world)
+    if plan.progress and rank == 0:
+        print(f"gpuopt sweep: {len(pending)} units left to measure in {len(items)} pieces over {world} ranks"
               + (f" ({len(done)} cells already measured)" if done else ""), file=sys.stderr, flush=True)
     group.align("the start of the sweep")
     measured: list[Row] = []
-    bar = ProgressBar(len(mine), plan.progress)
+    taken: list[int] = []
+    busy_s = 0.0
+    bar = ProgressBar(len(pending), plan.progress)
+
+    def job_progress(event: str, cell: str) -> None:  # the count is the job's: every rank's finished units
+        if event == "done":
+            bar.done = progress.finished_units() - 1
+        bar(event, f"rank {rank}: {cell}")
+
     try:
         with CellsFile(rank_cells_path(out, rank)) as cells:
 
@@ -280,25 +310,33 @@ def _share(plan: SweepPlan, group: Group, progress: _Progress, files: RankFiles,
                 measured.append(row)
                 progress.cell()
 
-            plan.run_units(mine, done, record, lambda event, cell: bar(event, f"rank {rank}: {cell}"))
+            while (k := progress.take(len(items))) is not None:
+                taken.append(k)
+                t = time.monotonic()
+                plan.run_units([pending[i] for i in items[k]], done, record, job_progress)
+                busy_s += time.monotonic() - t
     finally:
         bar.close()
+    mine = {"rank": rank, "host": socket.gethostname(), "units": sum(len(items[k]) for k in taken),
+            "cells": len(measured), "busy_s": busy_s, "end_s": time.monotonic() - group.t0}
     progress.set("done")
     progress.wait_all(worker.timeout_s())
     # Every rank is done: rank 0 gets the cells it cannot read itself (another machine's folder).
     seen = set(cells_in(out)) if rank == 0 else None
     seen = group.broadcast("sharing the cells rank 0 can read", seen)
     missing = [r.to_dict() for r in cells_in(out).values() if r.key not in seen]
-    gathered = group.gather(missing)
+    gathered = group.gather((missing, mine, taken))
     if rank == 0:
         rows = cells_in(out)
-        for part in gathered:
+        for part, _, _ in gathered:
             for d in part:
                 row = Row.from_dict(d)
                 rows.setdefault(row.key, row)
         results.spec["dist"] = {"world_size": world, "backend": "gloo", "device_type": plan.device.type,
-                                "strategy": "sweep", "shares": {str(pending[i]): r for r, s in enumerate(shares)
-                                                                for i in s}}
+                                "strategy": "sweep", "pieces": len(items),
+                                "shares": {str(pending[i]): r for r, (_, _, ks) in enumerate(gathered)
+                                           for k in ks for i in items[k]},
+                                "ranks": [stats for _, stats, _ in gathered]}
         for row in _in_plan_order(plan, rows):
             results.add(row)
         write_atomic(out / "cells.jsonl", "".join(json.dumps(r.to_dict(), default=str) + "\n" for r in results.rows))

@@ -160,13 +160,16 @@ def idle_power_w(device_index: int, meter: _C.NvmlEnergyMeter | None = None) -> 
     cached (None where the power cannot be read). Other processes on the GPU count in it."""
     if device_index not in _IDLE_POWER:
         meter = meter or energy_meter(device_index)
+        if not meter.active:  # no readings to wait for
+            _IDLE_POWER[device_index] = None
+            return None
         if torch.cuda.is_available():
             torch.cuda.synchronize(device_index)
         readings = []
         for i in range(IDLE_SAMPLES):
             if i:
                 time.sleep(IDLE_INTERVAL_S)
-            w = meter.power_w() if meter.active else None
+            w = meter.power_w()
             if w is not None:
                 readings.append(w)
         _IDLE_POWER[device_index] = sum(readings) / len(readings) if readings else None
