@@ -213,7 +213,7 @@ def part_sweep(args, results: dict, targets: list[Target]) -> None:
     out["same_cells"] = sorted(one) == sorted(every)
     out["duplicated"] = len(every) - len(set(every))
     out["speedup"] = out["one_gpu_wall_s"] / out["all_gpus_wall_s"]
-    out["failed_cells"] = {label: {f"{x.model} {x.config} b{x.batch_size}": x.error for x in r.failed}
+    out["failed_cells"] = {label: {f"{x.model} {x.config} b{x.batch_size} {x.mode}": x.error for x in r.failed}
                            for label, r in runs.items()}
     # Where the N-GPU wall time went: each rank's busy time (its pieces), when it finished (from the
     # ranks' common start), and the rest -- torchrun's start, imports, the merge -- as the launch's share.

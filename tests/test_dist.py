@@ -141,6 +141,13 @@ def test_the_blame_spares_ranks_that_had_finished_or_only_waited(tmp_path, np_rn
     assert error.ranks == [1] and "rank 0 had finished" in str(error)
     _rank_files(tmp_path, np_rng, 3, {0: "aborted", 1: "failed", 2: "running"})
     assert [r for r, _ in stopped_ranks(tmp_path, 3, but=0)] == [1]  # rank 2 still measures: not a suspect
+    # Rank 0 aborted on rank 1's failure and exited first; torchrun then stopped rank 1 as it unwound: the
+    # blame is rank 1's with its own error, not torchrun's SIGTERM.
+    text = ("Failures:\n[1]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -15 (pid: 12)\n"
+            "Root Cause (first observed failure):\n[0]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 11)\n")
+    _rank_files(tmp_path, np_rng, 2, {0: "aborted", 1: "failed"})
+    error = _failure(text, 2, 1, tmp_path, tmp_path / "torchrun.log")
+    assert error.ranks == [1] and str(error).startswith("rank 1 stopped: ") and "SIGTERM" not in str(error)
     _rank_files(tmp_path, np_rng, 3, {0: "aborted", 1: "done", 2: "running"})
     assert stopped_ranks(tmp_path, 3, but=0) == [(2, "no report: it was killed, crashed or is still running")]
 
@@ -442,7 +449,7 @@ def test_ctrl_c_stops_the_ranks_and_keeps_the_rows_so_far(tmp_path):
         assert not os.path.exists(f"/proc/{state['pid']}")
 
 
-def test_ranks_read_the_idle_power_before_they_align_and_only_with_energy_on(monkeypatch):
+def test_settling_the_idle_power_reads_it_once_and_only_with_energy_on(monkeypatch):
     # Read at a rank's first measurement, the 0.5 s idle reading started ranks 1..N-1 that much after
     # rank 0 (which read it while it measured alone): the 4-GPU windows overlapped only 77-79%.
     from gpuopt.dist import worker

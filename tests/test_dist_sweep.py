@@ -41,11 +41,11 @@ def test_work_items_group_a_models_configs_at_a_batch_size_when_there_are_enough
 
     a, b = object(), object()
     units = [SweepUnit(m, batch, c) for m in (a, b) for batch in (1, 32) for c in ("fp32", "fp16", "bf16")]
-    one = work_items(units, ["latency"], 1)
-    assert one == work_items(units, ["latency"], 2)  # 4 groups: enough for two ranks
-    assert sorted(map(tuple, one)) == [(0, 1, 2), (3, 4, 5), (6, 7, 8), (9, 10, 11)]
-    costs = [sum(cost(units[i], ["latency"]) for i in piece) for piece in one]
-    assert costs == sorted(costs, reverse=True) and one[0] == [3, 4, 5]  # largest first, ties in order
+    costs = lambda pieces: [sum(cost(units[i], ["latency"]) for i in p) for p in pieces]  # noqa: E731
+    # Four groups, enough for two ranks: whole, largest first, ties in the units' order.
+    two = work_items(units, ["latency"], 2)
+    assert two == [[3, 4, 5], [9, 10, 11], [0, 1, 2], [6, 7, 8]] == work_items(units, ["latency"], 1)
+    assert costs(two) == sorted(costs(two), reverse=True)
     # Fewer than two groups per rank: single units, so every rank gets work; still largest first.
     three = work_items(units, ["latency"], 3)
     assert sorted(i for piece in three for i in piece) == list(range(12)) and all(len(p) == 1 for p in three)
@@ -54,6 +54,34 @@ def test_work_items_group_a_models_configs_at_a_batch_size_when_there_are_enough
     assert cost(SweepUnit(a, 8, "fp32"), ["train"]) > cost(SweepUnit(a, 16, "fp32"), ["latency"])
     with pytest.raises(ValueError, match="world_size"):
         work_items(units, ["latency"], 0)
+
+
+def _progress(store, rank: int, world: int):
+    from gpuopt.dist.sweep import _Progress
+
+    p = _Progress.__new__(_Progress)  # the store of a job without starting one
+    p.store, p.rank, p.world, p.cells, p.started = store, rank, world, 0, False
+    return p
+
+
+def test_rank_r_starts_with_piece_r_then_the_queue_hands_each_piece_out_once():
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    r0, r1 = _progress(store, 0, 2), _progress(store, 1, 2)
+    assert [r1.take(5), r0.take(5)] == [1, 0]  # the first round by rank, whoever comes first
+    assert [r1.take(5), r1.take(5), r0.take(5), r0.take(5), r1.take(5)] == [2, 3, 4, None, None]
+    assert _progress(dist.HashStore(), 3, 4).take(2) is None  # more ranks than pieces: idle
+
+
+def test_once_a_rank_says_it_failed_the_others_take_no_more_pieces():
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    r0, r1 = _progress(store, 0, 2), _progress(store, 1, 2)
+    assert r0.take(10) == 0
+    r1.set("failed", "RuntimeError: boom")
+    assert r0.take(10) is None  # it goes on to wait_all, which names rank 1
 
 
 def _keys(path) -> list:
@@ -66,7 +94,7 @@ def test_two_ranks_share_the_cells_and_rank_0_merges_them_once(spec, tmp_path, c
     results = Results.load(out / "results.json")
     assert {r.key for r in results.rows} == CELLS and len(results.rows) == len(CELLS) and not results.failed
     shares = results.spec["dist"]["shares"]
-    assert results.spec["dist"]["world_size"] == 2 and set(shares.values()) <= {0, 1} and len(shares) == 4
+    assert results.spec["dist"]["world_size"] == 2 and sorted(set(shares.values())) == [0, 1] and len(shares) == 4
     ranks = [set(_keys(out / f"cells-rank{r}.jsonl")) for r in (0, 1)]
     assert ranks[0] | ranks[1] == CELLS and not ranks[0] & ranks[1]
     # What each rank took from the queue is what it measured, and its busy time is recorded.
@@ -79,6 +107,7 @@ def test_two_ranks_share_the_cells_and_rank_0_merges_them_once(spec, tmp_path, c
 
     # Resume: rank 1's file is gone and nothing was merged; rank 0's cells are kept, not measured again.
     kept = {r.key: r.measurement.samples_ms for r in read_cells(out / "cells-rank0.jsonl")}
+    assert 0 < len(kept) < len(CELLS)  # each rank started with a piece of its own
     for name in ("cells-rank1.jsonl", "cells.jsonl", "results.json"):
         (out / name).unlink()
     assert main(["sweep", str(spec), "--output", str(out), "--gpus", "2", "--quiet"]) == 0
@@ -87,16 +116,28 @@ def test_two_ranks_share_the_cells_and_rank_0_merges_them_once(spec, tmp_path, c
     for key, samples in kept.items():
         assert again.find(*key).measurement.samples_ms == samples
     lines = [line for r in (0, 1) for line in (out / f"cells-rank{r}.jsonl").read_text().splitlines()]
-    assert len(lines) == len(CELLS)  # only the two missing cells were measured, each once
+    assert len(lines) == len(CELLS)  # only rank 1's lost cells were measured again, each once
 
 
 def test_more_ranks_than_units_leave_some_idle(tmp_path):
     results = gpuopt.sweep({**SPEC, "configs": ["fp32"], "batch_sizes": [1]}, tmp_path / "out", devices=2,
                            progress=False)
     assert [r.key for r in results.rows] == [("tiny-cnn", "fp32", 1, "host")]
-    per_rank = [_keys(tmp_path / "out" / f"cells-rank{r}.jsonl") for r in (0, 1)]
-    assert sorted(per_rank, key=len) == [[], [("tiny-cnn", "fp32", 1, "host")]]  # one piece: one rank took it
-    assert sorted(s["units"] for s in results.spec["dist"]["ranks"]) == [0, 1]
+    assert _keys(tmp_path / "out" / "cells-rank1.jsonl") == []  # one piece: rank 0's
+    assert [s["units"] for s in results.spec["dist"]["ranks"]] == [1, 0]
+
+
+def test_a_models_configs_at_a_batch_size_go_to_one_rank_when_there_are_enough_of_them(tmp_path):
+    spec = {**SPEC, "batch_sizes": [1, 2, 3, 4]}  # 4 groups of 2 configs over 2 ranks: grouped
+    results = gpuopt.sweep(spec, tmp_path / "out", devices=2, progress=False)
+    assert len(results.rows) == 8 and not results.failed
+    d = results.spec["dist"]
+    assert d["pieces"] == 4  # one per batch size, its two configs together
+    assert sum(s["units"] for s in d["ranks"]) == 8 and sorted(d["shares"]) == sorted(
+        f"tiny-cnn b{b} {c}" for b in (1, 2, 3, 4) for c in ("fp32", "bf16-amp"))
+    for b in (1, 2, 3, 4):  # a whole piece: both configs on the rank that took it
+        assert d["shares"][f"tiny-cnn b{b} fp32"] == d["shares"][f"tiny-cnn b{b} bf16-amp"]
+    assert d["shares"]["tiny-cnn b4 fp32"] == 0 and d["shares"]["tiny-cnn b3 fp32"] == 1  # the first round
 
 
 def test_a_rank_stopped_by_another_ranks_failure_says_aborted_not_failed(tmp_path, monkeypatch):
@@ -126,7 +167,8 @@ def test_a_rank_that_stops_is_named_and_the_finished_cells_are_kept(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "cells-rank1.jsonl").mkdir()  # rank 1 cannot open its cells file
-    with pytest.raises(RankFailedError, match=r"rank 1 stopped \(exit code 1\): IsADirectoryError") as exc:
+    # Its exit code shows unless rank 0, aborting on its report, exited first and torchrun stopped it.
+    with pytest.raises(RankFailedError, match=r"rank 1 stopped( \(exit code 1\))?: IsADirectoryError") as exc:
         gpuopt.sweep(SPEC, out, devices=2, progress=False)
     assert exc.value.ranks == [1]
     kept = Results.load(out / "results.json")  # whatever rank 0 finished before the job stopped
@@ -177,6 +219,9 @@ def test_two_machines_with_folders_of_their_own_merge_every_cell_once(spec, tmp_
     results = Results.load(tmp_path / f"node{merged[0]}" / "results.json")
     assert sorted(r.key for r in results.rows) == sorted(CELLS)  # every cell once, from both machines
     other = tmp_path / f"node{1 - merged[0]}"
-    assert _keys(next(other.glob("cells-rank*.jsonl")))  # the other machine measured its share there
+    theirs = _keys(next(other.glob("cells-rank*.jsonl")))
+    assert theirs  # the other machine measured its share there (it started with a piece of its own)
+    shares = results.spec["dist"]["shares"]
+    assert sorted(theirs) == sorted(k for k in CELLS if shares[f"tiny-cnn b{k[2]} {k[1]}"] == 1)
     assert (other / "sweep.json").exists()  # and can resume from its folder
     assert sorted(_keys(tmp_path / f"node{merged[0]}" / "cells.jsonl")) == sorted(CELLS)

@@ -286,8 +286,11 @@ def _failure(text: str, nproc: int, code: int, output_dir: str | os.PathLike, lo
         culprits = [root] if root is not None else []
     parts = []
     for r in culprits:
-        how = f" ({_describe(codes[r])})" if r in codes else ""
         state = states.get(r, {})
+        # A rank that reported its own error and was stopped by torchrun while it exited (another rank that
+        # aborted because of it exited first): the signal is torchrun's, not the rank's; its error says why.
+        own_then_stopped = state.get("state") == "failed" and codes.get(r) in stopped_by_torchrun
+        how = f" ({_describe(codes[r])})" if r in codes and not own_then_stopped else ""
         error = state.get("error") or (f"it had finished its part and failed afterwards (its output: {log_path})"
                                        if state.get("state") == "done" else
                                        f"no report: killed or crashed (its output: {log_path})")

@@ -5,14 +5,15 @@ per device, started by torchrun -- gpuopt's launcher, or the user's own (several
 Each rank measures its share of the cells on its own device, exactly as a one-device sweep would, and
 appends every finished cell to its own ``DIR/cells-rank<R>.jsonl`` (flushed, fsynced). The shares are
 taken, not fixed: the work not yet measured is cut into pieces (:func:`work_items`) -- a model's configs
-at one batch size together, since they share the model and its FP32 reference, where there are at least
-two such pieces per rank, else single units (a config at a batch size, all its modes); a section cell
-alone -- and put in a queue largest first by a cost proxy (batch size x modes, plus a fixed share for
-preparing the config). Each rank takes the next piece from the job's TCP store (an atomic counter)
-whenever it is free, so a piece that takes longer than its proxy said delays only its own rank: no
-rank idles while the others work through a share fixed by a guess. Which rank measured what is
-recorded (``results.spec["dist"]["shares"]``, with each rank's busy time under ``ranks``). More ranks
-than pieces: the others idle.
+at one batch size together, since they share the model and its FP32 reference, where there are at
+least two such pieces per rank, else single units (a config at a batch size, all its modes); a section
+cell alone -- and queued largest first by a cost proxy (batch size x modes, plus a fixed share for
+preparing the config). Rank R starts with piece R; after that each rank takes the next piece from the
+job's TCP store (an atomic counter) whenever it is free, so a piece that takes longer than its proxy
+said delays only its own rank, and no rank idles while the others work through a share fixed by a
+guess. Once a rank says it failed, the others take no more pieces. Which rank measured what is
+recorded (``results.spec["dist"]["shares"]``, each rank's busy time under ``ranks``). More ranks than
+pieces: the others idle.
 
 Resume works per cell: the ranks pool the cells every one of them can read (``cells.jsonl`` and every
 ``cells-rank*.jsonl`` of its folder; checked against ``sweep.json``'s fingerprint as a one-device sweep
@@ -21,16 +22,15 @@ read (machines without a shared folder) and rank 0 writes the merged ``cells.jso
 
 The coordination is gloo (objects, whatever the devices). Between the start and the merge the ranks
 meet only in the job's TCP store (torchrun's): they take pieces from its queue and report their
-progress there, and a rank that finds the queue empty waits there for the others -- at most ``GPUOPT_DIST_TIMEOUT_S`` without any of them finishing a
-cell, and not at all once one says it failed: RankFailedError naming it (its finished cells stay in
-its file; rerunning the command resumes)."""
+progress there, and a rank that finds the queue empty waits there for the others -- at most
+``GPUOPT_DIST_TIMEOUT_S`` without any of them finishing a cell, and not at all once one says it failed:
+RankFailedError naming it (its finished cells stay in its file; rerunning the command resumes)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
 import json
-import math
 import os
 import socket
 import sys
@@ -71,7 +71,7 @@ def cost(unit: SweepUnit, modes: Sequence[str]) -> float:
 
 
 def work_items(units: Sequence[SweepUnit], modes: Sequence[str], world_size: int) -> list[list[int]]:
-    """The pieces of work the ranks take from the queue (indices into ``units``, in their order), the
+    """The pieces of work the ranks take from the queue (indices into ``units``, in their order), in the
     queue's order: largest first by :func:`cost`, ties in the units' order. A model's consecutive units
     at one batch size form one piece (its configs share the model and the FP32 reference) where there
     are at least two such pieces per rank; else each unit is a piece. A section cell is always alone.
@@ -92,10 +92,9 @@ def work_items(units: Sequence[SweepUnit], modes: Sequence[str], world_size: int
             groups[-1].append(i)
         else:
             groups.append([i])
-    if len(groups) < 2 * world_size:
-        groups = [[i] for g in groups for i in g]
-    costs = [sum(cost(units[i], modes) for i in g) for g in groups]
-    return [groups[k] for k in sorted(range(len(groups)), key=lambda k: (-costs[k], k))]
+    pieces = groups if len(groups) >= 2 * world_size else [[i] for g in groups for i in g]
+    costs = [sum(cost(units[i], modes) for i in p) for p in pieces]
+    return [pieces[k] for k in sorted(range(len(pieces)), key=lambda k: (-costs[k], k))]
 
 
 # ---- validation and the launcher ---------------------------------------------------------------------
@@ -145,7 +144,7 @@ def launch_sweep(plan: SweepPlan, *, nproc: int, cuda_indices: Sequence[int] | N
     spec_path.parent.mkdir(parents=True, exist_ok=True)
     spec_path.write_text(json.dumps(plan.spec, indent=1))
     units = len(plan.units())
-    timeout_s = (math.ceil(units / nproc) + 2) * worker.timeout_s() + launch.START_S
+    timeout_s = (units + 2) * worker.timeout_s() + launch.START_S  # a rank may take any number of the units
     target = ["-m", "gpuopt", "sweep", str(spec_path), "--output", str(out)] + ([] if plan.progress else ["--quiet"])
     try:
         launch.torchrun(target, nproc, output_dir=out, env=launch.environment(cuda_indices), echo=plan.progress,
@@ -185,11 +184,13 @@ class _Progress:
         base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                              timeout=dt.timedelta(seconds=60))
         self.store, self.rank, self.world = dist.PrefixStore(f"gpuopt-sweep/{job}/", base), rank, world
-        self.cells = 0
+        self.cells, self.started = 0, False
 
     def set(self, state: str, error: str | None = None) -> None:
         self.store.set(f"rank{self.rank}", json.dumps({"state": state, "cells": self.cells, "error": error,
                                                          "host": socket.gethostname()}))
+        if state == "failed":  # the others take no more pieces (they learn who failed while they wait)
+            self.store.add("failed", 1)
 
     def cell(self) -> None:
         self.cells += 1
@@ -197,8 +198,16 @@ class _Progress:
 
     def take(self, count: int) -> int | None:
         """The next piece of the queue (``0 .. count - 1``) for this rank, or None when every piece has been
-        taken: the store's counter is atomic, so each piece goes to exactly one rank."""
-        k = self.store.add("next-piece", 1) - 1
+        taken or a rank said it failed. Rank R's first piece is piece R (every rank starts at once, none
+        is left without work by a slow start); the rest go through the store's atomic counter, so each
+        piece goes to exactly one rank."""
+        if self.store.add("failed", 0):
+            return None
+        if not self.started:
+            self.started = True
+            k = self.rank
+        else:
+            k = self.world + self.store.add("next-piece", 1) - 1
         return k if k < count else None
 
     def finished_units(self) -> int:
@@ -298,8 +307,8 @@ def _share(plan: SweepPlan, group: Group, progress: _Progress, files: RankFiles,
     bar = ProgressBar(len(pending), plan.progress)
 
     def job_progress(event: str, cell: str) -> None:  # the count is the job's: every rank's finished units
-        if event == "done":
-            bar.done = progress.finished_units() - 1
+        if plan.progress and event == "done":
+            bar.set_done(progress.finished_units() - 1)
         bar(event, f"rank {rank}: {cell}")
 
     try:

@@ -408,6 +408,14 @@ class ProgressBar:
         elif event == "done":
             print(f"[{self.done}/{self.total}] {cell}", file=sys.stderr, flush=True)
 
+    def set_done(self, done: int) -> None:
+        """Set the count of finished cells (the next ``done`` event adds one): a count kept elsewhere,
+        e.g. a job's across its ranks."""
+        self.done = done
+        if self.bar is not None:
+            self.bar.n = done
+            self.bar.refresh()
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
