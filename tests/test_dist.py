@@ -449,17 +449,30 @@ def test_ctrl_c_stops_the_ranks_and_keeps_the_rows_so_far(tmp_path):
         assert not os.path.exists(f"/proc/{state['pid']}")
 
 
-def test_settling_the_idle_power_reads_it_once_and_only_with_energy_on(monkeypatch):
-    # Read at a rank's first measurement, the 0.5 s idle reading started ranks 1..N-1 that much after
-    # rank 0 (which read it while it measured alone): the 4-GPU windows overlapped only 77-79%.
-    from gpuopt.dist import worker
+def test_a_runner_reads_the_idle_power_before_any_before_mode_hook_and_only_with_energy_on(monkeypatch):
+    # Read at a rank's first measurement (after the hook where the ranks align), the 0.5 s idle reading
+    # started ranks 1..N-1 that much after rank 0: the 4-GPU windows overlapped only 77-79%.
+    import gpuopt.run.runner as runner_module
+    from gpuopt.run.workload import workload
     from gpuopt.timing import nvml
 
-    seen = []
-    monkeypatch.setattr(nvml, "idle_power_w", lambda index, meter=None: seen.append(index))
-    worker.settle_idle_power(3, {"max_time_s": 1.0})
-    worker.settle_idle_power(1, {"energy": False})
-    assert seen == [3]
+    events = []
+    monkeypatch.setattr(nvml, "idle_power_w", lambda index, meter=None: events.append(("idle", index)))
+    monkeypatch.setattr(runner_module, "device_ceilings_for", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "fake")
+    work = workload(torch.nn.Linear(4, 4), input_shape=(4,))
+
+    def make(device, options):
+        return runner_module.Runner(work, [], ["latency"], parity=False, device=torch.device(device),
+                                    measure_options=options, on_row=lambda row: None,
+                                    before_mode=lambda: events.append(("hook", None)))
+
+    make("cuda:3", {"max_time_s": 1.0}).before_mode()
+    assert events == [("idle", 3), ("hook", None)]
+    events.clear()
+    make("cuda:1", {"energy": False})
+    make("cpu", {})
+    assert events == []
 
 
 def test_idle_power_without_a_meter_is_none_at_once_and_cached(monkeypatch):

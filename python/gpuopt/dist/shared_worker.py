@@ -131,8 +131,6 @@ def run(spec: dict[str, Any]) -> Results | None:
     device = torch.device("cuda", 0) if spec["device"] == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        if spec["work"] == "benchmark":  # a measurement's energy needs it; serving reads no idle power
-            worker.settle_idle_power(device.index, spec["options"])  # each process, before any uses the GPU
     out = spec["output_dir"]
     dist.init_process_group("gloo", timeout=dt.timedelta(seconds=worker.timeout_s()))
     files = worker.RankFiles(out, rank)

@@ -215,14 +215,6 @@ def _neighbours(index: int) -> list[str]:
             "GPU with this rank's replica and slow it down"]
 
 
-def settle_idle_power(index: int, measure_options: dict[str, Any]) -> None:
-    """Read the device's idle power (0.5 s, once per process) now, before the ranks align: taken at a
-    rank's first measurement, it would start that rank's sampling half a second after the others'
-    (rank 0 read it while it measured alone), and the windows would overlap by that much less."""
-    if measure_options.get("energy", True):
-        nvml.idle_power_w(index)
-
-
 def run_rank(plan: BenchmarkPlan, cuda_indices: Sequence[int] | None = None) -> Results:
     """This process's part of ``plan`` as one rank of the job torchrun started (see the module's
     docstring). Rank 0 returns (and writes to ``plan.output_dir``) the whole Results, the other ranks
@@ -233,7 +225,6 @@ def run_rank(plan: BenchmarkPlan, cuda_indices: Sequence[int] | None = None) -> 
         device = torch.device("cuda", cuda_indices[local] if cuda_indices else local)
         warnings = _neighbours(device.index)  # before this process uses the GPU
         torch.cuda.set_device(device)
-        settle_idle_power(device.index, plan.measure_options)
     else:
         device = torch.device("cpu")
     for w in warnings:

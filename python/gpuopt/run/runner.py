@@ -22,7 +22,8 @@ from ..prepare.config import INFERENCE_ONLY_BACKENDS, INFERENCE_ONLY_PRECISIONS,
 from ..prepare.gate import parity as check_parity
 from ..prepare.signal import with_signal
 from ..report.results import Key, Row
-from ..timing.inputs import split_inputs, tensors_in
+from ..timing import nvml
+from ..timing.inputs import device_index, split_inputs, tensors_in
 from ..timing.measurement import measure
 from .workload import TRAIN_MODE, Workload, batch_of
 
@@ -204,6 +205,11 @@ class Runner:
         # after preparation, parity and the first call, before the measurement's warm-up and sampling. The
         # ranks of a distributed benchmark align there, so that their sampling windows overlap.
         self.before_mode = before_mode or (lambda: None)
+        # The device's idle power (0.5 s of readings, once per device and process, cached) is read now, before
+        # anything of this run and before the first before_mode: read by the first measurement, after the
+        # hook, it started ranks 1..N-1 half a second after rank 0 (which read it while it measured alone).
+        if device.type == "cuda" and measure_options.get("energy", True):
+            nvml.idle_power_w(device_index(device))
         self.ceilings = device_ceilings_for(device)
         self.device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         self.profiles: dict[str, dict] = {}
