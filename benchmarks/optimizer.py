@@ -31,7 +31,7 @@ from _common import Target, parse_args, require_gpu, write  # noqa: E402
 
 import gpuopt  # noqa: E402
 from gpuopt.optimizer import CONFIRM  # noqa: E402
-from gpuopt.optimizer.space import request_p99  # noqa: E402
+from gpuopt.optimizer.space import request_p99, request_quantile  # noqa: E402
 
 # The space per model: precisions, channels-last where the model has convolutions, and the compiled best
 # guess (each compiled config costs a compilation per batch size in the sweep).
@@ -79,7 +79,12 @@ def part(model: str, args, results: dict, targets: list[Target]) -> None:
                              **confirm)
     sweep_s = time.perf_counter() - t0
     out["sweep"] = {"wall_s": sweep_s, "cells": len(sweep.rows), "failed": len(sweep.failed),
-                    "failures": {f"{r.config} b{r.batch_size}": r.error for r in sweep.failed}}
+                    "failures": {f"{r.config} b{r.batch_size}": r.error for r in sweep.failed},
+                    "rows": [{"config": r.config, "batch_size": r.batch_size, "items_per_s": r.throughput_items_per_s,
+                              "p50_ms": request_quantile(r, 0.5), "p99_ms": request_p99(r),
+                              "device_p50_ms": r.latency_ms["p50"], "device_p99_ms": r.latency_ms["p99"],
+                              "samples": r.measurement.n if r.measurement else None, "prepare_s": r.prepare_s}
+                             for r in sweep.rows if r.ok]}
     print(f"{model}: sweep of {len(sweep.rows)} cells in {sweep_s:.1f} s", flush=True)
     checkpoint(args, results, targets)
 

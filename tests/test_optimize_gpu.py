@@ -38,3 +38,13 @@ def test_energy_objective_ranks_by_joules_per_item_or_says_why_not():
         return
     assert r.best.figures["joules_per_item"] > 0
     assert r.best.objective_value == pytest.approx(r.best.figures["joules_per_item"])
+
+
+def test_a_second_compilation_leaves_the_first_to_compile_again_and_says_so():
+    m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU())
+    x = torch.randn(8, 64)
+    a = gpuopt.Config.parse("fp16-amp+compile").apply(m, x, device="cuda", strict=True)
+    assert not a.recompiles
+    b = gpuopt.Config.parse("fp32+compile").apply(m, x, device="cuda", strict=True)
+    assert a.recompiles and not b.recompiles  # b's preparation reset torch.compile's caches
+    assert torch.allclose(a(x).float(), m.cuda()(x.cuda()), atol=2e-2)  # compiles again, then runs

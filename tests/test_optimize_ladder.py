@@ -94,6 +94,20 @@ def test_an_upward_only_ladder_from_a_start_never_goes_below_it():
     assert asked == [16, 32, 128, 256] and "jumped from batch 32 to 128" in lad.why_not(64)
 
 
+def test_a_start_that_is_a_guess_steps_down_when_over_the_budget_there():
+    # A compiled config starts where its eager twin's device time met the SLO (a guess): over it there,
+    # it steps down one batch size at a time to the first that meets it, and never climbs above the start.
+    lad = Ladder(BATCHES, objective="throughput", slo_p99_ms=5.0, start=64, descend=False, below_start=True)
+    assert drive(lad, p99=lambda b: 1.0 + 0.2 * b, slo=5.0) == [64, 32, 16]  # 16: 4.2 ms, 32: 7.4 ms
+    assert BATCHES[lad.feasible_top] == 16
+    assert "the first under the budgets on the way down from batch 64" in lad.why_not(8)
+    assert "already over the budgets" in lad.why_not(128)
+    lad = Ladder(BATCHES, objective="throughput", slo_p99_ms=5.0, start=4, descend=False, below_start=True)
+    assert drive(lad, p99=lambda b: 9.0, slo=5.0) == [4, 2, 1] and lad.feasible_top is None
+    lad = Ladder(BATCHES, objective="throughput", slo_p99_ms=5.0, start=16, descend=False, below_start=True)
+    assert drive(lad, p99=lambda b: 1.0 + 0.02 * b, slo=5.0)[:2] == [16, 32]  # under it at the start: climbs
+
+
 @pytest.mark.parametrize("objective", ["throughput", "energy"])
 def test_a_batch_over_the_budget_on_the_walk_down_ends_the_walk(objective):
     # Smaller batches score better here (p99 grows faster than the batch), so the walk down from the top

@@ -30,10 +30,11 @@ JUMP = 8  # the line may take the batch at most this many times larger in one st
 class Ladder:
     def __init__(self, batches: Sequence[int], *, objective: str, slo_p99_ms: float | None = None,
                  memory_gb: float | None = None, gain: float = 0.03, start: int | None = None,
-                 descend: bool = True):
+                 descend: bool = True, below_start: bool = False):
         """``batches`` ascending; ``start``: the batch size to begin at (default: the smallest with a budget
         or for latency, the largest otherwise); ``descend``: walk below the largest feasible batch size
-        (False for a config that only extends another's search upward)."""
+        (False for a config that only extends another's search upward); ``below_start``: when ``start`` is
+        over the budgets, step down from it until a batch size meets them (a start that is a guess)."""
         self.batches = list(batches)
         self.objective, self.slo, self.mem, self.gain = objective, slo_p99_ms, memory_gb, gain
         self.constrained = slo_p99_ms is not None or memory_gb is not None
@@ -47,6 +48,7 @@ class Ladder:
             start = self.batches.index(start)
         self._start = start
         self.descend = descend
+        self.below_start = below_start
         self.ok: dict[int, tuple[float, float | None, float | None]] = {}  # index -> (score, p99, gb)
         self.over: set[int] = set()
         self.asked: set[int] = set()
@@ -132,6 +134,9 @@ class Ladder:
             return nxt if nxt < lo_over and nxt < n else None
         top = max(self.ok) if self.ok else None
         if top is None:
+            if self.below_start:  # the start was a guess: one step further down at a time
+                nxt = min(self.asked) - 1
+                return nxt if nxt >= 0 else None
             if self.constrained or not self.descend:
                 return None  # over the budget where it began: so is every larger batch size
             below = [i for i in range(min(self.asked), -1, -1) if i not in self.asked and i < lo_over]
@@ -208,8 +213,12 @@ class Ladder:
             return f"not run: batch {self.batches[self.lowest_over]} was already over the budgets"
         top = self.feasible_top
         what = {"throughput": "items/s", "energy": "joules per item", "latency": "p99"}[self.objective]
-        if not self.descend and i < self._start:
-            return f"not run: below batch {self.batches[self._start]}, where this config's search began"
+        lowest = min(self.asked, default=self._start)
+        if not self.descend and i < lowest:
+            if lowest == self._start:
+                return f"not run: below batch {self.batches[self._start]}, where this config's search began"
+            return (f"not run: below batch {self.batches[lowest]}, the first under the budgets on the way down "
+                    f"from batch {self.batches[self._start]}, where this config's search began")
         if top is None:
             return "not run: no batch size of this config met the budgets"
         if not self.descend:

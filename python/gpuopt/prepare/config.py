@@ -23,6 +23,8 @@ PRECISIONS = ("fp32", "tf32", "fp16-amp", "bf16-amp", "fp16", "bf16", *QUANTIZED
 MEMORY_FORMATS = ("contiguous", "channels_last")
 BACKENDS = ("eager", "torchscript", "compile", "cudagraph", *EXPORTED_BACKENDS)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# Bumped by each ``compile`` preparation's reset of torch.compile's caches (see Prepared.recompiles).
+_compile_epoch = 0
 
 _AMP = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}
 # Quantized precisions run everything but their linear layers in bf16.
@@ -213,10 +215,18 @@ class Prepared:
     _graph: Any = field(default=None, repr=False)
     _static_in: Any = field(default=None, repr=False)
     _static_out: Any = field(default=None, repr=False)
+    _epoch: int | None = field(default=None, repr=False)  # the compile epoch it was compiled in
 
     @property
     def label(self) -> str:
         return self.config.label
+
+    @property
+    def recompiles(self) -> bool:
+        """True for a compiled Prepared whose compiled code is gone: preparing another ``compile`` config
+        resets torch.compile's caches (so that compilations do not count against each other's limits), and
+        the next call of this one compiles again (seconds to minutes), then runs as before."""
+        return self._epoch is not None and self._epoch != _compile_epoch
 
     def _guard(self, capture: bool = False):
         return self.config.guard(self.device.type, capture=capture)
@@ -274,7 +284,10 @@ class Prepared:
         elif c.backend == "compile":
             from torch import _dynamo
 
+            global _compile_epoch
             _dynamo.reset()  # a fresh cache: other configs' compiles must not count against this one
+            _compile_epoch += 1
+            self._epoch = _compile_epoch
             self.module = torch.compile(m, mode=c.compile_mode)
             self._call(args, kwargs)  # compiles
         else:
