@@ -22,9 +22,15 @@ def test_optimize_on_the_gpu_with_a_compiled_config_behind_its_eager_twin():
     assert r.best.figures["memory_source"].startswith("allocator peak") and r.best.figures["memory_gb"] > 0
     compiled = [e for e in r.log if e.config == "fp16-amp+channels_last+compile"]
     assert compiled and all(e.rung != 0 for e in compiled)  # never in rung 0
+    # Under the p99 budget it starts where its eager twin's device time (halved) meets the SLO: at a batch
+    # size the twin measured; the ones below it and the ones predicted over are not compiled.
+    runs = [e for e in compiled if e.action in ("measured", "infeasible", "failed")]
+    twin = {e.batch_size for e in r.log if e.config == "fp16-amp+channels_last" and e.action in ("measured",
+                                                                                                  "infeasible")}
+    assert runs and runs[0].batch_size in twin and len(runs) <= 3
     pruned = [e for e in compiled if e.action == "pruned"]
-    assert all("eager twin fp16-amp+channels_last" in e.reason for e in pruned)
-    assert len([e for e in compiled if e.action in ("measured", "dropped", "infeasible", "failed")]) <= 3
+    assert all(any(k in e.reason for k in ("where this config's search began", "on the way down", "predicted over",
+                                           "already over the budgets")) for e in pruned)
     assert r.ratio is not None and r.ratio["ci"][0] <= r.ratio["value"] <= r.ratio["ci"][1]
     x = torch.randn(r.best.batch_size, 3, 32, 32, device="cuda")
     assert r.prepared(x).shape == (r.best.batch_size, 10)
