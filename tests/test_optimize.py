@@ -209,6 +209,20 @@ def test_a_compiled_config_starts_where_its_twins_device_time_met_the_slo(monkey
     assert r.found and (r.best.config, r.best.batch_size) == ("fp32+channels_last", 64)
 
 
+def test_without_a_budget_a_compiled_config_enters_at_its_twins_best_batch_size(monkeypatch):
+    from gpuopt.optimizer import space
+
+    real_twin = space.eager_twin
+    monkeypatch.setattr(space, "eager_twin", lambda c: gpuopt.Config("fp32") if c.label == "fp32+channels_last"
+                        else real_twin(c))
+    r = gpuopt.optimize(TwinAndCompiled(), (3, 8, 8), configs=["fp32", "fp32+channels_last"], batch_sizes=[1, 4, 16],
+                        device="cpu", **FAST)
+    runs = [e.batch_size for e in r.log if e.config == "fp32+channels_last" and e.action == "measured"]
+    assert runs == [16] and r.best.config == "fp32+channels_last"  # the twin's best; no ladder of its own
+    assert all("was not among its best 1 surviving rung 0" in e.reason for e in _actions(r, "pruned")
+               if e.config == "fp32+channels_last")
+
+
 def test_a_compiled_candidate_that_would_compile_again_is_compared_from_its_measurements(monkeypatch):
     # A compilation resets torch.compile's caches, so an earlier compiled candidate compiles again on its next
     # call (8-15 s for ResNet-50 on the H100's host): the answer's interval then comes from the rows as

@@ -395,7 +395,7 @@ class _Search:
             for label, twin in deferred.items():
                 broke = sorted(c.batch for c in self.cands.values() if c.label == twin.label
                                and c.status == "infeasible" and "p99_ms_over" in c.misses)
-                start = self._compiled_start(twin) if twin.label in first else None
+                start = self._compiled_start(twin) if self.twin_climbs and twin.label in first else None
                 if self.twin_climbs and start is not None:
                     # Under a p99 budget the compiled config starts where its twin's device time, shortened as
                     # much as compiling may, meets it; climbs from there unless predicted over; steps down if
