@@ -173,6 +173,21 @@ def tail_undecided(row: Row, slo_p99_ms: float | None) -> str | None:
             f"episode{'s' if e['episodes'] != 1 else ''} (median {p50:.4g} ms): a 1% tail explains that many")
 
 
+def tail_unconfirmed(row: Row, slo_p99_ms: float | None) -> str | None:
+    """Why ``row``'s p99 within ``slo_p99_ms`` does not yet show the config meets the SLO (fewer than
+    ``TAIL_SAMPLES`` calls: a p99 of 50 calls is their largest but one, and a host that stalls 2% of its calls
+    shows no stall in 30 of them one time in two), or None. The answer's candidates are confirmed so."""
+    if slo_p99_ms is None or not row.ok or row.measurement is None:
+        return None
+    samples = request_ms(row)
+    if not samples or len(samples) >= TAIL_SAMPLES:
+        return None
+    p99 = float(_C.quantile(samples, 0.99))
+    if p99 > slo_p99_ms:
+        return None
+    return f"p99 {p99:.4g} ms <= slo_p99_ms={slo_p99_ms:g} from {len(samples)} calls only"
+
+
 def device_median_ms(row: Row) -> float | None:
     """The device's median time per call (latency mode; the host's in host mode): what a faster backend of
     the same precision shortens, and what grows with the batch whatever the host does."""
