@@ -206,15 +206,59 @@ def test_a_compiled_config_starts_where_its_twins_device_time_met_the_slo(monkey
     runs = [(e.batch_size, e.rung) for e in r.log if e.config == "fp32+channels_last" and e.action in
             ("measured", "infeasible")]
     assert runs == [(64, 1)]
-    # measured once, at the confirmation length, and its p99 within the SLO confirmed from 300 calls
-    (confirmed,) = [e for e in _actions(r, "remeasured") if e.config == "fp32+channels_last"]
-    assert "<= slo_p99_ms=12 from" in confirmed.reason and "calls only" in confirmed.reason
+    # measured once, aiming at 300 calls (the answer's p99 under a budget is not the largest of a few)
+    assert not [e for e in _actions(r, "remeasured") if e.config == "fp32+channels_last"]
     assert r.best.figures["samples"] >= 300
     (predicted,) = [e for e in _actions(r, "pruned") if e.config == "fp32+channels_last" and e.batch_size == 256]
     assert "predicted over the SLO without compiling" in predicted.reason and "lower bound" in predicted.reason
     below = [e for e in _actions(r, "pruned") if e.config == "fp32+channels_last" and e.batch_size < 64]
     assert below and all("where this config's search began" in e.reason for e in below)
     assert r.found and (r.best.config, r.best.batch_size) == ("fp32+channels_last", 64)
+
+
+@pytest.mark.parametrize("miss", ["body", "tail"])
+def test_over_the_slo_at_its_start_a_compiled_config_steps_down_unless_by_its_tail_alone(monkeypatch, one_thread,
+                                                                                         miss):
+    # The compiled stand-in starts at batch 64 (as above) and is made to miss the SLO there: by its body (40% of
+    # its calls issue for 14 ms, as compiled ResNet-50 b64 issued for ~5 ms against a 5 ms SLO on the H100's
+    # host) -- it steps down to 32 and meets it; or by its tail (3% of calls stall for 30 ms, the host's stalls,
+    # which smaller batch sizes share) -- it stops there.
+    from dataclasses import replace
+
+    from gpuopt.optimizer import space
+    from gpuopt.run.runner import Runner
+    from gpuopt.timing.measurement import Measurement
+
+    real_twin, real_measure = space.eager_twin, Runner.measure_cell
+    monkeypatch.setattr(space, "eager_twin", lambda c: gpuopt.Config("fp32") if c.label == "fp32+channels_last"
+                        else real_twin(c))
+
+    def injected(self, cell, mode, options=None):
+        row = real_measure(self, cell, mode, options)
+        if not row.ok:
+            return row
+        m = row.measurement
+        if row.config == "fp32":
+            enqueue = [16.0] * m.n
+        elif row.batch_size == 64 or miss == "tail":
+            enqueue = [(14.0 if i % 5 < 2 else 0.0) if miss == "body" else (30.0 if i % 33 == 0 else 0.0)
+                       for i in range(m.n)]
+        else:
+            return row
+        return replace(row, measurement=Measurement.from_samples(m.samples_ms, enqueue_ms=enqueue, mode=m.mode))
+
+    monkeypatch.setattr(Runner, "measure_cell", injected)
+    r = gpuopt.optimize(TwinAndCompiled(), (3, 8, 8), slo_p99_ms=12.0, configs=["fp32", "fp32+channels_last"],
+                        batch_sizes=[1, 2, 4, 8, 16, 32, 64, 256], device="cpu", **FAST)
+    runs = [(e.batch_size, e.action) for e in r.log if e.config == "fp32+channels_last" and e.action in
+            ("measured", "infeasible")]
+    if miss == "body":
+        assert runs == [(64, "infeasible"), (32, "measured")]
+        assert r.found and (r.best.config, r.best.batch_size) == ("fp32+channels_last", 32)
+    else:
+        assert runs == [(64, "infeasible")] and not r.found
+        stopped = [e for e in _actions(r, "pruned") if e.config == "fp32+channels_last" and e.batch_size == 32]
+        assert stopped and "by its tail alone" in stopped[0].reason and "smaller batch sizes share" in stopped[0].reason
 
 
 def test_without_a_budget_a_compiled_config_enters_at_its_twins_best_batch_size(monkeypatch):
@@ -275,10 +319,10 @@ def test_one_stall_over_the_slo_is_measured_again_before_the_candidate_is_called
     # The confirmation's max_iters=100 does not cap the second look (it did: "max_iters must be >= min_iters").
     r = gpuopt.optimize(SleepPerItem(), (8,), slo_p99_ms=20.0, configs=["fp32"], batch_sizes=[1], device="cpu",
                         rung_options=FAST["rung_options"], confirm_options={**FAST["confirm_options"], "max_iters": 100})
-    again, confirmed = _actions(r, "remeasured")  # the stall, then the answer's p99 from 300 calls
+    (again,) = _actions(r, "remeasured")
     assert "from 1 of" in again.reason and "a 1% tail explains that many" in again.reason
     assert "aiming at 300 samples" in again.reason and seen[1] >= 300 > seen[0]
-    assert "calls only" in confirmed.reason and r.best.figures["samples"] >= 300
+    assert r.best.figures["samples"] >= 300 and seen[-1] >= 300  # the answer's p99: 300 calls
     assert r.found and r.best.batch_size == 1 and r.best.figures["p99_ms"] < 20.0
     assert not _actions(r, "infeasible")
 
@@ -314,18 +358,19 @@ def test_the_tail_rule():
     assert tail_undecided(row([1.0] * 40), 5.0) is None and tail_undecided(row([1.0] * 40 + [20.0]), None) is None
 
 
-def test_a_p99_within_the_slo_is_unconfirmed_below_300_calls():
-    from types import SimpleNamespace
+def test_the_share_of_calls_over_the_slo_tells_a_tail_from_the_body():
+    from gpuopt.optimizer.space import STALL_SHARE, share_over
+    from gpuopt.report.results import Row
+    from gpuopt.timing.measurement import Measurement
 
-    from gpuopt.optimizer.space import tail_unconfirmed
+    def row(device, enqueue):
+        return Row.measured(Measurement.from_samples(device, enqueue_ms=enqueue, mode="latency"), model="m",
+                            config="fp16", batch_size=1, mode="latency")
 
-    def row(n, ms=1.0):
-        return SimpleNamespace(ok=True, measurement=SimpleNamespace(samples_ms=[ms] * n, enqueue_ms=[0.5] * n, n=n),
-                               latency_ms={"p50": ms, "p99": ms})
-
-    assert "from 50 calls only" in tail_unconfirmed(row(50), 5.0)
-    assert tail_unconfirmed(row(300), 5.0) is None and tail_unconfirmed(row(50, 6.0), 5.0) is None
-    assert tail_unconfirmed(row(50), None) is None
+    stalls = row([1.0] * 100, [2.0] * 97 + [20.0] * 3)  # three stalls in 100 calls: the tail
+    assert share_over(stalls, 5.0) == pytest.approx(0.03) and STALL_SHARE >= 0.03
+    slow = row([3.3] * 100, [4.0] * 60 + [5.5] * 40)  # compiled ResNet-50 b64 issuing for ~4.8 ms: the body
+    assert share_over(slow, 5.0) == pytest.approx(0.4) and STALL_SHARE < 0.4
 
 
 def test_the_second_look_at_a_tail_asks_for_300_samples_whatever_the_confirmation_allows():

@@ -331,14 +331,14 @@ class _Search:
 
     def _measure(self, c: _Candidate, rung: int, options: dict[str, Any], final: bool = False) -> None:
         """Measure ``c`` with ``options``; a p99 over the SLO that a 1% tail explains is measured again with
-        ``TAIL_SAMPLES`` calls, and so is (``final``: the measurement the answer stands on) one within it."""
+        ``TAIL_SAMPLES`` calls. ``final`` (the measurement the answer stands on) under a p99 budget: measured
+        with ``TAIL_SAMPLES`` calls at once, so that its p99 is not the largest of a few."""
         # The allocator's peak counts every candidate still prepared and the batch's fp32 reference: what
         # was allocated before the measurement, less this candidate's own preparation, is not its memory.
         others = max(0, self._allocated() - c.static_bytes)
-        row = self.runner.measure_cell(c.cell, self.mode, options)
-        tail = space.tail_undecided(row, self.slo)
-        if tail is None and final:
-            tail = space.tail_unconfirmed(row, self.slo)
+        long = final and self.slo is not None
+        row = self.runner.measure_cell(c.cell, self.mode, space.tail_options(options) if long else options)
+        tail = None if long else space.tail_undecided(row, self.slo)
         if tail is not None and not self._out_of_time():  # a p99 few samples cannot decide
             row = self.runner.measure_cell(c.cell, self.mode, space.tail_options(self.confirm))
         else:
@@ -558,13 +558,13 @@ class _Search:
             ladder.record_ok(c.batch, space.score(c.row, self.objective), c.host_bound_ms, c.gb)
         elif c.status == "infeasible" or (c.status == "failed" and space.is_out_of_memory(c.reason)):
             ladder.record_over(c.batch)
-            p50 = space.request_quantile(c.row, 0.5) if c.row is not None and c.row.ok else None
-            if (ladder.below_start and ladder.feasible_top is None and set(c.misses) == {"p99_ms_over"}
-                    and p50 is not None and p50 <= self.slo):
-                # Over at a start that was a guess, by its tail alone: stalls of the host, which a smaller
-                # batch size shares (its median, the issuing time, may shrink with the batch: that steps down).
-                ladder.stop(f"{c.label} at batch {c.batch} broke the SLO by its tail alone (median {p50:.4g} ms "
-                            f"within it): the host's stalls, which smaller batch sizes share")
+            share = (space.share_over(c.row, self.slo) if set(c.misses) == {"p99_ms_over"} and c.row is not None
+                     and c.row.ok else None)
+            if ladder.below_start and ladder.feasible_top is None and share is not None and share <= space.STALL_SHARE:
+                # Over at a start that was a guess by its tail alone: stalls of the host, which a smaller batch
+                # size shares. (Many calls over it: the issuing time, which may shrink with the batch, steps down.)
+                ladder.stop(f"{c.label} at batch {c.batch} broke the SLO by its tail alone ({share:.1%} of its "
+                            f"calls over it): the host's stalls, which smaller batch sizes share")
         elif c.status != "skipped":  # failed (parity, an error) or pruned (a no-op config); skipped: budget_s
             ladder.stop(f"{c.label} {c.status} at batch {c.batch}: {c.reason}")
 

@@ -173,19 +173,16 @@ def tail_undecided(row: Row, slo_p99_ms: float | None) -> str | None:
             f"episode{'s' if e['episodes'] != 1 else ''} (median {p50:.4g} ms): a 1% tail explains that many")
 
 
-def tail_unconfirmed(row: Row, slo_p99_ms: float | None) -> str | None:
-    """Why ``row``'s p99 within ``slo_p99_ms`` does not yet show the config meets the SLO (fewer than
-    ``TAIL_SAMPLES`` calls: a p99 of 50 calls is their largest but one, and a host that stalls 2% of its calls
-    shows no stall in 30 of them one time in two), or None. The answer's candidates are confirmed so."""
-    if slo_p99_ms is None or not row.ok or row.measurement is None:
-        return None
+STALL_SHARE = 0.05  # at most this share of calls over the SLO: a tail (the host's stalls), not the body
+
+
+def share_over(row: Row, slo_p99_ms: float) -> float | None:
+    """The share of a row's requests (:func:`request_ms`) over ``slo_p99_ms``."""
     samples = request_ms(row)
-    if not samples or len(samples) >= TAIL_SAMPLES:
+    if not samples:
         return None
-    p99 = float(_C.quantile(samples, 0.99))
-    if p99 > slo_p99_ms:
-        return None
-    return f"p99 {p99:.4g} ms <= slo_p99_ms={slo_p99_ms:g} from {len(samples)} calls only"
+    e = _C.exceedance(samples, slo_p99_ms, 0.01)
+    return e["over"] / e["n"]
 
 
 def device_median_ms(row: Row) -> float | None:
