@@ -80,8 +80,8 @@ class SecondLooks:
     """Wraps the Runner's measurement during the sweep: a cell whose median meets ``slo`` and that has fewer
     than ``TAIL_SAMPLES`` samples is measured again at once (the prepared cell is still there)."""
 
-    def __init__(self, slo: float | None):
-        self.slo, self.looks, self.seconds, self.real = slo, {}, 0.0, Runner.measure_cell
+    def __init__(self, slo: float | None, confirm: dict):
+        self.slo, self.confirm, self.looks, self.seconds, self.real = slo, confirm, {}, 0.0, Runner.measure_cell
 
     def __enter__(self):
         real, me = self.real, self
@@ -91,8 +91,10 @@ class SecondLooks:
             if (me.slo is not None and row.ok and row.measurement is not None and row.measurement.n < TAIL_SAMPLES
                     and request_quantile(row, 0.5) <= me.slo):
                 t0 = time.perf_counter()
-                me.looks[(row.config, row.batch_size)] = real(runner, cell, mode, tail_options(CONFIRM))
+                look = real(runner, cell, mode, tail_options(me.confirm))
                 me.seconds += time.perf_counter() - t0
+                if look.ok:  # (a second look that failed leaves the first to judge)
+                    me.looks[(row.config, row.batch_size)] = look
             return row
 
         Runner.measure_cell = measure
@@ -113,7 +115,7 @@ def part(model: str, args, results: dict, targets: list[Target]) -> None:
     results[model] = out
 
     t0 = time.perf_counter()
-    with SecondLooks(slos[model]) as second:
+    with SecondLooks(slos[model], confirm) as second:
         sweep = gpuopt.benchmark(model, configs=configs, batch_sizes=batches, modes=["latency"], progress=False,
                                  **confirm)
     sweep_s = time.perf_counter() - t0 - second.seconds  # the sweep's own wall time, without the second looks

@@ -258,7 +258,7 @@ def test_over_the_slo_at_its_start_a_compiled_config_steps_down_unless_by_its_ta
     else:
         assert runs == [(64, "infeasible")] and not r.found
         stopped = [e for e in _actions(r, "pruned") if e.config == "fp32+channels_last" and e.batch_size == 32]
-        assert stopped and "by its tail alone" in stopped[0].reason and "smaller batch sizes share" in stopped[0].reason
+        assert stopped and "by stalls alone" in stopped[0].reason and "smaller batch sizes share" in stopped[0].reason
 
 
 def test_without_a_budget_a_compiled_config_enters_at_its_twins_best_batch_size(monkeypatch):
@@ -293,8 +293,9 @@ def test_a_compiled_candidate_that_would_compile_again_is_compared_from_its_meas
     assert "measured apart: fp32+channels_last b4 would compile again" in r.ratio["what"]
     assert r.ratio["ci"][0] <= r.ratio["value"] <= r.ratio["ci"][1] and r.ratio["verdict"] == "best is better"
     assert any("compiles again on its first call" in f for f in r.best.flags)
-    ((a, b, options),) = calls  # the rows' measurements, nothing run again
-    assert isinstance(a, Measurement) and isinstance(b, Measurement) and not options
+    ((a, b, options),) = calls  # the rows' measurements, nothing run again, judged with the drift between runs
+    assert isinstance(a, Measurement) and isinstance(b, Measurement) and set(options) == {"labels", "run_to_run"}
+    assert options["run_to_run"].rel > 0 and "widened by 5% for drift between runs" in r.ratio["what"]  # host: 5%
 
 
 def test_one_stall_over_the_slo_is_measured_again_before_the_candidate_is_called_infeasible(monkeypatch):
@@ -359,7 +360,7 @@ def test_the_tail_rule():
 
 
 def test_the_share_of_calls_over_the_slo_tells_a_tail_from_the_body():
-    from gpuopt.optimizer.space import STALL_SHARE, share_over
+    from gpuopt.optimizer.space import STALL_SHARE, share_over, stalls_only
     from gpuopt.report.results import Row
     from gpuopt.timing.measurement import Measurement
 
@@ -371,6 +372,10 @@ def test_the_share_of_calls_over_the_slo_tells_a_tail_from_the_body():
     assert share_over(stalls, 5.0) == pytest.approx(0.03) and STALL_SHARE >= 0.03
     slow = row([3.3] * 100, [4.0] * 60 + [5.5] * 40)  # compiled ResNet-50 b64 issuing for ~4.8 ms: the body
     assert share_over(slow, 5.0) == pytest.approx(0.4) and STALL_SHARE < 0.4
+    assert "3.0% of its calls over it, at 4.0x the SLO" in stalls_only(stalls, 5.0)
+    assert stalls_only(slow, 5.0) is None  # the body: it may shrink with the batch
+    near = row([1.0] * 100, [2.0] * 97 + [5.2] * 3)  # few calls, just over the SLO: the body's edge, not stalls
+    assert share_over(near, 5.0) <= STALL_SHARE and stalls_only(near, 5.0) is None
 
 
 def test_the_second_look_at_a_tail_asks_for_300_samples_whatever_the_confirmation_allows():

@@ -94,6 +94,41 @@ def test_an_upward_only_ladder_from_a_start_never_goes_below_it():
     assert asked == [16, 32, 128, 256] and "jumped from batch 32 to 128" in lad.why_not(64)
 
 
+def test_misses_of_the_host_guide_the_climb_without_counting_as_feasible():
+    # A compiled config's eager twin: requests over the 10 ms SLO from batch 16 by the host's issuing (device
+    # time within it up to batch 64), over by the device from 128. The climb goes on by the device time to
+    # where it breaks the SLO (what the compiled config starts from); the feasible top is still searched for
+    # below the first miss, and the walk does not start from a batch size that missed.
+    request = {1: 4.0, 2: 4.1, 4: 4.3, 8: 6.0, 16: 10.5, 32: 11.0, 64: 12.0, 128: 14.0, 256: 25.0}
+    device = {1: 1.0, 2: 1.2, 4: 1.6, 8: 2.4, 16: 4.0, 32: 6.0, 64: 9.5, 128: 14.0, 256: 25.0}
+    lad = Ladder(BATCHES, objective="throughput", slo_p99_ms=10.0)
+    asked = []
+    while (b := lad.next()) is not None:
+        asked.append(b)
+        if device[b] > 10.0:
+            lad.record_over(b)
+        elif request[b] > 10.0:
+            lad.record_probe(b, device[b])
+        else:
+            lad.record_ok(b, b / request[b], request[b])
+    assert 128 in asked and 256 not in asked  # climbed past the host's misses to the device's
+    assert {8, 16} <= set(asked) and BATCHES[lad.feasible_top] == 8  # the feasible top, bracketed below 16
+    assert len(asked) <= 8 and len(set(asked)) == len(asked)  # of 9, and it learnt both tops
+    for b in set(BATCHES) - set(asked):
+        assert lad.why_not(b).startswith("not run")
+    assert "already over the budgets" in lad.why_not(256)
+
+
+def test_a_batch_predicted_over_is_named_so():
+    lad = Ladder(BATCHES, objective="throughput", slo_p99_ms=5.0, start=16, descend=False)
+    assert lad.next() == 16
+    lad.record_ok(16, 100.0, 2.0)
+    nxt = lad.next()
+    lad.record_over(nxt, predicted=True)
+    assert lad.next() is None
+    assert f"batch {nxt} was predicted over the budgets" in lad.why_not(256)
+
+
 def test_a_start_that_is_a_guess_steps_down_when_over_the_budget_there():
     # A compiled config starts where its eager twin's device time met the SLO (a guess): over it there,
     # it steps down one batch size at a time to the first that meets it, and never climbs above the start.

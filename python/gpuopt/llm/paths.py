@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from .._ext import _C
+from ..prepare.config import reset_compile_caches
 from ..timing.graphs import capture as capture_graph
 
 PATHS: tuple[str, ...] = ("hf-generate", "hf-static-compile", "static", "static-graph", "static-graph-compile")
@@ -157,7 +158,7 @@ class Decoder:
         gen.compile_config._compile_all_devices = self.device.type == "cpu" or None
         # Each Decoder compiles afresh: dynamo's recompile limit would end a sweep after a few cells, and
         # generate keeps its compiled call on the model.
-        torch._dynamo.reset()
+        reset_compile_caches()
         if hasattr(self.model, "_compiled_call"):
             del self.model._compiled_call
 
@@ -201,7 +202,7 @@ class Decoder:
             if compiled:
                 # Every Decoder compiles the same bound methods: without a reset, dynamo's recompile
                 # limit (fullgraph=True makes hitting it an error) ends a sweep after a few cells.
-                torch._dynamo.reset()
+                reset_compile_caches()
                 prefill = torch.compile(prefill, fullgraph=True, dynamic=False)
                 decode = torch.compile(decode, fullgraph=True, dynamic=False)
             self._prefill, self._decode = prefill, decode

@@ -51,6 +51,8 @@ class Ladder:
         self.below_start = below_start
         self.ok: dict[int, tuple[float, float | None, float | None]] = {}  # index -> (score, p99, gb)
         self.over: set[int] = set()
+        self.predicted: set[int] = set()  # over without a measurement (predicted by the search)
+        self.probes: dict[int, tuple[float, float | None]] = {}  # index -> (device ms, gb): see record_probe
         self.asked: set[int] = set()
         self.stopped: str | None = None  # why the ladder ended early (a failure)
         self._walk: list[int] = []  # indices the final walk visited, in order
@@ -61,9 +63,19 @@ class Ladder:
     def record_ok(self, batch: int, score: float, p99_ms: float | None = None, gb: float | None = None) -> None:
         self.ok[self._index(batch)] = (score, p99_ms, gb)
 
-    def record_over(self, batch: int) -> None:
-        """Over a budget or out of memory at ``batch``: larger batch sizes are too."""
+    def record_over(self, batch: int, predicted: bool = False) -> None:
+        """Over a budget or out of memory at ``batch`` (``predicted``: judged so without measuring it):
+        larger batch sizes are too."""
         self.over.add(self._index(batch))
+        if predicted:
+            self.predicted.add(self._index(batch))
+
+    def record_probe(self, batch: int, device_ms: float, gb: float | None = None) -> None:
+        """Over the SLO at ``batch`` by the host's issuing alone: the device's time, ``device_ms``, is within
+        it. Not feasible; but the climb goes on by the device time (where it breaks the SLO is what a
+        compiled twin of the config starts from), and the feasible top is then searched for below the
+        smallest such batch size."""
+        self.probes[self._index(batch)] = (device_ms, gb)
 
     def stop(self, reason: str) -> None:
         """A failure that says nothing about other batch sizes of the config: no more of them."""
@@ -132,7 +144,9 @@ class Ladder:
                 return None
             nxt = max(self.asked) + 1
             return nxt if nxt < lo_over and nxt < n else None
-        top = max(self.ok) if self.ok else None
+        top = max([*self.ok, *self.probes]) if (self.ok or self.probes) else None  # how far the climb got
+        if top is not None and self.probes:
+            lo_over = min((i for i in self.over if i > top), default=n)
         if top is None:
             if self.below_start:  # the start was a guess: one step further down at a time
                 nxt = min(self.asked) - 1
@@ -141,24 +155,37 @@ class Ladder:
                 return None  # over the budget where it began: so is every larger batch size
             below = [i for i in range(min(self.asked), -1, -1) if i not in self.asked and i < lo_over]
             return below[0] if below else None  # out of memory at the top: one step down
-        if top + 1 >= min(lo_over, n):
-            return None
-        if not self.constrained:
-            return None  # without a budget the largest that ran is the top
+        if top + 1 >= min(lo_over, n) or not self.constrained:  # without a budget the largest that ran is the top
+            return self._bracket()
         if lo_over < n:  # bracketed: binary search between the top and the first over
             return (top + lo_over) // 2 if (top + lo_over) // 2 > top else top + 1
         target = self._estimate(top)
         j = max((i for i, b in enumerate(self.batches) if b <= target), default=top)
         return min(max(j, top + 1), n - 1)
 
+    def _bracket(self) -> int | None:
+        """After a climb past misses of the host (probes): the largest feasible batch size lies below the
+        smallest miss above the feasible top; binary search there. None without probes (nothing to do)."""
+        if not self.probes:
+            return None
+        ftop = max(self.ok) if self.ok else None
+        if ftop is None:
+            return None  # the climb began at the smallest batch size: nothing below its first probe
+        miss = min([i for i in (*self.probes, *self.over) if i > ftop], default=None)
+        if miss is None or miss - ftop < 2:
+            return None
+        return (ftop + miss) // 2
+
     def _estimate(self, top: int) -> float:
         """The largest batch size the budgets allow, judged from the measurements at or below ``top``."""
         b_top = self.batches[top]
         bounds = []
-        for k, limit in ((1, self.slo), (2, self.mem)):
+        nav = {i: (v[1], v[2]) for i, v in self.ok.items()}
+        nav.update(self.probes)  # the device time of a host's miss
+        for k, limit in ((0, self.slo), (1, self.mem)):
             if limit is None:
                 continue
-            pts = sorted((self.batches[i], v[k]) for i, v in self.ok.items() if v[k] is not None and i <= top)
+            pts = sorted((self.batches[i], v[k]) for i, v in nav.items() if v[k] is not None and i <= top)
             if not pts:
                 continue
             (b2, q2) = pts[-1]
@@ -210,7 +237,8 @@ class Ladder:
         if self.stopped is not None:
             return f"not run: {self.stopped}"
         if i >= self.lowest_over:
-            return f"not run: batch {self.batches[self.lowest_over]} was already over the budgets"
+            how = "predicted" if self.lowest_over in self.predicted else "already"
+            return f"not run: batch {self.batches[self.lowest_over]} was {how} over the budgets"
         top = self.feasible_top
         what = {"throughput": "items/s", "energy": "joules per item", "latency": "p99"}[self.objective]
         lowest = min(self.asked, default=self._start)
@@ -219,6 +247,11 @@ class Ladder:
                 return f"not run: below batch {self.batches[self._start]}, where this config's search began"
             return (f"not run: below batch {self.batches[lowest]}, the first under the budgets on the way down "
                     f"from batch {self.batches[self._start]}, where this config's search began")
+        lower = [k for k in self.asked if k < i]
+        upper = [k for k in self.asked if k > i]
+        if self.probes and lower and upper and (top is None or i > top):
+            return (f"not run: the search jumped from batch {self.batches[max(lower)]} to "
+                    f"{self.batches[min(upper)]} (climbing by the device time past the host's misses)")
         if top is None:
             return "not run: no batch size of this config met the budgets"
         if not self.descend:

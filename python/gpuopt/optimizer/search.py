@@ -17,9 +17,11 @@ How the search runs (the rest of the design is in the package docstring):
      device median, halved (``COMPILE_SPEEDUP_BOUND``), meets the SLO. The twin's ladder measures on
      past a miss that is the host's (its device median within the SLO: issuing the eager calls takes
      longer than running them) to where its device time breaks the SLO, without pruning larger batch
-     sizes there. From the start the compiled ladder climbs, stepping down instead if the start is over
-     the SLO; a batch size is not compiled when the twin's device median there (or a lower bound for it
-     from the saturation of items/s) times the compiled / eager ratio measured so far is over the SLO;
+     sizes there (``Ladder.record_probe``: such a miss guides the climb and is not feasible). From the
+     start the compiled ladder climbs, stepping down instead if the start is over the SLO unless stalls
+     alone broke it (``space.stalls_only``: smaller batch sizes share them); a batch size is not compiled
+     when the twin's device median there (or a lower bound for it from the saturation of items/s) times
+     the smallest compiled / eager ratio measured so far is ``PREDICTION_MARGIN`` over the SLO;
    - otherwise: at the twin's best ``compile_batches`` (default 1) batch sizes surviving rung 0, plus the
      batch where the twin first broke the SLO (compiling may bring it under: the host's launch overhead
      is gone), and, when it does, upward from there.
@@ -55,6 +57,7 @@ from ..run.workload import (
     resolve_device,
     workload,
 )
+from ..timing.calibration import RunToRun
 from ..timing.comparison import compare
 from . import space
 from .ladder import Ladder
@@ -70,8 +73,9 @@ COMPILE_BATCHES = 1
 SATURATION_GAIN = 0.03  # a batch size this much worse than the best (or two not better by it) ends a walk
 # Under a p99 budget a compiled config starts where its eager twin's device median divided by this meets
 # the SLO: torch.compile shortened the device time by 1.3-1.8x for ResNet-50 and ViT-B/16 on the H100. A
-# larger speedup costs a climb, a smaller one a step down; neither changes the answer.
+# larger speedup costs a climb, a smaller one a step down (which stalls alone at the start end).
 COMPILE_SPEEDUP_BOUND = 2.0
+PREDICTION_MARGIN = 0.1  # a compiled batch size is skipped only when predicted this much over the SLO
 
 
 @dataclass
@@ -338,7 +342,9 @@ class _Search:
         others = max(0, self._allocated() - c.static_bytes)
         long = final and self.slo is not None
         row = self.runner.measure_cell(c.cell, self.mode, space.tail_options(options) if long else options)
-        tail = None if long else space.tail_undecided(row, self.slo)
+        # (a long measurement holds fewer than TAIL_SAMPLES calls only when they take over ~17 ms each)
+        short = row.measurement is None or row.measurement.n < space.TAIL_SAMPLES
+        tail = space.tail_undecided(row, self.slo) if (short or not long) else None
         if tail is not None and not self._out_of_time():  # a p99 few samples cannot decide
             row = self.runner.measure_cell(c.cell, self.mode, space.tail_options(self.confirm))
         else:
@@ -467,23 +473,28 @@ class _Search:
         return best
 
     def _twin_device_bound(self, twin: Config, batch: int) -> tuple[float, str] | None:
-        """The twin's device median at ``batch`` (measured), or a lower bound for it beyond the largest batch
-        sizes it measured: items/s grow ever more slowly with the batch (saturation), so from b1 < b2 with a
-        gain g in items/s, b > b2 gains at most g per factor b2/b1 again."""
+        """The twin's device median at ``batch`` (measured), or a lower bound for it beyond the batch sizes it
+        measured: items/s grow ever more slowly with the batch (the GPU saturates), so past the largest
+        measured batch they gain at most what they gained per doubling of the batch between the last measured
+        batch sizes (the larger of the last two steps, against noise). None where that is not clear (items/s
+        grew by less than 2% per doubling in one of those steps: noise of a short measurement, or a batch size
+        that happened to map badly onto the GPU)."""
         d = self._device_ms(twin.label, batch)
         if d is not None:
             return d, f"its eager twin {twin.label}'s device median at batch {batch} ({d:.4g} ms)"
-        known = [(b, self._device_ms(twin.label, b)) for b in self.batches if b < batch]
-        known = [(b, v) for b, v in known if v]
+        known = [(b, v) for b in self.batches if b < batch and (v := self._device_ms(twin.label, b))]
         if len(known) < 2:
             return None
-        (b1, d1), (b2, d2) = known[-2:]
-        g = max(1.0, (b2 / d2) / (b1 / d1))  # items/s gained from b1 to b2
-        steps = math.log(batch / b2) / math.log(b2 / b1)
-        bound = d2 * (batch / b2) / g ** steps
-        return bound, (f"a lower bound of its eager twin {twin.label}'s device median at batch {batch} ({bound:.4g} ms: "
-                       f"{d2:.4g} ms at batch {b2}, items/s gaining at most {g:.2f}x per {b2 // b1}x the batch, as "
-                       f"from batch {b1})")
+        last = known[-3:]
+        gains = [math.log((b2 / d2) / (b1 / d1)) / math.log2(b2 / b1) for (b1, d1), (b2, d2) in zip(last, last[1:])]
+        if min(gains) < math.log(1.02):
+            return None
+        g = math.exp(max(gains))  # items/s gained per doubling of the batch
+        b2, d2 = known[-1]
+        bound = d2 * (batch / b2) / g ** math.log2(batch / b2)
+        return bound, (f"a lower bound of its eager twin {twin.label}'s device median at batch {batch} ({bound:.4g} "
+                       f"ms: {d2:.4g} ms at batch {b2}, items/s gaining at most {g:.2f}x per doubling of the batch, "
+                       f"as between the last batch sizes it measured)")
 
     def _predicted_over(self, c: _Candidate) -> str | None:
         """Why a compiled candidate cannot meet the SLO, judged without compiling it, or None: its eager twin's
@@ -492,7 +503,7 @@ class _Search:
         size where the work dominates; the smallest ratio seen errs towards compiling). A median over the
         SLO puts the p99 over it."""
         twin = self.deferred.get(c.label)
-        if twin is None or self.slo is None:
+        if twin is None or not self.twin_climbs:
             return None
         ratios = []
         for b in self.batches:
@@ -503,10 +514,10 @@ class _Search:
             return None
         r, b0 = min(ratios)
         bound = self._twin_device_bound(twin, c.batch)
-        if bound is None or bound[0] * r <= self.slo:
+        if bound is None or bound[0] * r <= self.slo * (1 + PREDICTION_MARGIN):
             return None
         return (f"predicted over the SLO without compiling: {bound[1]} x the compiled / eager ratio at batch {b0} "
-                f"({r:.2f}) = {bound[0] * r:.4g} ms > slo_p99_ms={self.slo:g}")
+                f"({r:.2f}) = {bound[0] * r:.4g} ms, more than {PREDICTION_MARGIN:.0%} over slo_p99_ms={self.slo:g}")
 
     def _enter_once(self, c: _Candidate) -> None:
         c.measure_once = True
@@ -530,7 +541,7 @@ class _Search:
                     if c.status == "waiting" and (why := self._predicted_over(c)):
                         c.status, c.reason = "pruned", why
                         self._note(c, None, "pruned", why)
-                        ladders[label].record_over(b)
+                        ladders[label].record_over(b, predicted=True)
                         continue
                     c.measure_once = once
                     self._enter(c, rung, options)
@@ -554,17 +565,17 @@ class _Search:
     def _feed(self, ladder: Ladder, c: _Candidate) -> None:
         if c.status == "alive":
             ladder.record_ok(c.batch, space.score(c.row, self.objective), space.request_p99(c.row), c.gb)
-        elif c.status == "infeasible" and c.host_bound_ms is not None:  # navigates by its device time
-            ladder.record_ok(c.batch, space.score(c.row, self.objective), c.host_bound_ms, c.gb)
+        elif c.status == "infeasible" and c.host_bound_ms is not None:  # the climb goes on by its device time
+            ladder.record_probe(c.batch, c.host_bound_ms, c.gb)
         elif c.status == "infeasible" or (c.status == "failed" and space.is_out_of_memory(c.reason)):
             ladder.record_over(c.batch)
-            share = (space.share_over(c.row, self.slo) if set(c.misses) == {"p99_ms_over"} and c.row is not None
-                     and c.row.ok else None)
-            if ladder.below_start and ladder.feasible_top is None and share is not None and share <= space.STALL_SHARE:
-                # Over at a start that was a guess by its tail alone: stalls of the host, which a smaller batch
-                # size shares. (Many calls over it: the issuing time, which may shrink with the batch, steps down.)
-                ladder.stop(f"{c.label} at batch {c.batch} broke the SLO by its tail alone ({share:.1%} of its "
-                            f"calls over it): the host's stalls, which smaller batch sizes share")
+            stalls = (space.stalls_only(c.row, self.slo) if set(c.misses) == {"p99_ms_over"} and c.row is not None
+                      and c.row.ok else None)
+            if ladder.below_start and ladder.feasible_top is None and stalls is not None:
+                # Over at a start that was a guess by stalls alone, which a smaller batch size shares. (Calls
+                # at or just over the SLO: the issuing time, which may shrink with the batch, steps down.)
+                ladder.stop(f"{c.label} at batch {c.batch} broke the SLO by stalls alone ({stalls}): the host's, "
+                            f"which smaller batch sizes share")
         elif c.status != "skipped":  # failed (parity, an error) or pruned (a no-op config); skipped: budget_s
             ladder.stop(f"{c.label} {c.status} at batch {c.batch}: {c.reason}")
 
@@ -641,14 +652,16 @@ class _Search:
         labels = (f"{second.label} b{second.batch}", f"{best.label} b{best.batch}")
         try:
             if stale and self.objective == "energy":
-                self.log.append(LogEntry(best.label, best.batch, None, "skipped",
+                self.log.append(LogEntry(best.label, best.batch, None, "not compared",
                                          f"no interval against the runner-up: energy needs interleaved rounds, and "
                                          f"{' and '.join(stale)} would compile again first", None,
                                          round(self._elapsed(), 3)))
                 return None, None
-            if stale:
-                cmp = compare(second.row.measurement, best.row.measurement)
-                how = f"measured apart: {' and '.join(stale)} would compile again"
+            if stale:  # two runs: the drift between runs widens the interval that judges them
+                a, b = second.row.measurement, best.row.measurement
+                cmp = compare(a, b, labels=labels, run_to_run=RunToRun.default(a))
+                how = (f"measured apart: {' and '.join(stale)} would compile again; the interval widened by "
+                       f"{cmp.run_to_run['rel']:.0%} for drift between runs")
             else:
                 a = second.cell.prepared.runner(second.cell.inputs)
                 b = best.cell.prepared.runner(best.cell.inputs)
@@ -666,7 +679,7 @@ class _Search:
                                      f"the comparison with the runner-up failed: "
                                      f"{type(exc).__name__}: {exc}", None, round(self._elapsed(), 3)))
             return None, None
-        lo, hi = cmp.ci[0] * scale, cmp.ci[1] * scale
+        lo, hi = (cmp.judged_ci or cmp.ci)[0] * scale, (cmp.judged_ci or cmp.ci)[1] * scale
         # The comparison's own verdict is per call; at different batch sizes the objective's ratio decides.
         verdict = ("best is better" if lo > 1 else "runner-up is better" if hi < 1 else "no significant difference")
         ratio = {"value": cmp.speedup * scale, "ci": (lo, hi), "confidence": cmp.confidence, "what": what,

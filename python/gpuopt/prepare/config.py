@@ -26,6 +26,18 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 # Bumped by each ``compile`` preparation's reset of torch.compile's caches (see Prepared.recompiles).
 _compile_epoch = 0
 
+
+
+def reset_compile_caches() -> int:
+    """Resets torch.compile's caches (``torch._dynamo.reset()``: its recompile limit then counts from zero) and
+    returns the new compile epoch: every compiled Prepared from an earlier one compiles again on its next call
+    (:attr:`Prepared.recompiles`). gpuopt's one call of the reset."""
+    global _compile_epoch
+    torch._dynamo.reset()
+    _compile_epoch += 1
+    return _compile_epoch
+
+
 _AMP = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}
 # Quantized precisions run everything but their linear layers in bf16.
 _CAST = {"fp16": torch.float16, "bf16": torch.bfloat16, **{p: torch.bfloat16 for p in QUANTIZED_PRECISIONS}}
@@ -282,12 +294,7 @@ class Prepared:
             self.module = built
             self.notes += built.notes
         elif c.backend == "compile":
-            from torch import _dynamo
-
-            global _compile_epoch
-            _dynamo.reset()  # a fresh cache: other configs' compiles must not count against this one
-            _compile_epoch += 1
-            self._epoch = _compile_epoch
+            self._epoch = reset_compile_caches()  # other configs' compiles must not count against this one
             self.module = torch.compile(m, mode=c.compile_mode)
             self._call(args, kwargs)  # compiles
         else:
