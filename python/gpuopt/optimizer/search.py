@@ -26,9 +26,10 @@ How the search runs (the rest of the design is in the package docstring):
      batch where the twin first broke the SLO (compiling may bring it under: the host's launch overhead
      is gone), and, when it does, upward from there.
 
-   They are measured once, at the confirmation length: a later compilation resets torch.compile's caches
-   (``Prepared.recompiles``), so measuring again would compile again; the answer's interval between two
-   such candidates comes from their measurements as taken (the C++ bootstrap), not an interleaved run.
+   They are measured once, at the confirmation length (under a p99 budget, 300 calls): a later
+   compilation resets torch.compile's caches (``Prepared.recompiles``), so measuring again would compile
+   again; the answer's interval between two such candidates comes from their measurements as taken (the
+   C++ bootstrap, widened by the drift between runs), not an interleaved run.
 3. Rungs 1, 2, ...: the best ``1/eta`` of the candidates that meet the constraints are kept (at least
    two), each measured again with longer options; the rest are dropped and their memory freed. When at
    most ``eta`` remain, they are measured at the confirmation length, and the best and the runner-up are
