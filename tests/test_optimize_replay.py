@@ -1,0 +1,93 @@
+"""The optimizer's decisions replayed against recorded GPU sweeps (a simulation, not a measurement).
+
+``benchmarks/results/optimizer-{resnet50,vit}-d5505e7-nvidia-h100-80gb-hbm3.json`` hold the exhaustive
+sweep's figures of every cell on the H100 (device median, a request's p50 and p99, the 300-call second
+look). Here every preparation is free and every measurement returns samples made from those figures, so the
+search runs its real logic -- ladders, the twin's climb past the host's misses, the compiled start and its
+step down, predictions, halving -- against what the GPU showed, on the CPU in seconds. What it checks: the
+choice is the sweep's best under the budget, with few compilations (each costs 8-15 s on that host)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import gpuopt
+from gpuopt.report.results import Row
+from gpuopt.run import runner as R
+from gpuopt.timing.measurement import Measurement
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+class _Prepared:
+    ok, notes, prepare_s, first_call_ms, eager_module, error, recompiles = True, [], 0.0, 0.0, None, None, False
+
+    def __init__(self, config):
+        self.config = config
+
+    def runner(self, inputs):
+        return lambda: None
+
+
+def replay(monkeypatch, name: str, model: str, slo: float | None):
+    d = json.loads((RESULTS / name).read_text())["results"][model]
+    cells = {(r["config"], r["batch_size"]): r for r in d["sweep"]["rows"]}
+    compiled_at: list[int] = []
+
+    def batch_context(self, b):
+        return SimpleNamespace(batch=b, inputs=None, ref=None, counts={})
+
+    def prepare_cell(self, config, ctx, inference=True):
+        if config.backend == "compile":
+            compiled_at.append(ctx.batch)
+        return R.Cell(config, ctx.batch, None, _Prepared(config), {})
+
+    def measure_cell(self, cell, mode, options=None):
+        r = cells[(cell.config.label, cell.batch)]
+        n = max(40, int((options or {}).get("min_iters") or 0))
+        p99 = r["second_look_p99_ms"] if n >= 300 and r.get("second_look_p99_ms") else r["p99_ms"]
+        k = math.ceil(0.015 * n)  # the p99 a request saw: its slowest 1.5% of calls
+        m = Measurement.from_samples([r["device_p50_ms"]] * n, enqueue_ms=[r["p50_ms"]] * (n - k) + [p99] * k,
+                                     mode="latency")
+        return Row.measured(m, model=model, config=cell.config.label, batch_size=cell.batch, mode=mode)
+
+    monkeypatch.setattr(R.Runner, "batch_context", batch_context)
+    monkeypatch.setattr(R.Runner, "prepare_cell", prepare_cell)
+    monkeypatch.setattr(R.Runner, "measure_cell", measure_cell)
+    from gpuopt.optimizer import search
+
+    monkeypatch.setattr(search, "compare", lambda a, b, **k: SimpleNamespace(
+        ci=(1.0, 1.0), judged_ci=None, speedup=1.0, confidence=0.95, run_to_run={"rel": 0.03}))
+    r = gpuopt.optimize(model, configs=d["configs"], batch_sizes=d["batch_sizes"], slo_p99_ms=slo, device="cpu",
+                        mode="host")
+    best = d["budget" if slo is not None else "unbounded"]["sweep_best"]
+    return r, compiled_at, best
+
+
+def test_resnet50_under_5ms_steps_down_from_batch_64_to_the_sweeps_best(monkeypatch):
+    # On the H100 at d5505e7 compiled ResNet-50 issued for 5-6 ms at batch 16 and 64 (device 1.3 and 3.3 ms):
+    # over the SLO by the body of its calls, so the step down goes on to batch 4 (p99 4.79 ms in 300 calls).
+    r, compiled_at, best = replay(monkeypatch, "optimizer-resnet50-d5505e7-nvidia-h100-80gb-hbm3.json", "resnet50", 5.0)
+    assert (r.best.config, r.best.batch_size) == (best["config"], best["batch_size"])
+    assert compiled_at == [64, 16, 4]
+
+
+def test_vit_b16_under_10ms_compiles_once_and_predicts_batch_256_over(monkeypatch):
+    r, compiled_at, best = replay(monkeypatch, "optimizer-vit-d5505e7-nvidia-h100-80gb-hbm3.json", "vit_b_16", 10.0)
+    assert (r.best.config, r.best.batch_size) == (best["config"], best["batch_size"]) == ("fp16", 64)
+    assert compiled_at == [64]
+    (predicted,) = [e for e in r.log if e.config == "fp16-amp+compile" and e.batch_size == 256]
+    assert "predicted over the SLO" in predicted.reason
+
+
+@pytest.mark.parametrize("name, model", [("optimizer-resnet50-d5505e7-nvidia-h100-80gb-hbm3.json", "resnet50"),
+                                         ("optimizer-vit-d5505e7-nvidia-h100-80gb-hbm3.json", "vit_b_16")])
+def test_without_a_budget_the_choice_is_the_sweeps_best_with_one_compilation(monkeypatch, name, model):
+    r, compiled_at, best = replay(monkeypatch, name, model, None)
+    assert (r.best.config, r.best.batch_size) == (best["config"], best["batch_size"])
+    assert len(compiled_at) == 1
