@@ -34,9 +34,11 @@ class _Prepared:
         return lambda: None
 
 
-def replay(monkeypatch, name: str, model: str, slo: float | None):
+def replay(monkeypatch, name: str, model: str, slo: float | None, override: dict | None = None):
     d = json.loads((RESULTS / name).read_text())["results"][model]
     cells = {(r["config"], r["batch_size"]): r for r in d["sweep"]["rows"]}
+    for key, figures in (override or {}).items():
+        cells[key] = {**cells[key], **figures}
     compiled_at: list[int] = []
 
     def batch_context(self, b):
@@ -51,7 +53,8 @@ def replay(monkeypatch, name: str, model: str, slo: float | None):
         r = cells[(cell.config.label, cell.batch)]
         n = max(40, int((options or {}).get("min_iters") or 0))
         p99 = r["second_look_p99_ms"] if n >= 300 and r.get("second_look_p99_ms") else r["p99_ms"]
-        k = math.ceil(0.015 * n)  # the p99 a request saw: its slowest 1.5% of calls
+        over = r.get("share_at_p99", 0.0)  # the share of calls as slow as the p99 (default: just enough for it)
+        k = max(n - math.floor(0.99 * (n - 1)), math.ceil(over * n))  # the slowest k calls: the p99 is theirs
         m = Measurement.from_samples([r["device_p50_ms"]] * n, enqueue_ms=[r["p50_ms"]] * (n - k) + [p99] * k,
                                      mode="latency")
         return Row.measured(m, model=model, config=cell.config.label, batch_size=cell.batch, mode=mode)
@@ -75,6 +78,23 @@ def test_resnet50_under_5ms_steps_down_from_batch_64_to_the_sweeps_best(monkeypa
     r, compiled_at, best = replay(monkeypatch, "optimizer-resnet50-d5505e7-nvidia-h100-80gb-hbm3.json", "resnet50", 5.0)
     assert (r.best.config, r.best.batch_size) == (best["config"], best["batch_size"])
     assert compiled_at == [64, 16, 4]
+
+
+def test_resnet50_steps_down_from_a_start_its_body_breaks_in_the_optimizers_own_window(monkeypatch):
+    # The optimizer's own window at d5505e7 saw compiled b64 with a median of 4.84 ms, within the SLO, and p99
+    # 6.46 ms: the body of its calls at the SLO (here 40% of them at 6.46 ms), not stalls. The rule then in
+    # place stopped the step down on any miss with the median within the SLO and found nothing; the step down
+    # must go on (space.stalls_only is None for it) to the sweep's best, batch 4.
+    key = ("fp16-amp+channels_last+compile", 64)
+    r, compiled_at, best = replay(monkeypatch, "optimizer-resnet50-d5505e7-nvidia-h100-80gb-hbm3.json", "resnet50",
+                                  5.0, {key: {"p50_ms": 4.84, "p99_ms": 6.46, "share_at_p99": 0.4}})
+    assert compiled_at == [64, 16, 4] and (r.best.config, r.best.batch_size) == (best["config"], best["batch_size"])
+    # ... while stalls alone at the start (2% of calls at 20 ms, the rest within) end it there
+    r, compiled_at, _ = replay(monkeypatch, "optimizer-resnet50-d5505e7-nvidia-h100-80gb-hbm3.json", "resnet50",
+                               5.0, {key: {"p50_ms": 3.3, "p99_ms": 20.0, "share_at_p99": 0.02}})
+    assert compiled_at == [64] and not r.found
+    (stopped,) = [e for e in r.log if e.config == key[0] and e.batch_size == 16]
+    assert "broke the SLO by stalls alone" in stopped.reason
 
 
 def test_vit_b16_under_10ms_compiles_once_and_predicts_batch_256_over(monkeypatch):

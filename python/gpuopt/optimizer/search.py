@@ -343,9 +343,9 @@ class _Search:
         others = max(0, self._allocated() - c.static_bytes)
         long = final and self.slo is not None
         row = self.runner.measure_cell(c.cell, self.mode, space.tail_options(options) if long else options)
-        # (a long measurement holds fewer than TAIL_SAMPLES calls only when they take over ~17 ms each)
-        short = row.measurement is None or row.measurement.n < space.TAIL_SAMPLES
-        tail = space.tail_undecided(row, self.slo) if (short or not long) else None
+        # A long measurement stands as measured: with fewer than TAIL_SAMPLES calls only when they take over
+        # ~17 ms each, and a second look with the same options would hold no more.
+        tail = None if long else space.tail_undecided(row, self.slo)
         if tail is not None and not self._out_of_time():  # a p99 few samples cannot decide
             row = self.runner.measure_cell(c.cell, self.mode, space.tail_options(self.confirm))
         else:

@@ -23,9 +23,9 @@ PRECISIONS = ("fp32", "tf32", "fp16-amp", "bf16-amp", "fp16", "bf16", *QUANTIZED
 MEMORY_FORMATS = ("contiguous", "channels_last")
 BACKENDS = ("eager", "torchscript", "compile", "cudagraph", *EXPORTED_BACKENDS)
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-# Bumped by each ``compile`` preparation's reset of torch.compile's caches (see Prepared.recompiles).
+# Bumped by every reset of torch.compile's caches (reset_compile_caches: a ``compile`` preparation, the LLM
+# paths' compiled decoders); see Prepared.recompiles.
 _compile_epoch = 0
-
 
 
 def reset_compile_caches() -> int:
