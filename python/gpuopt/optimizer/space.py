@@ -177,22 +177,16 @@ STALL_SHARE = 0.05  # at most this share of calls over the SLO ...
 STALL_EXCESS = 1.5  # ... taking at least this many times the SLO (median of those calls): stalls, not the body
 
 
-def share_over(row: Row, slo_p99_ms: float) -> float | None:
-    """The share of a row's requests (:func:`request_ms`) over ``slo_p99_ms``."""
-    samples = request_ms(row)
-    if not samples:
-        return None
-    e = _C.exceedance(samples, slo_p99_ms, 0.01)
-    return e["over"] / e["n"]
-
-
 def stalls_only(row: Row, slo_p99_ms: float) -> str | None:
     """How ``row`` breaks the SLO when only stalls do -- few calls over it (at most ``STALL_SHARE``), and
     those far over it (their median at least ``STALL_EXCESS`` x the SLO) -- else None: the body of its calls
     sits at or over the SLO (as compiled ResNet-50 b64 issuing for ~5 ms against a 5 ms SLO)."""
     samples = request_ms(row)
-    share = share_over(row, slo_p99_ms)
-    if share is None or share == 0 or share > STALL_SHARE:
+    if not samples:
+        return None
+    e = _C.exceedance(samples, slo_p99_ms, 0.01)
+    share = e["over"] / e["n"]
+    if share == 0 or share > STALL_SHARE:
         return None
     excess = float(_C.quantile([x for x in samples if x > slo_p99_ms], 0.5)) / slo_p99_ms
     if excess < STALL_EXCESS:
