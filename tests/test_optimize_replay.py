@@ -34,11 +34,15 @@ class _Prepared:
         return lambda: None
 
 
-def replay(monkeypatch, name: str, model: str, slo: float | None, override: dict | None = None):
+def replay(monkeypatch, name: str, model: str, slo: float | None, override: dict | None = None,
+           long: list | None = None):
+    """The search on ``name``'s recorded sweep of ``model``; ``override`` replaces (or adds) cells' figures;
+    ``long`` collects the (config, batch size) of each measurement aiming at 300 calls or more."""
     d = json.loads((RESULTS / name).read_text())["results"][model]
     cells = {(r["config"], r["batch_size"]): r for r in d["sweep"]["rows"]}
     for key, figures in (override or {}).items():
-        cells[key] = {**cells[key], **figures}
+        cells[key] = {**cells.get(key, {}), **figures}
+    configs = list(dict.fromkeys([*d["configs"], *(c for c, _ in (override or {}))]))
     compiled_at: list[int] = []
 
     def batch_context(self, b):
@@ -52,6 +56,8 @@ def replay(monkeypatch, name: str, model: str, slo: float | None, override: dict
     def measure_cell(self, cell, mode, options=None):
         r = cells[(cell.config.label, cell.batch)]
         n = max(40, int((options or {}).get("min_iters") or 0))
+        if long is not None and n >= 300:
+            long.append((cell.config.label, cell.batch))
         p99 = r["second_look_p99_ms"] if n >= 300 and r.get("second_look_p99_ms") else r["p99_ms"]
         over = r.get("share_at_p99", 0.0)  # the share of calls as slow as the p99 (default: just enough for it)
         k = max(n - math.floor(0.99 * (n - 1)), math.ceil(over * n))  # the slowest k calls: the p99 is theirs
@@ -66,7 +72,7 @@ def replay(monkeypatch, name: str, model: str, slo: float | None, override: dict
 
     monkeypatch.setattr(search, "compare", lambda a, b, **k: SimpleNamespace(
         ci=(1.0, 1.0), judged_ci=None, speedup=1.0, confidence=0.95, run_to_run={"rel": 0.03}))
-    r = gpuopt.optimize(model, configs=d["configs"], batch_sizes=d["batch_sizes"], slo_p99_ms=slo, device="cpu",
+    r = gpuopt.optimize(model, configs=configs, batch_sizes=d["batch_sizes"], slo_p99_ms=slo, device="cpu",
                         mode="host")
     best = d["budget" if slo is not None else "unbounded"]["sweep_best"]
     return r, compiled_at, best
@@ -111,3 +117,43 @@ def test_without_a_budget_the_choice_is_the_sweeps_best_with_one_compilation(mon
     r, compiled_at, best = replay(monkeypatch, name, model, None)
     assert (r.best.config, r.best.batch_size) == (best["config"], best["batch_size"])
     assert len(compiled_at) == 1
+
+
+CALM = {"vit_b_16": "optimizer-vit-9f4464d-nvidia-h100-80gb-hbm3.json",
+        "resnet50": "optimizer-resnet50-9f4464d-nvidia-h100-80gb-hbm3.json"}
+
+
+def test_vit_b16_under_10ms_predicts_eager_batch_256_over_and_confirms_only_the_answer(monkeypatch):
+    # The H100 at 9f4464d (a calm host): fp16's device median grew 1.9 -> 6.3 ms from batch 16 to 64 (items/s
+    # 1.10x per doubling), so batch 256 cannot come under 10 ms (a bound of 17.3 ms with the 10% allowance;
+    # it measured 24 ms). Under the budget only the answer is measured with 300 calls; the runner-up is flagged.
+    long: list = []
+    r, compiled_at, best = replay(monkeypatch, CALM["vit_b_16"], "vit_b_16", 10.0, long=long)
+    assert (r.best.config, r.best.batch_size) == (best["config"], best["batch_size"]) == ("fp16", 64)
+    assert compiled_at == [64]
+    (predicted,) = [e for e in r.log if e.config == "fp16" and e.batch_size == 256]
+    assert predicted.action == "pruned" and predicted.reason.startswith("predicted over the SLO: a lower bound of its")
+    assert ("fp16", 64) in long and ("fp16", 16) not in long
+    assert any("only the answer's p99 is confirmed" in f for f in r.runner_up.flags)
+    assert not any("confirmed" in f for f in r.best.flags)
+
+
+def test_resnet50_under_5ms_does_not_compile_where_it_cannot_beat_a_cuda_graph(monkeypatch):
+    # A CUDA-graph replay of fp16-amp+channels_last added to the 9f4464d sweep (a simulation: its device times,
+    # the host issuing one launch): it meets 5 ms up to batch 16 (2.26 ms). Compiled ResNet-50 starts at batch
+    # 64 (over by its host's issuing) and steps down to 16; at batch 4 its twin's device median (1.62 ms) x the
+    # compiled / eager ratio measured at 64 bounds it to ~4,400 items/s, under the graph's 7,100 at batch 16:
+    # not compiled.
+    graph = "fp16-amp+channels_last+cudagraph"
+    rows = json.loads((RESULTS / CALM["resnet50"]).read_text())["results"]["resnet50"]["sweep"]["rows"]
+    extra = {(graph, r["batch_size"]): {"config": graph, "batch_size": r["batch_size"],
+                                        "device_p50_ms": r["device_p50_ms"], "p50_ms": r["device_p50_ms"] + 0.05,
+                                        "p99_ms": r["device_p50_ms"] * 1.02 + 0.05, "second_look_p99_ms": None}
+             for r in rows if r["config"] == "fp16-amp+channels_last"}
+    override = {**extra, ("fp16-amp+channels_last+compile", 64): {"p50_ms": 4.83, "p99_ms": 5.29,
+                                                                  "second_look_p99_ms": 5.29, "share_at_p99": 0.3}}
+    r, compiled_at, _ = replay(monkeypatch, CALM["resnet50"], "resnet50", 5.0, override)
+    assert compiled_at == [64, 16]
+    (pruned,) = [e for e in r.log if e.config == "fp16-amp+channels_last+compile" and e.batch_size == 4]
+    assert pruned.action == "pruned" and pruned.reason.startswith(f"cannot beat {graph} b16")
+    assert (r.best.config, r.best.batch_size) == (graph, 16)

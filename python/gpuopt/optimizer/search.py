@@ -32,8 +32,16 @@ How the search runs (the rest of the design is in the package docstring):
    C++ bootstrap, widened by the drift between runs), not an interleaved run.
 3. Rungs 1, 2, ...: the best ``1/eta`` of the candidates that meet the constraints are kept (at least
    two), each measured again with longer options; the rest are dropped and their memory freed. When at
-   most ``eta`` remain, they are measured at the confirmation length, and the best and the runner-up are
-   measured again, interleaved (``gpuopt.compare``: the C++ bootstrap over pairs), for the interval.
+   most ``eta`` remain, they are measured at the confirmation length -- under a p99 budget (300 calls)
+   only the best, then the new best while the one confirmed lost its place or broke the budget -- and the
+   best and the runner-up are measured again, interleaved (``gpuopt.compare``: the C++ bootstrap over
+   pairs), for the interval.
+
+What is known to lose is not run, with the reason in the log: besides the ladders' rules, under a p99
+budget a batch size whose device median (a lower bound for it, from the saturation of items/s over the
+smaller ones; for a compiled config its twin's times the compiled / eager ratio measured) is
+``PREDICTION_MARGIN`` over the SLO, and a compiled batch size whose items/s, so bounded, cannot beat the
+best candidate within the budgets.
 """
 
 from __future__ import annotations
@@ -76,7 +84,11 @@ SATURATION_GAIN = 0.03  # a batch size this much worse than the best (or two not
 # the SLO: torch.compile shortened the device time by 1.3-1.8x for ResNet-50 and ViT-B/16 on the H100. A
 # larger speedup costs a climb, a smaller one a step down (which stalls alone at the start end).
 COMPILE_SPEEDUP_BOUND = 2.0
-PREDICTION_MARGIN = 0.1  # a compiled batch size is skipped only when predicted this much over the SLO
+PREDICTION_MARGIN = 0.1  # a batch size is skipped only when predicted this much over the SLO (or under the best)
+# Beyond the batch sizes a config measured, items/s are taken to gain at most this much more per doubling of
+# the batch than they gained over its last measured step (the GPU saturates: the gain shrinks; the allowance
+# covers the noise of a short measurement).
+GAIN_ALLOWANCE = 0.1
 
 
 @dataclass
@@ -92,6 +104,7 @@ class _Candidate:
     reason: str | None = None
     misses: dict[str, float] = field(default_factory=dict)
     measure_once: bool = False
+    final: bool = False  # measured as the answer would stand on it (under a p99 budget: TAIL_SAMPLES calls)
     static_bytes: int = 0  # on CUDA: what its preparation left allocated (converted weights, inputs, graphs)
     host_bound_ms: float | None = None  # infeasible by the host alone: the device median (a twin's navigation)
 
@@ -351,7 +364,7 @@ class _Search:
         else:
             tail = None
         self.rows[row.key] = row
-        c.row, c.rung = row, rung
+        c.row, c.rung, c.final = row, rung, final
         if not row.ok:
             self._drop(c, "failed", row.error, rung)
             if space.is_out_of_memory(row.error):
@@ -441,9 +454,19 @@ class _Search:
                 self._halve(rung)
                 rung += 1
             # confirmation
-            for c in self._alive():
-                if not c.measure_once and not self._out_of_time():
-                    self._measure(c, rung, self.confirm, final=True)
+            if self.slo is None:
+                for c in self._alive():
+                    if not c.measure_once and not self._out_of_time():
+                        self._measure(c, rung, self.confirm, final=True)
+            else:
+                # The final measurement takes TAIL_SAMPLES calls, and only the answer stands on its p99: the
+                # best is confirmed, then the new best if it lost its place or broke the budget, and so on
+                # (the runner-up is measured again, interleaved with the best, for the interval).
+                while not self._out_of_time():
+                    top = next(iter(self._ranked(self._alive())), None)
+                    if top is None or top.final:
+                        break
+                    self._measure(top, rung, self.confirm, final=True)
         finally:
             self.contexts.clear()
         return self._answer(rung)
@@ -473,52 +496,96 @@ class _Search:
                 best = b
         return best
 
-    def _twin_device_bound(self, twin: Config, batch: int) -> tuple[float, str] | None:
-        """The twin's device median at ``batch`` (measured), or a lower bound for it beyond the batch sizes it
+    def _trusted_ms(self, label: str, batch: int) -> float | None:
+        """The device median of ``label`` at ``batch`` where it is the device's own time: None unmeasured, or
+        where more than 5% of the calls took the host longer to issue than the spin queued ahead of them
+        (a synchronization inside the call, as in Hugging Face's eager BERT: then the device time holds the
+        host's gaps)."""
+        row = self.cands[(label, batch)].row
+        m = row.measurement if row is not None and row.ok else None
+        if m is None or m.delay_short > 0.05 * m.n:
+            return None
+        return space.device_median_ms(row)
+
+    def _device_bound(self, label: str, batch: int, who: str) -> tuple[float, str] | None:
+        """``label``'s device median at ``batch`` (measured), or a lower bound for it beyond the batch sizes it
         measured: items/s grow ever more slowly with the batch (the GPU saturates), so past the largest
-        measured batch they gain at most what they gained per doubling of the batch between the last measured
-        batch sizes (the larger of the last two steps, against noise). None where that is not clear (items/s
-        grew by less than 2% per doubling in one of those steps: noise of a short measurement, or a batch size
-        that happened to map badly onto the GPU)."""
-        d = self._device_ms(twin.label, batch)
+        measured batch size they gain per doubling of the batch at most what they gained over the last
+        measured step, plus ``GAIN_ALLOWANCE`` (noise). None where that is not clear: fewer than two device
+        times of its own, or the last step gained less than 2% per doubling (noise of a short measurement, or
+        a batch size that happened to map badly onto the GPU). ``who`` names it in the reason."""
+        d = self._device_ms(label, batch)
         if d is not None:
-            return d, f"its eager twin {twin.label}'s device median at batch {batch} ({d:.4g} ms)"
-        known = [(b, v) for b in self.batches if b < batch and (v := self._device_ms(twin.label, b))]
+            return d, f"{who} device median at batch {batch} ({d:.4g} ms)"
+        known = [(b, v) for b in self.batches if b < batch and (v := self._trusted_ms(label, b))]
         if len(known) < 2:
             return None
-        last = known[-3:]
-        gains = [math.log((b2 / d2) / (b1 / d1)) / math.log2(b2 / b1) for (b1, d1), (b2, d2) in zip(last, last[1:])]
-        if min(gains) < math.log(1.02):
+        (b1, d1), (b2, d2) = known[-2:]
+        gain = ((b2 / d2) / (b1 / d1)) ** (1 / math.log2(b2 / b1))  # items/s gained per doubling of the batch
+        if gain < 1.02:
             return None
-        g = math.exp(max(gains))  # items/s gained per doubling of the batch
-        b2, d2 = known[-1]
+        g = gain * (1 + GAIN_ALLOWANCE)
         bound = d2 * (batch / b2) / g ** math.log2(batch / b2)
-        return bound, (f"a lower bound of its eager twin {twin.label}'s device median at batch {batch} ({bound:.4g} "
-                       f"ms: {d2:.4g} ms at batch {b2}, items/s gaining at most {g:.2f}x per doubling of the batch, "
-                       f"as between the last batch sizes it measured)")
+        return bound, (f"a lower bound of {who} device median at batch {batch} ({bound:.4g} ms: {d2:.4g} ms at "
+                       f"batch {b2}, items/s gaining at most {g:.2f}x per doubling of the batch, {gain:.2f}x as "
+                       f"from batch {b1} to {b2} plus {GAIN_ALLOWANCE:.0%})")
+
+    def _ratio(self, c: _Candidate, twin: Config) -> tuple[float, int] | None:
+        """The smallest compiled / eager ratio of device medians measured so far for ``c``'s config, and where
+        (compiling speeds the device up by about as much at every batch size where the work dominates; the
+        smallest ratio seen errs towards compiling). Only pairs whose device times are the device's own."""
+        ratios = [(dx / dy, b) for b in self.batches
+                  if (dx := self._trusted_ms(c.label, b)) and (dy := self._trusted_ms(twin.label, b))]
+        return min(ratios) if ratios else None
 
     def _predicted_over(self, c: _Candidate) -> str | None:
-        """Why a compiled candidate cannot meet the SLO, judged without compiling it, or None: its eager twin's
-        device median at its batch size (or a lower bound for it) times the smallest compiled / eager ratio
-        of device medians measured so far (compiling speeds the device up by about as much at every batch
-        size where the work dominates; the smallest ratio seen errs towards compiling). A median over the
-        SLO puts the p99 over it."""
+        """Why a candidate not measured yet cannot meet the p99 budget, or None (a median over the SLO puts
+        the p99 over it):
+
+        - a compiled one: its eager twin's device median at its batch size (or a lower bound for it) times
+          the compiled / eager ratio (:meth:`_ratio`) -- judged without compiling it;
+        - any other: a lower bound of its own device median there, from the smaller batch sizes it measured.
+
+        Both must be ``PREDICTION_MARGIN`` over the SLO. Only with a p99 budget and an objective that favours
+        large batches."""
+        if not self.twin_climbs:
+            return None
         twin = self.deferred.get(c.label)
-        if twin is None or not self.twin_climbs:
+        if twin is None:
+            bound = self._device_bound(c.label, c.batch, "its")
+            if bound is None or bound[0] <= self.slo * (1 + PREDICTION_MARGIN):
+                return None
+            return (f"predicted over the SLO: {bound[1]}, more than {PREDICTION_MARGIN:.0%} over "
+                    f"slo_p99_ms={self.slo:g}")
+        ratio = self._ratio(c, twin)
+        bound = self._device_bound(twin.label, c.batch, f"its eager twin {twin.label}'s") if ratio else None
+        if bound is None or bound[0] * ratio[0] <= self.slo * (1 + PREDICTION_MARGIN):
             return None
-        ratios = []
-        for b in self.batches:
-            dx, dy = self._device_ms(c.label, b), self._device_ms(twin.label, b)
-            if dx and dy:
-                ratios.append((dx / dy, b))
-        if not ratios:
-            return None
-        r, b0 = min(ratios)
-        bound = self._twin_device_bound(twin, c.batch)
-        if bound is None or bound[0] * r <= self.slo * (1 + PREDICTION_MARGIN):
-            return None
+        r, b0 = ratio
         return (f"predicted over the SLO without compiling: {bound[1]} x the compiled / eager ratio at batch {b0} "
                 f"({r:.2f}) = {bound[0] * r:.4g} ms, more than {PREDICTION_MARGIN:.0%} over slo_p99_ms={self.slo:g}")
+
+    def _cannot_win(self, c: _Candidate) -> str | None:
+        """Why a compiled candidate cannot beat the best candidate within the budgets so far (items/s), judged
+        without compiling it, or None: at most its batch over its eager twin's device median there times the
+        compiled / eager ratio (:meth:`_ratio`), ``PREDICTION_MARGIN`` below that best. Under a p99 budget with
+        objective throughput, once the config was compiled somewhere (the ratio is measured, not assumed)."""
+        twin = self.deferred.get(c.label)
+        if twin is None or not self.twin_climbs or self.objective != "throughput":
+            return None
+        ratio, d = self._ratio(c, twin), self._trusted_ms(twin.label, c.batch)
+        feasible = [x for x in self.cands.values() if x.row is not None and x.row.ok and not x.misses
+                    and x.status in ("alive", "dropped")]
+        if ratio is None or d is None or not feasible:
+            return None
+        best = max(feasible, key=lambda x: space.score(x.row, "throughput"))
+        top = space.score(best.row, "throughput")
+        most = c.batch / (d * ratio[0]) * 1e3
+        if most * (1 + PREDICTION_MARGIN) >= top:
+            return None
+        return (f"cannot beat {best.label} b{best.batch} ({top:.4g} items/s within the budgets) without compiling: "
+                f"at most {most:.4g} items/s, from its eager twin {twin.label}'s device median at batch {c.batch} "
+                f"({d:.4g} ms) x the compiled / eager ratio at batch {ratio[1]} ({ratio[0]:.2f})")
 
     def _enter_once(self, c: _Candidate) -> None:
         c.measure_once = True
@@ -543,6 +610,13 @@ class _Search:
                         c.status, c.reason = "pruned", why
                         self._note(c, None, "pruned", why)
                         ladders[label].record_over(b, predicted=True)
+                        continue
+                    if c.status == "waiting" and (why := self._cannot_win(c)):
+                        # Nor can smaller batch sizes (the twin's items/s fall with the batch), nor larger ones
+                        # on a climb (a twin losing items/s with the batch is saturated): the ladder ends.
+                        c.status, c.reason = "pruned", why
+                        self._note(c, None, "pruned", why)
+                        ladders[label].stop(f"{c.label} at batch {b}: {why}")
                         continue
                     c.measure_once = once
                     self._enter(c, rung, options)
@@ -594,6 +668,9 @@ class _Search:
         pcts = [p for p in (roof.get("pct_of_compute_ceiling"), roof.get("pct_of_memory_ceiling")) if p is not None]
         if pcts and max(pcts) < LOW_UTILIZATION_PCT:
             flags.append(f"far below its roofline ({max(pcts):.0f}% of the nearest ceiling; {roof.get('bound')})")
+        if self.slo is not None and not c.final and c.row.measurement is not None:
+            flags.append(f"p99 from its {c.row.measurement.n} calls at rung {c.rung}: only the answer's p99 is "
+                         f"confirmed with {space.TAIL_SAMPLES} calls")
         if c.cell is not None and c.cell.prepared.recompiles:
             flags.append("its Prepared compiles again on its first call (a later compilation reset torch.compile's "
                          "caches), then runs as measured")
