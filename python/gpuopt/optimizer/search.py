@@ -85,10 +85,16 @@ SATURATION_GAIN = 0.03  # a batch size this much worse than the best (or two not
 # larger speedup costs a climb, a smaller one a step down (which stalls alone at the start end).
 COMPILE_SPEEDUP_BOUND = 2.0
 PREDICTION_MARGIN = 0.1  # a batch size is skipped only when predicted this much over the SLO (or under the best)
+# A rung drops a candidate more than this far below the rung's best, whatever its rank: further than the drift
+# between two measurements of one cell (3% on a GPU, RunToRun.default) and a short measurement's interval.
+LOSING_MARGIN = 0.1
 # Beyond the batch sizes a config measured, items/s are taken to gain at most this much more per doubling of
 # the batch than they gained over its last measured step (the GPU saturates: the gain shrinks; the allowance
 # covers the noise of a short measurement).
 GAIN_ALLOWANCE = 0.1
+
+
+_UNITS = {"throughput": "items/s", "latency": "ms p99", "energy": "J/item"}
 
 
 @dataclass
@@ -100,13 +106,14 @@ class _Candidate:
     rung: int = -1
     gb: float | None = None
     gb_source: str = ""
-    status: str = "waiting"  # waiting, alive, infeasible, failed, pruned, dropped
+    status: str = "waiting"  # waiting, alive, pending (see _measure), infeasible, failed, pruned, dropped
     reason: str | None = None
     misses: dict[str, float] = field(default_factory=dict)
     measure_once: bool = False
     final: bool = False  # measured as the answer would stand on it (under a p99 budget: TAIL_SAMPLES calls)
     static_bytes: int = 0  # on CUDA: what its preparation left allocated (converted weights, inputs, graphs)
     host_bound_ms: float | None = None  # infeasible by the host alone: the device median (a twin's navigation)
+    tail: str | None = None  # pending: why its p99 over the SLO does not decide yet (space.tail_undecided)
 
     @property
     def label(self) -> str:
@@ -349,8 +356,10 @@ class _Search:
 
     def _measure(self, c: _Candidate, rung: int, options: dict[str, Any], final: bool = False) -> None:
         """Measure ``c`` with ``options``; a p99 over the SLO that a 1% tail explains is measured again with
-        ``TAIL_SAMPLES`` calls. ``final`` (the measurement the answer stands on) under a p99 budget: measured
-        with ``TAIL_SAMPLES`` calls at once, so that its p99 is not the largest of a few."""
+        ``TAIL_SAMPLES`` calls -- at rung 0 under a p99 budget only after the rung, if it can still win (it
+        is ``pending`` meanwhile; :meth:`_decide_pending`). ``final`` (the measurement the answer stands on)
+        under a p99 budget: measured with ``TAIL_SAMPLES`` calls at once, so that its p99 is not the
+        largest of a few."""
         # The allocator's peak counts every candidate still prepared and the batch's fp32 reference: what
         # was allocated before the measurement, less this candidate's own preparation, is not its memory.
         others = max(0, self._allocated() - c.static_bytes)
@@ -359,10 +368,45 @@ class _Search:
         # A long measurement stands as measured: with fewer than TAIL_SAMPLES calls only when they take over
         # ~17 ms each, and a second look with the same options would hold no more.
         tail = None if long else space.tail_undecided(row, self.slo)
+        if tail is not None and rung == 0 and self.twin_climbs:
+            self._judge(c, row, rung, others, final, pending=tail)
+            return
         if tail is not None and not self._out_of_time():  # a p99 few samples cannot decide
             row = self.runner.measure_cell(c.cell, self.mode, space.tail_options(self.confirm))
         else:
             tail = None
+        self._judge(c, row, rung, others, final, tail=tail)
+
+    def _decide_pending(self, rung: int) -> None:
+        """The candidates whose p99 a 1% tail may explain, after the rung: measured again with ``TAIL_SAMPLES``
+        calls if their objective could beat the second best within the budgets (``PREDICTION_MARGIN``);
+        otherwise infeasible as measured -- a second look (300 calls, 2-5 s for a launch-bound config) would
+        decide nothing the answer needs."""
+        feasible = self._ranked([x for x in self.cands.values() if x.status == "alive"])
+        ref = feasible[1] if len(feasible) > 1 else None
+        for c in self._ranked([x for x in self.cands.values() if x.status == "pending"]):
+            tail, c.tail = c.tail, None
+            if ref is not None and self._beaten(c, ref):
+                what = space.objective_value(ref.row, self.objective)
+                self._drop(c, "infeasible", f"{c.reason}; not measured again: it cannot beat {ref.label} "
+                                            f"b{ref.batch} ({what:.4g} {_UNITS[self.objective]}, within the "
+                                            f"budgets)", rung)
+            elif self._out_of_time():
+                self._drop(c, "infeasible", f"{c.reason}; budget_s spent before it was measured again", rung)
+            else:
+                others = max(0, self._allocated() - c.static_bytes)
+                row = self.runner.measure_cell(c.cell, self.mode, space.tail_options(self.confirm))
+                c.status = "waiting"
+                self._judge(c, row, rung, others, False, tail=tail)
+
+    def _beaten(self, c: _Candidate, ref: _Candidate) -> bool:
+        """``c``'s objective is ``PREDICTION_MARGIN`` worse than ``ref``'s (scores: higher is better)."""
+        return self._beaten_by_margin(c, ref, PREDICTION_MARGIN)
+
+    def _judge(self, c: _Candidate, row: Row, rung: int, others: int, final: bool, tail: str | None = None,
+               pending: str | None = None) -> None:
+        """``c``'s verdict from ``row``: alive, pending (``pending``: its p99 over the SLO may be a 1% tail's,
+        decided after the rung), infeasible or failed; ``tail``: why ``row`` is a second look."""
         self.rows[row.key] = row
         c.row, c.rung, c.final = row, rung, final
         if not row.ok:
@@ -386,6 +430,12 @@ class _Search:
             if "memory_gb_over" in c.misses:
                 parts.append(f"memory {c.gb:.3g} GB ({c.gb_source}) > memory_gb={self.mem:g}")
             reason = "; ".join(parts)
+            if pending is not None and set(c.misses) == {"p99_ms_over"}:
+                # Kept prepared; its ladder climbs on by its device time (a probe), as past a host's miss.
+                c.status, c.reason, c.tail = "pending", reason, pending
+                self._note(c, rung, "undecided", f"{pending}; larger batch sizes are measured on, and it is "
+                                                 f"measured again after rung {rung} if it can still win")
+                return
             c.host_bound_ms = (space.host_bound_miss(row, c.misses, self.slo) if c.label in self.navigating
                                and c.rung == 0 else None)
             if c.host_bound_ms is not None:  # measured on for the compiled twin's start
@@ -414,6 +464,7 @@ class _Search:
             # rung 0: the cheap candidates, on their ladders
             first = {c.label: self._ladder() for c in self.configs if c.label not in deferred}
             self._climb(first, 0, self.rungs[0])
+            self._decide_pending(0)
             self._halve(0)
             climbs = {}
             for label, twin in deferred.items():
@@ -498,12 +549,12 @@ class _Search:
 
     def _trusted_ms(self, label: str, batch: int) -> float | None:
         """The device median of ``label`` at ``batch`` where it is the device's own time: None unmeasured, or
-        where more than 5% of the calls took the host longer to issue than the spin queued ahead of them
-        (a synchronization inside the call, as in Hugging Face's eager BERT: then the device time holds the
-        host's gaps)."""
+        where most calls took the host longer to issue than the spin queued ahead of them (a synchronization
+        inside the call, as in Hugging Face's eager BERT, waits for the spin every time: then the device time
+        holds the host's gaps; a few calls over it are the host's noise)."""
         row = self.cands[(label, batch)].row
         m = row.measurement if row is not None and row.ok else None
-        if m is None or m.delay_short > 0.05 * m.n:
+        if m is None or m.delay_short > 0.5 * m.n:
             return None
         return space.device_median_ms(row)
 
@@ -511,13 +562,14 @@ class _Search:
         """``label``'s device median at ``batch`` (measured), or a lower bound for it beyond the batch sizes it
         measured: items/s grow ever more slowly with the batch (the GPU saturates), so past the largest
         measured batch size they gain per doubling of the batch at most what they gained over the last
-        measured step, plus ``GAIN_ALLOWANCE`` (noise). None where that is not clear: fewer than two device
+        measured step, plus ``GAIN_ALLOWANCE`` (noise). (A device time holding the host's gaps, as eager BERT's
+        at small batch sizes, overstates the gain: the bound is then lower, the prediction rarer.) None where that is not clear: fewer than two device
         times of its own, or the last step gained less than 2% per doubling (noise of a short measurement, or
         a batch size that happened to map badly onto the GPU). ``who`` names it in the reason."""
         d = self._device_ms(label, batch)
         if d is not None:
             return d, f"{who} device median at batch {batch} ({d:.4g} ms)"
-        known = [(b, v) for b in self.batches if b < batch and (v := self._trusted_ms(label, b))]
+        known = [(b, v) for b in self.batches if b < batch and (v := self._device_ms(label, b))]
         if len(known) < 2:
             return None
         (b1, d1), (b2, d2) = known[-2:]
@@ -530,12 +582,13 @@ class _Search:
                        f"batch {b2}, items/s gaining at most {g:.2f}x per doubling of the batch, {gain:.2f}x as "
                        f"from batch {b1} to {b2} plus {GAIN_ALLOWANCE:.0%})")
 
-    def _ratio(self, c: _Candidate, twin: Config) -> tuple[float, int] | None:
+    def _ratio(self, c: _Candidate, twin: Config, trusted: bool = False) -> tuple[float, int] | None:
         """The smallest compiled / eager ratio of device medians measured so far for ``c``'s config, and where
         (compiling speeds the device up by about as much at every batch size where the work dominates; the
-        smallest ratio seen errs towards compiling). Only pairs whose device times are the device's own."""
-        ratios = [(dx / dy, b) for b in self.batches
-                  if (dx := self._trusted_ms(c.label, b)) and (dy := self._trusted_ms(twin.label, b))]
+        smallest ratio seen errs towards compiling). ``trusted``: only pairs whose device times are the
+        device's own (:meth:`_trusted_ms`)."""
+        ms = self._trusted_ms if trusted else self._device_ms
+        ratios = [(dx / dy, b) for b in self.batches if (dx := ms(c.label, b)) and (dy := ms(twin.label, b))]
         return min(ratios) if ratios else None
 
     def _predicted_over(self, c: _Candidate) -> str | None:
@@ -573,7 +626,8 @@ class _Search:
         twin = self.deferred.get(c.label)
         if twin is None or not self.twin_climbs or self.objective != "throughput":
             return None
-        ratio, d = self._ratio(c, twin), self._trusted_ms(twin.label, c.batch)
+        # A bound that drops a candidate: only from device times that are the device's own.
+        ratio, d = self._ratio(c, twin, trusted=True), self._trusted_ms(twin.label, c.batch)
         feasible = [x for x in self.cands.values() if x.row is not None and x.row.ok and not x.misses
                     and x.status in ("alive", "dropped")]
         if ratio is None or d is None or not feasible:
@@ -640,6 +694,8 @@ class _Search:
     def _feed(self, ladder: Ladder, c: _Candidate) -> None:
         if c.status == "alive":
             ladder.record_ok(c.batch, space.score(c.row, self.objective), space.request_p99(c.row), c.gb)
+        elif c.status == "pending":  # decided after the rung: meanwhile the climb goes on by its device time
+            ladder.record_probe(c.batch, space.device_median_ms(c.row), c.gb)
         elif c.status == "infeasible" and c.host_bound_ms is not None:  # the climb goes on by its device time
             ladder.record_probe(c.batch, c.host_bound_ms, c.gb)
         elif c.status == "infeasible" or (c.status == "failed" and space.is_out_of_memory(c.reason)):
@@ -655,12 +711,41 @@ class _Search:
             ladder.stop(f"{c.label} {c.status} at batch {c.batch}: {c.reason}")
 
     def _halve(self, rung: int) -> None:
+        """Keeps the best ``1/eta`` of the candidates alive (at least two), and of those only the ones within
+        ``LOSING_MARGIN`` of the best (at least two). At rung 0 an eager twin of a compiled config stands in
+        for it: judged by its items/s times ``COMPILE_SPEEDUP_BOUND`` (any objective but throughput: kept)."""
         alive = self._ranked(self._alive())
         if len(alive) <= self.eta:
             return
         keep = self._keep(len(alive))
-        for c in alive[keep:]:
-            self._drop(c, "dropped", f"not among the best {keep} of {len(alive)} at rung {rung}", rung, "dropped")
+        twins = {t.label for t in self.deferred.values()}
+
+        def close(c: _Candidate) -> bool:
+            if rung == 0 and c.label in twins:
+                if self.objective != "throughput":
+                    return True
+                best = space.score(alive[0].row, self.objective)
+                return space.score(c.row, self.objective) * COMPILE_SPEEDUP_BOUND >= best * (1 - LOSING_MARGIN)
+            return not self._beaten_by_margin(c, alive[0], LOSING_MARGIN)
+
+        kept = [c for c in alive[:keep] if close(c)]
+        kept += [c for c in alive[:2] if c not in kept][:max(0, 2 - len(kept))]
+        b = space.objective_value(alive[0].row, self.objective)
+        for i, c in enumerate(alive):
+            if c in kept:
+                continue
+            if i < keep:
+                v = space.objective_value(c.row, self.objective)
+                why = (f"{abs(v - b) / abs(b):.0%} behind the best at rung {rung} ({alive[0].label} b{alive[0].batch}: "
+                       f"{b:.4g} against {v:.4g} {_UNITS[self.objective]}), more than the {LOSING_MARGIN:.0%} that "
+                       f"measurements of one cell drift apart")
+            else:
+                why = f"not among the best {keep} of {len(alive)} at rung {rung}"
+            self._drop(c, "dropped", why, rung, "dropped")
+
+    def _beaten_by_margin(self, c: _Candidate, ref: _Candidate, margin: float) -> bool:
+        a, b = space.score(c.row, self.objective), space.score(ref.row, self.objective)
+        return a + margin * abs(b) < b
 
     def _choice(self, c: _Candidate) -> Choice:
         flags = []
