@@ -15,8 +15,9 @@ Design:
 - Pruned with a reason, never run: larger batch sizes of a config after a p99 over the SLO, memory over
   the budget or out of memory (all grow with the batch), smaller ones once the objective stopped improving
   (:mod:`gpuopt.optimizer.ladder` picks the batch sizes a config measures), compiled configs at batch
-  sizes where their eager twin lost or, under a p99 budget, away from where the twin's device time met it
-  and where they are predicted over it (see :mod:`gpuopt.optimizer.search`). Failed with a reason:
+  sizes where their eager twin lost or, under a p99 budget, away from where the twin's device time met it,
+  where they are predicted over it or cannot beat the best so far; under a p99 budget also any batch size
+  whose device time is bounded over the SLO (see :mod:`gpuopt.optimizer.search`). Failed with a reason:
   preparation errors, parity failures, out of memory.
 - The answer (:class:`OptimizeResult`): best and runner-up with their figures, their interleaved
   comparison (``gpuopt.compare``: the C++ bootstrap) as a ratio with an interval, Pareto fronts
