@@ -94,9 +94,6 @@ LOSING_MARGIN = 0.1
 GAIN_ALLOWANCE = 0.1
 
 
-_UNITS = {"throughput": "items/s", "latency": "ms p99", "energy": "J/item"}
-
-
 @dataclass
 class _Candidate:
     config: Config
@@ -114,6 +111,7 @@ class _Candidate:
     static_bytes: int = 0  # on CUDA: what its preparation left allocated (converted weights, inputs, graphs)
     host_bound_ms: float | None = None  # infeasible by the host alone: the device median (a twin's navigation)
     tail: str | None = None  # pending: why its p99 over the SLO does not decide yet (space.tail_undecided)
+    beaten_by: _Candidate | None = None  # pruned as unable to beat this candidate (see _revisit)
 
     @property
     def label(self) -> str:
@@ -375,7 +373,8 @@ class _Search:
             row = self.runner.measure_cell(c.cell, self.mode, space.tail_options(self.confirm))
         else:
             tail = None
-        self._judge(c, row, rung, others, final, tail=tail)
+        # a second look has the final measurement's options: under a budget the answer may stand on it
+        self._judge(c, row, rung, others, final or (tail is not None and self.slo is not None), tail=tail)
 
     def _decide_pending(self, rung: int) -> None:
         """The candidates whose p99 a 1% tail may explain, after the rung: measured again with ``TAIL_SAMPLES``
@@ -383,30 +382,31 @@ class _Search:
         otherwise infeasible as measured -- a second look (300 calls, 2-5 s for a launch-bound config) would
         decide nothing the answer needs."""
         feasible = self._ranked([x for x in self.cands.values() if x.status == "alive"])
-        ref = feasible[1] if len(feasible) > 1 else None
+        # The bar: the second best by PREDICTION_MARGIN, or what the rung's band keeps, whichever is higher.
+        refs = [(feasible[1], PREDICTION_MARGIN)] if len(feasible) > 1 else []
+        if feasible and self.objective == "throughput":
+            refs.append((feasible[0], LOSING_MARGIN))
         for c in self._ranked([x for x in self.cands.values() if x.status == "pending"]):
             tail, c.tail = c.tail, None
-            if ref is not None and self._beaten(c, ref):
+            ref = next((r for r, margin in refs if self._beaten_by_margin(c, r, margin)), None)
+            if ref is not None:
                 what = space.objective_value(ref.row, self.objective)
                 self._drop(c, "infeasible", f"{c.reason}; not measured again: it cannot beat {ref.label} "
-                                            f"b{ref.batch} ({what:.4g} {_UNITS[self.objective]}, within the "
-                                            f"budgets)", rung)
+                                            f"b{ref.batch} ({what:.4g} {space.OBJECTIVE_UNITS[self.objective]}, within "
+                                            f"the budgets) by enough to stay in the running", rung)
             elif self._out_of_time():
                 self._drop(c, "infeasible", f"{c.reason}; budget_s spent before it was measured again", rung)
             else:
                 others = max(0, self._allocated() - c.static_bytes)
                 row = self.runner.measure_cell(c.cell, self.mode, space.tail_options(self.confirm))
                 c.status = "waiting"
-                self._judge(c, row, rung, others, False, tail=tail)
-
-    def _beaten(self, c: _Candidate, ref: _Candidate) -> bool:
-        """``c``'s objective is ``PREDICTION_MARGIN`` worse than ``ref``'s (scores: higher is better)."""
-        return self._beaten_by_margin(c, ref, PREDICTION_MARGIN)
+                self._judge(c, row, rung, others, True, tail=tail, after=True)
 
     def _judge(self, c: _Candidate, row: Row, rung: int, others: int, final: bool, tail: str | None = None,
-               pending: str | None = None) -> None:
+               pending: str | None = None, after: bool = False) -> None:
         """``c``'s verdict from ``row``: alive, pending (``pending``: its p99 over the SLO may be a 1% tail's,
-        decided after the rung), infeasible or failed; ``tail``: why ``row`` is a second look."""
+        decided after the rung), infeasible or failed; ``tail``: why ``row`` is a second look; ``after``:
+        judged after its rung (its ladder is done)."""
         self.rows[row.key] = row
         c.row, c.rung, c.final = row, rung, final
         if not row.ok:
@@ -438,7 +438,9 @@ class _Search:
                 return
             c.host_bound_ms = (space.host_bound_miss(row, c.misses, self.slo) if c.label in self.navigating
                                and c.rung == 0 else None)
-            if c.host_bound_ms is not None:  # measured on for the compiled twin's start
+            if c.host_bound_ms is not None and after:
+                reason += f" (the host's: the device median {c.host_bound_ms:.4g} ms is within it)"
+            elif c.host_bound_ms is not None:  # measured on for the compiled twin's start
                 reason += (f" (the host's: the device median {c.host_bound_ms:.4g} ms is within it; larger batch "
                            f"sizes are measured on, for where {self._compiled_of(c.label)} starts)")
             self._drop(c, "infeasible", reason, rung)
@@ -513,14 +515,50 @@ class _Search:
                 # The final measurement takes TAIL_SAMPLES calls, and only the answer stands on its p99: the
                 # best is confirmed, then the new best if it lost its place or broke the budget, and so on
                 # (the runner-up is measured again, interleaved with the best, for the interval).
-                while not self._out_of_time():
-                    top = next(iter(self._ranked(self._alive())), None)
-                    if top is None or top.final:
-                        break
-                    self._measure(top, rung, self.confirm, final=True)
+                self._confirm(rung)
+                if self._revisit(rung):
+                    self._confirm(rung)
         finally:
             self.contexts.clear()
         return self._answer(rung)
+
+    def _confirm(self, rung: int) -> None:
+        """Under a p99 budget: the final measurement takes TAIL_SAMPLES calls, and only the answer stands on
+        its p99: the best is confirmed, then the new best if it lost its place or broke the budget, and so on
+        (the runner-up is measured again, interleaved with the best, for the interval)."""
+        while not self._out_of_time():
+            top = next(iter(self._ranked(self._alive())), None)
+            if top is None or top.final:
+                return
+            self._measure(top, rung, self.confirm, final=True)
+
+    def _revisit(self, rung: int) -> bool:
+        """What the short measurements' verdicts left out, taken back when they did not hold (the candidates
+        that beat them broke the budget at their confirmation): first a compiled candidate that could not
+        beat a candidate which then broke the budget; then the best (at most ``eta``) of those a rung dropped
+        that beat the best left, if any is. Prepared again and measured as final; True if any was."""
+        done = False
+        for step in ("pruned", "dropped"):
+            if step == "pruned":
+                back = [c for c in self.cands.values() if c.status == "pruned" and c.beaten_by is not None
+                        and c.beaten_by.status not in ("alive", "dropped")]
+            else:
+                best = next(iter(self._ranked(self._alive())), None)
+                dropped = self._ranked([c for c in self.cands.values() if c.status == "dropped" and not c.misses])
+                back = [c for c in dropped if best is None or space.score(c.row, self.objective)
+                        > space.score(best.row, self.objective)][:self.eta]
+            for c in back:
+                if self._out_of_time():
+                    return done
+                why = (f"{c.beaten_by.label} b{c.beaten_by.batch}, which it could not beat, broke the budget"
+                       if c.beaten_by is not None else "the candidates kept ahead of it broke the budgets at their "
+                       "confirmation")
+                self._note(c, rung, "revisited", why)
+                c.status, c.reason, c.beaten_by, c.measure_once = "waiting", None, None, True
+                self._enter(c, rung, self.confirm)
+                self._forget_context(c.batch)
+                done = True
+        return done
 
     def _ladder(self, start: int | None = None, descend: bool = True, below_start: bool = False) -> Ladder:
         return Ladder(self.batches, objective=self.objective, slo_p99_ms=self.slo, memory_gb=self.mem,
@@ -558,19 +596,32 @@ class _Search:
             return None
         return space.device_median_ms(row)
 
+    def _device_dominated(self, label: str, batch: int) -> bool:
+        """Whether ``label``'s device time at ``batch`` is its own (:meth:`_trusted_ms`) and its calls are not
+        far launch-bound (a request's median at most twice the device's): the further the host's issuing
+        outweighs the work, the more its excursions outrun the spin queued ahead, and the device time then
+        holds the host's gaps (ViT-B/16's fp16-amp b4 once measured 4.4 ms on the device against 4.0 at b16,
+        its calls issuing for 10.9 ms) -- which would overstate a bound extrapolated from it."""
+        row = self.cands[(label, batch)].row
+        d = self._trusted_ms(label, batch)
+        p50 = space.request_quantile(row, 0.5) if d is not None else None
+        return d is not None and p50 is not None and p50 <= 2.0 * d
+
     def _device_bound(self, label: str, batch: int, who: str) -> tuple[float, str] | None:
         """``label``'s device median at ``batch`` (measured), or a lower bound for it beyond the batch sizes it
         measured: items/s grow ever more slowly with the batch (the GPU saturates), so past the largest
         measured batch size they gain per doubling of the batch at most what they gained over the last
-        measured step, plus ``GAIN_ALLOWANCE`` (noise). (A device time holding the host's gaps, as eager BERT's
-        at small batch sizes, overstates the gain: the bound is then lower, the prediction rarer.) None where that is not clear: fewer than two device
+        measured step, plus ``GAIN_ALLOWANCE`` (noise). (A device time holding the host's gaps at the smaller
+        point overstates the gain: the bound is then lower, the prediction rarer; at the larger one it would
+        overstate the bound, hence the last point must be device-dominated.) None where that is not clear: fewer than two device
         times of its own, or the last step gained less than 2% per doubling (noise of a short measurement, or
-        a batch size that happened to map badly onto the GPU). ``who`` names it in the reason."""
+        a batch size that happened to map badly onto the GPU), or the last is not device-dominated
+        (:meth:`_device_dominated`). ``who`` names it in the reason."""
         d = self._device_ms(label, batch)
         if d is not None:
             return d, f"{who} device median at batch {batch} ({d:.4g} ms)"
         known = [(b, v) for b in self.batches if b < batch and (v := self._device_ms(label, b))]
-        if len(known) < 2:
+        if len(known) < 2 or not self._device_dominated(label, known[-1][0]):
             return None
         (b1, d1), (b2, d2) = known[-2:]
         gain = ((b2 / d2) / (b1 / d1)) ** (1 / math.log2(b2 / b1))  # items/s gained per doubling of the batch
@@ -630,13 +681,14 @@ class _Search:
         ratio, d = self._ratio(c, twin, trusted=True), self._trusted_ms(twin.label, c.batch)
         feasible = [x for x in self.cands.values() if x.row is not None and x.row.ok and not x.misses
                     and x.status in ("alive", "dropped")]
-        if ratio is None or d is None or not feasible:
+        if ratio is None or not d or not ratio[0] or not feasible:
             return None
         best = max(feasible, key=lambda x: space.score(x.row, "throughput"))
         top = space.score(best.row, "throughput")
         most = c.batch / (d * ratio[0]) * 1e3
         if most * (1 + PREDICTION_MARGIN) >= top:
             return None
+        c.beaten_by = best  # its p99 is from a short run: revisited if it breaks the budget later (_revisit)
         return (f"cannot beat {best.label} b{best.batch} ({top:.4g} items/s within the budgets) without compiling: "
                 f"at most {most:.4g} items/s, from its eager twin {twin.label}'s device median at batch {c.batch} "
                 f"({d:.4g} ms) x the compiled / eager ratio at batch {ratio[1]} ({ratio[0]:.2f})")
@@ -666,8 +718,8 @@ class _Search:
                         ladders[label].record_over(b, predicted=True)
                         continue
                     if c.status == "waiting" and (why := self._cannot_win(c)):
-                        # Nor can smaller batch sizes (the twin's items/s fall with the batch), nor larger ones
-                        # on a climb (a twin losing items/s with the batch is saturated): the ladder ends.
+                        # Nor can smaller batch sizes (the twin's items/s fall with the batch); on a climb the
+                        # larger ones are left too (rare: a compiled climb starts near the SLO).
                         c.status, c.reason = "pruned", why
                         self._note(c, None, "pruned", why)
                         ladders[label].stop(f"{c.label} at batch {b}: {why}")
@@ -721,9 +773,9 @@ class _Search:
         twins = {t.label for t in self.deferred.values()}
 
         def close(c: _Candidate) -> bool:
+            if self.objective != "throughput":  # a p99 or J/item of a short run: noisier than a median
+                return True
             if rung == 0 and c.label in twins:
-                if self.objective != "throughput":
-                    return True
                 best = space.score(alive[0].row, self.objective)
                 return space.score(c.row, self.objective) * COMPILE_SPEEDUP_BOUND >= best * (1 - LOSING_MARGIN)
             return not self._beaten_by_margin(c, alive[0], LOSING_MARGIN)
@@ -736,9 +788,11 @@ class _Search:
                 continue
             if i < keep:
                 v = space.objective_value(c.row, self.objective)
+                twice = (f" (as its compiled config's stand-in, at {COMPILE_SPEEDUP_BOUND:g}x: still behind)"
+                         if rung == 0 and c.label in twins else "")
                 why = (f"{abs(v - b) / abs(b):.0%} behind the best at rung {rung} ({alive[0].label} b{alive[0].batch}: "
-                       f"{b:.4g} against {v:.4g} {_UNITS[self.objective]}), more than the {LOSING_MARGIN:.0%} that "
-                       f"measurements of one cell drift apart")
+                       f"{b:.4g} against {v:.4g} {space.OBJECTIVE_UNITS[self.objective]}){twice}: beyond the "
+                       f"{LOSING_MARGIN:.0%} margin kept for measurements of one cell drifting apart (~3% on a GPU)")
             else:
                 why = f"not among the best {keep} of {len(alive)} at rung {rung}"
             self._drop(c, "dropped", why, rung, "dropped")
@@ -754,8 +808,9 @@ class _Search:
         if pcts and max(pcts) < LOW_UTILIZATION_PCT:
             flags.append(f"far below its roofline ({max(pcts):.0f}% of the nearest ceiling; {roof.get('bound')})")
         if self.slo is not None and not c.final and c.row.measurement is not None:
-            flags.append(f"p99 from its {c.row.measurement.n} calls at rung {c.rung}: only the answer's p99 is "
-                         f"confirmed with {space.TAIL_SAMPLES} calls")
+            flags.append(f"p99 from its {c.row.measurement.n} calls at rung {c.rung}: "
+                         + (f"not confirmed with {space.TAIL_SAMPLES} calls (budget_s spent)" if self.stopped else
+                            f"only the answer's p99 is confirmed with {space.TAIL_SAMPLES} calls"))
         if c.cell is not None and c.cell.prepared.recompiles:
             flags.append("its Prepared compiles again on its first call (a later compilation reset torch.compile's "
                          "caches), then runs as measured")
