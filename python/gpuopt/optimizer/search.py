@@ -257,6 +257,7 @@ class _Search:
         self.log: list[LogEntry] = []
         self.cands = {(c.label, b): _Candidate(c, b) for c in cfgs for b in batches}
         self.stopped: str | None = None
+        self.broke = False  # a confirmation broke the budgets (see _revisit)
         self.contexts: dict[int, Any] = {}
         self.compile_batches = COMPILE_BATCHES
         labels = {c.label for c in cfgs}
@@ -531,14 +532,16 @@ class _Search:
             if top is None or top.final:
                 return
             self._measure(top, rung, self.confirm, final=True)
+            self.broke = self.broke or top.status != "alive"
 
     def _revisit(self, rung: int) -> bool:
         """What the short measurements' verdicts left out, taken back when they did not hold (the candidates
         that beat them broke the budget at their confirmation): first a compiled candidate that could not
         beat a candidate which then broke the budget; then the best (at most ``eta``) of those a rung dropped
-        that beat the best left, if any is. Prepared again and measured as final; True if any was."""
+        that beat the best left, if any is, when a confirmation broke the budget (scores of different rungs
+        cross by noise otherwise). Prepared again and measured as final; True if any was."""
         done = False
-        for step in ("pruned", "dropped"):
+        for step in ("pruned", "dropped") if self.broke else ("pruned",):
             if step == "pruned":
                 back = [c for c in self.cands.values() if c.status == "pruned" and c.beaten_by is not None
                         and c.beaten_by.status not in ("alive", "dropped")]
