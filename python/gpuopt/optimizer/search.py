@@ -379,9 +379,10 @@ class _Search:
 
     def _decide_pending(self, rung: int) -> None:
         """The candidates whose p99 a 1% tail may explain, after the rung: measured again with ``TAIL_SAMPLES``
-        calls if their objective could beat the second best within the budgets (``PREDICTION_MARGIN``);
-        otherwise infeasible as measured -- a second look (300 calls, 2-5 s for a launch-bound config) would
-        decide nothing the answer needs."""
+        calls if their objective clears the second best within the budgets less ``PREDICTION_MARGIN`` and,
+        for throughput, the best less ``LOSING_MARGIN`` (what the rung's band keeps); otherwise infeasible as
+        measured -- a second look (300 calls, 2-5 s for a launch-bound config) would decide nothing the
+        answer needs."""
         feasible = self._ranked([x for x in self.cands.values() if x.status == "alive"])
         # The bar: the second best by PREDICTION_MARGIN, or what the rung's band keeps, whichever is higher.
         refs = [(feasible[1], PREDICTION_MARGIN)] if len(feasible) > 1 else []
