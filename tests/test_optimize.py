@@ -97,13 +97,17 @@ def test_larger_batches_are_not_run_after_the_slo_breaks():
     r = gpuopt.optimize(SleepPerItem(3.0, fixed=1.0), (8,), slo_p99_ms=11.0, configs=["fp32"],
                         batch_sizes=[1, 2, 4, 8, 16], device="cpu", **FAST)
     # From batch 1 and 2 the ladder's line reaches the SLO between 3 and 4: it tries 4 (a stall at batch 1
-    # that makes the line flat sends it to 16 first, then halves back to 4); 8 never runs.
+    # that makes the line flat sends it to 16 first, then halves back to 4) -- or, where the host slowed
+    # batch 2 (7 ms) enough for items/s to have gained little from 1 to 2, batch 4 is predicted over without
+    # running (a bound of its time from the two); 8 never runs.
     infeasible = _actions(r, "infeasible")
-    assert (4, 0) in [(e.batch_size, e.rung) for e in infeasible] and {e.batch_size for e in infeasible} <= {4, 16}
+    assert {e.batch_size for e in infeasible} <= {4, 16}
     assert all("slo_p99_ms=11" in e.reason for e in infeasible)
     pruned = _actions(r, "pruned")
-    assert 8 in {e.batch_size for e in pruned} and all(" already (it grows with the batch)" in e.reason
-                                                        for e in pruned)
+    (four,) = [e for e in [*infeasible, *pruned] if e.batch_size == 4]
+    assert four.action == "infeasible" or four.reason.startswith("predicted over the SLO: a lower bound of its")
+    assert 8 in {e.batch_size for e in pruned}
+    assert all(" already (it grows with the batch)" in e.reason or "predicted over" in e.reason for e in pruned)
     assert 8 not in {row.batch_size for row in r.results.rows}
     assert r.best.batch_size == 2
 
