@@ -371,7 +371,7 @@ class _Search:
             self._judge(c, row, rung, others, final, pending=tail)
             return
         if tail is not None and not self._out_of_time():  # a p99 few samples cannot decide
-            row = self.runner.measure_cell(c.cell, self.mode, space.tail_options(self.confirm))
+            row = self._second_look(c)
         else:
             tail = None
         # a second look has the final measurement's options: under a budget the answer may stand on it
@@ -400,9 +400,13 @@ class _Search:
                 self._drop(c, "infeasible", f"{c.reason}; budget_s spent before it was measured again", rung)
             else:
                 others = max(0, self._allocated() - c.static_bytes)
-                row = self.runner.measure_cell(c.cell, self.mode, space.tail_options(self.confirm))
                 c.status = "waiting"
-                self._judge(c, row, rung, others, True, tail=tail, after=True)
+                self._judge(c, self._second_look(c), rung, others, True, tail=tail, after=True)
+
+    def _second_look(self, c: _Candidate) -> Row:
+        """``c`` measured again with the final measurement's options (``space.tail_options``: aiming at
+        ``TAIL_SAMPLES`` calls), for a p99 few samples could not decide."""
+        return self.runner.measure_cell(c.cell, self.mode, space.tail_options(self.confirm))
 
     def _judge(self, c: _Candidate, row: Row, rung: int, others: int, final: bool, tail: str | None = None,
                pending: str | None = None, after: bool = False) -> None:
@@ -615,12 +619,12 @@ class _Search:
         """``label``'s device median at ``batch`` (measured), or a lower bound for it beyond the batch sizes it
         measured: items/s grow ever more slowly with the batch (the GPU saturates), so past the largest
         measured batch size they gain per doubling of the batch at most what they gained over the last
-        measured step, plus ``GAIN_ALLOWANCE`` (noise). (A device time holding the host's gaps at the smaller
-        point overstates the gain: the bound is then lower, the prediction rarer; at the larger one it would
-        overstate the bound, hence the last point must be device-dominated.) None where that is not clear: fewer than two device
-        times of its own, or the last step gained less than 2% per doubling (noise of a short measurement, or
-        a batch size that happened to map badly onto the GPU), or the last is not device-dominated
-        (:meth:`_device_dominated`). ``who`` names it in the reason."""
+        measured step, plus ``GAIN_ALLOWANCE`` (noise). None where that is not clear: fewer than two device
+        times of its own; the last step gained less than 2% per doubling (noise of a short measurement, or a
+        batch size that happened to map badly onto the GPU); or the last point is not device-dominated
+        (:meth:`_device_dominated`: a device time holding the host's gaps there would overstate the bound --
+        at the smaller point it only overstates the gain, so the bound is lower and the prediction rarer).
+        ``who`` names it in the reason."""
         d = self._device_ms(label, batch)
         if d is not None:
             return d, f"{who} device median at batch {batch} ({d:.4g} ms)"
@@ -652,7 +656,8 @@ class _Search:
 
         - a compiled one: its eager twin's device median at its batch size (or a lower bound for it) times
           the compiled / eager ratio (:meth:`_ratio`) -- judged without compiling it;
-        - any other: a lower bound of its own device median there, from the smaller batch sizes it measured.
+        - any other: a lower bound of its own device median there, from the smaller batch sizes it measured
+          (not for a compiled config's eager twin: its measured device times place the compiled start).
 
         Both must be ``PREDICTION_MARGIN`` over the SLO. Only with a p99 budget and an objective that favours
         large batches."""
@@ -660,6 +665,8 @@ class _Search:
             return None
         twin = self.deferred.get(c.label)
         if twin is None:
+            if c.label in self.navigating:  # a compiled config's start is read from its twin's measured times
+                return None
             bound = self._device_bound(c.label, c.batch, "its")
             if bound is None or bound[0] <= self.slo * (1 + PREDICTION_MARGIN):
                 return None
