@@ -302,6 +302,64 @@ def test_a_compiled_candidate_that_would_compile_again_is_compared_from_its_meas
     assert options["run_to_run"].rel > 0 and "widened by 5% for drift between runs" in r.ratio["what"]  # host: 5%
 
 
+SLEEP_S = {}  # module-level: the configs run copies of the model
+
+
+class SpeedsSwapWhenCompared(torch.nn.Module):
+    """Channels-last input sleeps ``SLEEP_S["cl"]``, contiguous ``SLEEP_S["contiguous"]``: the test turns them
+    round before the interleaved comparison, as a device's clocks may between two separate measurements."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        SLEEP_S.update(contiguous=0.001, cl=0.003)
+
+    def forward(self, x):
+        time.sleep(SLEEP_S["contiguous" if x.is_contiguous() else "cl"])
+        return self.conv(x)
+
+
+@pytest.mark.parametrize("slo, calls, gaps, kept", [(None, None, False, None), (50.0, 300, False, None),
+                                                     (50.0, None, False, "fewer than 300 calls there to judge"),
+                                                     (None, None, True, "(its device times hold the host's gaps)")])
+def test_the_interleaved_run_decides_between_the_best_and_the_runner_up(monkeypatch, one_thread, slo, calls, gaps,
+                                                                         kept):
+    # Measured apart, fp32 (1 ms) ranks ahead of fp32+channels_last (3 ms); their speeds turn round before
+    # the interleaved run, which says the runner-up is better: it becomes the answer, with the ratio turned
+    # round. Under a p99 budget only when its calls there are enough (300) to judge its p99 against the SLO;
+    # never where a device time held the host's gaps (most calls outran the spin: simulated here, the CPU's
+    # host mode has no spin).
+    from gpuopt.optimizer import search
+
+    model, real = SpeedsSwapWhenCompared(), search.compare
+
+    def turned(a, b, **k):
+        SLEEP_S.update(contiguous=0.003, cl=0.001)
+        cmp = real(a, b, **k)
+        if gaps:
+            cmp.candidate_measurement.delay_short = cmp.candidate_measurement.n
+        return cmp
+
+    monkeypatch.setattr(search, "compare", turned)
+    confirm = dict(FAST["confirm_options"], **({"min_iters": calls, "max_time_s": 5.0} if calls else {}))
+    r = gpuopt.optimize(model, (3, 8, 8), configs=["fp32", "fp32+channels_last"], batch_sizes=[2],
+                        device="cpu", slo_p99_ms=slo, rung_options=FAST["rung_options"], confirm_options=confirm)
+    assert r.comparison is not None and r.comparison.interleaved
+    if kept is None:
+        assert (r.best.config, r.runner_up.config) == ("fp32+channels_last", "fp32")
+        assert r.ratio["verdict"] == "best is better" and r.ratio["ci"][0] > 1 and r.ratio["value"] > 2
+        assert "reversed their order" in r.ratio["what"]
+        assert r.comparison.candidate_label == "fp32+channels_last b2" and r.comparison.verdict == "faster"
+        assert any("chosen over fp32 b2 by their interleaved run" in f for f in r.best.flags)
+        assert [e.config for e in _actions(r, "chosen")] == ["fp32+channels_last"]
+        assert r.prepared.config.label == "fp32+channels_last"
+    else:  # CONFIRM's 0.15 s holds fewer than 300 of its calls, or the host's gaps set the order
+        assert (r.best.config, r.runner_up.config) == ("fp32", "fp32+channels_last")
+        assert r.ratio["verdict"] == "runner-up is better" and not _actions(r, "chosen")
+        (second,) = _actions(r, "kept second")
+        assert kept in second.reason and (not gaps or "fp32 b2 took the host longer" in second.reason)
+
+
 def test_one_stall_over_the_slo_is_measured_again_before_the_candidate_is_called_infeasible(monkeypatch):
     # The first measurement (at most 25 calls of 2 ms) gets one 40 ms sample added (a host hiccup); the
     # second, with 300 samples, is the model's own 2 ms, far inside a 20 ms SLO on a loaded runner too.

@@ -216,6 +216,20 @@ def test_compare_detects_a_five_percent_difference_both_ways():
     assert slower.verdict == "slower" and slower.speedup == pytest.approx(1 / 1.05, rel=0.02)
 
 
+def test_a_swapped_comparison_is_the_comparison_the_other_way_round():
+    rng = np.random.default_rng(13)
+    a, b = _pair(rng, 150, 1.05)
+    ab, ba = compare(a, b, labels=("a", "b"), resamples=2000), compare(b, a, labels=("b", "a"), resamples=2000)
+    s = ab.swapped()
+    assert ab.verdict == "faster" and s.verdict == ba.verdict == "slower"
+    assert s.speedup == pytest.approx(ba.speedup, rel=1e-12) and s.speedup == pytest.approx(1 / ab.speedup)
+    assert s.ci == pytest.approx((1 / ab.ci[1], 1 / ab.ci[0])) and s.ci[0] <= s.speedup <= s.ci[1]
+    assert s.ci == pytest.approx(ba.ci, rel=0.02)  # the other way round bootstraps the same ratio, inverted
+    assert (s.baseline_label, s.candidate_label, s.baseline_ms, s.candidate_ms) == \
+        ("b", "a", ab.candidate_ms, ab.baseline_ms)
+    assert s.swapped() == ab
+
+
 def test_interleaved_compare_of_callables():
     c = compare(lambda: busy(0.3), lambda: busy(0.2), mode="host", max_time_s=1.0, labels=("slow", "fast"))
     assert c.interleaved and c.verdict == "faster" and c.speedup == pytest.approx(1.5, rel=0.1)

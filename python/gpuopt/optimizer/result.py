@@ -21,7 +21,9 @@ class LogEntry:
     config: str
     batch_size: int
     rung: int | None
-    action: str  # "measured", "remeasured", "pruned", "failed", "dropped", "infeasible", "skipped"
+    # "measured", "remeasured", "undecided", "pruned", "failed", "dropped", "infeasible", "skipped",
+    # "revisited", and at the end "chosen" / "kept second" (the interleaved run with the best, see the answer)
+    action: str
     reason: str | None = None
     figures: dict[str, Any] | None = None
     at_s: float = 0.0  # seconds into the search

@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 
+from .._ext import _C
 from ..analysis.roofline import LOW_UTILIZATION_PCT
 from ..prepare.config import Config, Prepared
 from ..report.results import Results, Row
@@ -600,7 +601,7 @@ class _Search:
         holds the host's gaps; a few calls over it are the host's noise)."""
         row = self.cands[(label, batch)].row
         m = row.measurement if row is not None and row.ok else None
-        if m is None or m.delay_short > 0.5 * m.n:
+        if m is None or space.holds_host_gaps(m):
             return None
         return space.device_median_ms(row)
 
@@ -830,11 +831,17 @@ class _Search:
 
     def _answer(self, rung: int) -> OptimizeResult:
         alive = self._ranked(self._alive())
+        comparison, ratio, turned = None, None, None
+        if len(alive) > 1 and not self._out_of_time():
+            comparison, ratio = self._compare(alive[0], alive[1])
+            turned = self._turn(alive, comparison, ratio)
+            if turned is not None:
+                comparison, ratio = comparison.swapped(), turned
         best = self._choice(alive[0]) if alive else None
         runner_up = self._choice(alive[1]) if len(alive) > 1 else None
-        comparison, ratio = None, None
-        if best is not None and runner_up is not None and not self._out_of_time():
-            comparison, ratio = self._compare(alive[0], alive[1])
+        if turned is not None:
+            best.flags.append(f"chosen over {runner_up.config} b{runner_up.batch_size} by their interleaved run "
+                              f"({ratio['value']:.3f}x); measured apart it ranked second")
         prepared: Prepared | None = alive[0].cell.prepared if alive else None
         for c in alive[1:]:
             self._release(c)
@@ -871,6 +878,41 @@ class _Search:
             measured=len({(c.label, c.batch) for c in self.cands.values() if c.row is not None}),
             settings={"eta": self.eta, "rungs": self.rungs, "confirm": self.confirm, "batch_sizes": self.batches,
                       "configs": [c.label for c in self.configs], "last_rung": rung})
+
+    def _turn(self, alive: list[_Candidate], comparison, ratio) -> dict[str, Any] | None:
+        """When the interleaved run of the best and the runner-up says the runner-up is better, it is the
+        answer: the two ran under the same conditions there, while their separate measurements drift apart
+        with the device's clocks (10-15% on the H100 at its power cap). Not where either one's device times
+        in that run hold its host's gaps (:func:`space.holds_host_gaps`: then the order is the host's, in
+        either run), and under a p99 budget only if the runner-up's calls in that run, at least
+        ``TAIL_SAMPLES`` of them, meet the SLO as requests. Reorders ``alive`` and returns the ratio turned
+        round (best / runner-up again), or None."""
+        if ratio is None or ratio["verdict"] != "runner-up is better" or not comparison.interleaved:
+            return None
+        second = alive[1]
+        why = (f"its interleaved run with {alive[0].label} b{alive[0].batch}: best / runner-up "
+               f"{ratio['value']:.3f}x [{ratio['ci'][0]:.3f} .. {ratio['ci'][1]:.3f}]")
+        gaps = [c for c, m in ((second, comparison.baseline_measurement), (alive[0], comparison.candidate_measurement))
+                if m is not None and space.holds_host_gaps(m)]
+        if gaps:
+            self._note(second, None, "kept second", why + "; " + " and ".join(f"{c.label} b{c.batch}" for c in gaps)
+                       + " took the host longer to issue than the spin ahead on most calls there (its device "
+                       "times hold the host's gaps), so the host set that order")
+            return None
+        if self.slo is not None:
+            calls = space.calls_ms(comparison.baseline_measurement)
+            p99 = float(_C.quantile(calls, 0.99)) if len(calls) >= space.TAIL_SAMPLES else None
+            if p99 is None or p99 > self.slo:
+                self._note(second, None, "kept second", why + (f"; its p99 there {p99:.3f} ms is over the SLO"
+                                                               if p99 is not None else
+                                                               f"; fewer than {space.TAIL_SAMPLES} calls there "
+                                                               "to judge its p99"))
+                return None
+        self._note(second, None, "chosen", why + "; the interleaved run decides between the two")
+        alive[0], alive[1] = second, alive[0]
+        lo, hi = ratio["ci"]
+        return {**ratio, "value": 1.0 / ratio["value"], "ci": (1.0 / hi, 1.0 / lo), "verdict": "best is better",
+                "what": ratio["what"] + "; the interleaved run reversed their order"}
 
     def _compare(self, best: _Candidate, second: _Candidate):
         """Runner-up (baseline) and best (candidate) measured interleaved; the interval of time per call,

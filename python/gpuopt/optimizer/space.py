@@ -108,11 +108,22 @@ def request_ms(row: Row) -> list[float]:
     the host's time issuing the call. Latency mode times the device alone (a kernel queued ahead hides the
     launches), so a launch-bound call -- torch.compile's BERT-base at batch 1 on the H100's host: 1.1 ms on
     the device, 8 ms to issue -- would look faster than any request can be served."""
-    m = row.measurement
+    return calls_ms(row.measurement)
+
+
+def calls_ms(m) -> list[float]:
+    """:func:`request_ms` of a Measurement (an empty list for None)."""
     if m is None:
         return []
     enqueue = m.enqueue_ms if len(m.enqueue_ms) == len(m.samples_ms) else [0.0] * len(m.samples_ms)
     return [max(s, e) for s, e in zip(m.samples_ms, enqueue)]
+
+
+def holds_host_gaps(m) -> bool:
+    """Whether most of a Measurement's calls took the host longer to issue than the spin queued ahead of
+    them: its device times then hold the host's gaps (a synchronization inside the call, as in Hugging
+    Face's eager BERT, waits for the spin every time); a few such calls are the host's noise."""
+    return m.delay_short > 0.5 * m.n
 
 
 def request_p99(row: Row) -> float | None:

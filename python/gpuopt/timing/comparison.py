@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .._ext import _C
@@ -66,6 +66,20 @@ class Comparison:
         if kwargs.get("judged_ci"):
             kwargs["judged_ci"] = tuple(kwargs["judged_ci"])
         return cls(**kwargs)
+
+    def swapped(self) -> Comparison:
+        """The same comparison with baseline and candidate exchanged: the speedup and its intervals
+        inverted (a percentile interval of a ratio inverts exactly), the verdict turned round."""
+        flip = {"faster": "slower", "slower": "faster", "less energy": "more energy", "more energy": "less energy"}
+        lo, hi = self.ci
+        return replace(
+            self, speedup=1.0 / self.speedup, ci=(1.0 / hi, 1.0 / lo), verdict=flip.get(self.verdict, self.verdict),
+            baseline_ms=self.candidate_ms, candidate_ms=self.baseline_ms,
+            baseline_label=self.candidate_label, candidate_label=self.baseline_label,
+            judged_ci=(1.0 / self.judged_ci[1], 1.0 / self.judged_ci[0]) if self.judged_ci else None,
+            baseline_joules=self.candidate_joules, candidate_joules=self.baseline_joules,
+            baseline_measurement=self.candidate_measurement, candidate_measurement=self.baseline_measurement,
+            notes=list(self.notes))
 
     @property
     def cross_run_note(self) -> str | None:
@@ -240,8 +254,9 @@ def compare(
         min_effect=min_effect,
         run_to_run=run_to_run.to_dict() if run_to_run is not None else None,
         judged_ci=(r["judged_lo"], r["judged_hi"]) if run_to_run is not None else None,
-        baseline_ms=baseline.p50, candidate_ms=candidate.p50, baseline_label=baseline.label,
-        candidate_label=candidate.label, interleaved=pair, notes=notes,
+        baseline_ms=baseline.p50, candidate_ms=candidate.p50,
+        baseline_label=labels[0] if labels else baseline.label,
+        candidate_label=labels[1] if labels else candidate.label, interleaved=pair, notes=notes,
         baseline_measurement=baseline if pair else None, candidate_measurement=candidate if pair else None,
     )
 
