@@ -11,7 +11,8 @@ transformers' generate, in one run on one device (issue 14 targets):
   replays.
 
 Parts (``--parts``): ``opt`` (hf-generate, static-graph fp16 and int8wo at batch 1, token identity and
-the timer check), ``paths`` (the other paths at batch 1), ``batch`` (batch sizes), ``sweep`` (a Results
+the timer check), ``gemv`` (the int8 operator's two CUDA kernels, SIMT and tensor-core, against each
+other and fp16 cuBLAS on the model's decode-step matrices, interleaved), ``paths`` (the other paths at batch 1), ``batch`` (batch sizes), ``sweep`` (a Results
 sweep of the built-in models with plots). A part that fails is recorded with its reason and the others
 still run; the JSON is checkpointed after every cell (``"complete": false`` until the end).
 """
@@ -153,9 +154,59 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
         write(args, results, targets, final=False)
 
 
+GEMV_SHAPES = {  # (N, K) of a decode step's linear layers: OPT-1.3B's, q/k/v fused
+    "qkv": (6144, 2048), "out_proj": (2048, 2048), "fc1": (8192, 2048), "fc2": (2048, 8192),
+    "lm_head": (50272, 2048)}
+
+
+def part_gemv(args, ceilings, results: dict, targets: list[Target]) -> None:
+    """The int8 weight-only operator at decode rows on each matrix of a decode step: its SIMT kernel and
+    its tensor-core kernel (``gpuopt._C.int8_linear_kernel``) interleaved (the C++ bootstrap), and fp16
+    ``F.linear`` (cuBLAS) on the same shape; the L2 flushed before each call, as in a decode step, where
+    the other layers' weights evict it. GB/s = the weight's bytes / median time."""
+    from gpuopt import _C
+
+    ops = torch.ops.gpuopt
+    g = torch.Generator(device="cuda").manual_seed(0)
+    opts = {"flush_l2": True, "max_time_s": 0.5 if args.quick else 1.5}
+    out = results["gemv"] = {"shapes": {}, "rows": [1, 8, 16]}
+    for name, (n, k) in GEMV_SHAPES.items():
+        w8 = torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g)
+        s = torch.rand(n, device="cuda", generator=g) * 0.01
+        w16 = (w8.half() * s.half()[:, None]).contiguous()
+        for m in out["rows"]:
+            x = torch.randn(m, k, device="cuda", generator=g).half()
+
+            def with_kernel(kernel, x=x, w8=w8, s=s):
+                def call():
+                    _C.int8_linear_kernel(kernel)
+                    ops.int8_weight_only_linear(x, w8, s)
+                return call
+
+            try:
+                cmp = gpuopt.compare(with_kernel("simt"), with_kernel("tensor-core"), labels=("simt", "tensor-core"),
+                                     **opts)
+                fp16 = gpuopt.measure(lambda x=x, w16=w16: torch.nn.functional.linear(x, w16), **opts)
+            finally:
+                _C.int8_linear_kernel("auto")
+            row = {"n": n, "k": k, "rows": m, "simt_ms": cmp.baseline_ms, "tensor_core_ms": cmp.candidate_ms,
+                   "tensor_core_speedup": cmp.speedup, "ci": list(cmp.ci), "verdict": cmp.verdict,
+                   "fp16_cublas_ms": fp16.p50,
+                   "int8_gbps": {"simt": n * k / cmp.baseline_ms / 1e6, "tensor_core": n * k / cmp.candidate_ms / 1e6},
+                   "fp16_gbps": 2 * n * k / fp16.p50 / 1e6}
+            out["shapes"][f"{name} m{m}"] = row
+            print(f"GEMV {name} {n}x{k} m={m}: simt {cmp.baseline_ms * 1e3:.1f} us "
+                  f"({row['int8_gbps']['simt']:.0f} GB/s), tensor-core {cmp.candidate_ms * 1e3:.1f} us "
+                  f"({row['int8_gbps']['tensor_core']:.0f} GB/s; {cmp.speedup:.2f}x [{cmp.ci[0]:.2f}, "
+                  f"{cmp.ci[1]:.2f}]), fp16 cuBLAS {fp16.p50 * 1e3:.1f} us ({row['fp16_gbps']:.0f} GB/s)", flush=True)
+            write(args, results, targets, final=False)
+        del w8, w16
+        _release()
+
+
 def _kind(name: str) -> str:
     low = name.lower()
-    if any(k in low for k in ("gemm", "gemv", "xmma", "cutlass", "nvjet", "splitk", "int8_weight", "cublas")):
+    if any(k in low for k in ("gemm", "gemv", "xmma", "cutlass", "nvjet", "splitk", "int8_weight", "int8_linear", "cublas")):
         return "gemm"
     if any(k in low for k in ("attention", "fmha", "flash", "softmax")):
         return "attention"
@@ -169,11 +220,12 @@ def _step_breakdown(args, models, b, p, n, results, targets) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     out = {}
-    for path in ("static-graph", "static-graph-compile"):
-        cell = results["opt"]["cells"].get(f"fp16+{path}", {})
+    best = results["opt"].get("fast_path")
+    for precision, path in (("fp16", "static-graph"), ("fp16", "static-graph-compile"), ("int8wo", best)):
+        cell = results["opt"]["cells"].get(f"{precision}+{path}", {})
         if "error" in cell or not cell:
             continue
-        dec = _decoder(models, path, b, p, n)
+        dec = _decoder(models, path, b, p, n, precision)
         try:
             prefill, graph = dec._graphs
             reps = max(1, min(20, n - 4))  # decode steps after one prefill, all within the cache
@@ -201,17 +253,18 @@ def _step_breakdown(args, models, b, p, n, results, targets) -> None:
             c[1] += us / reps
         total = sum(k["us"] for k in by_kind.values())
         tpot_us = cell["tpot_ms"]["mean"] * 1e3
-        out[path] = {"kernels_per_step": sum(k["kernels"] for k in by_kind.values()), "kernel_us_per_step": total,
+        key = path if precision == "fp16" else f"{precision}+{path}"
+        out[key] = {"kernels_per_step": sum(k["kernels"] for k in by_kind.values()), "kernel_us_per_step": total,
                      "tpot_us": tpot_us, "between_kernels_us": tpot_us - total, "by_kind": by_kind,
                      "top": sorted(([k, c[0], c[1]] for k, c in by_name.items()), key=lambda t: -t[2])[:15]}
-        print(f"{path}: {out[path]['kernels_per_step']:.0f} kernels per step, {total:.0f} us of kernels of "
+        print(f"{key}: {out[key]['kernels_per_step']:.0f} kernels per step, {total:.0f} us of kernels of "
               f"{tpot_us:.0f} us TPOT; by kind " + ", ".join(f"{k} {v['kernels']:.0f} kernels {v['us']:.0f} us"
                                                            for k, v in by_kind.items()), flush=True)
     results["opt"]["step_breakdown"] = out
 
 
-def _decoder(models, path, b, p, n):
-    model = models.candidate("fp16", fused=not path.startswith("hf-"))  # as measure_decode runs each path
+def _decoder(models, path, b, p, n, precision="fp16"):
+    model = models.candidate(precision, fused=not path.startswith("hf-"))  # as measure_decode runs each path
     return Decoder(model, path, models.prompt(b, p), n, gpuopt._C.StepClock(0, n), torch.float16)
 
 
@@ -339,7 +392,7 @@ def main() -> int:
         results["errors"]["ceilings"] = f"{type(exc).__name__}: {exc}"
         ceilings = None
     results["hbm_read_gbps"] = (ceilings or {}).get("measured", {}).get("hbm_read_gbps")
-    parts = {"opt": part_opt, "paths": part_paths, "batch": part_batch, "sweep": part_sweep}
+    parts = {"opt": part_opt, "gemv": part_gemv, "paths": part_paths, "batch": part_batch, "sweep": part_sweep}
     unknown = sorted(set(args.parts.split(",")) - set(parts))
     if unknown:
         raise SystemExit(f"unknown part(s) {', '.join(unknown)}; parts: {', '.join(parts)}")

@@ -157,7 +157,31 @@ def test_torch_compile_fullgraph_on_cpu(rng):
         torch.testing.assert_close(compiled(x), fn(x))
 
 
+def test_the_kernel_setting_takes_the_three_names_and_refuses_others():
+    from gpuopt import _C
+
+    assert _C.int8_linear_kernel() == "auto"
+    try:
+        assert _C.int8_linear_kernel("simt") == "auto" and _C.int8_linear_kernel() == "simt"
+        assert _C.int8_linear_kernel("tensor-core") == "simt"
+        with pytest.raises(ValueError, match="kernel must be one of 'auto', 'simt', 'tensor-core', got 'mma'"):
+            _C.int8_linear_kernel("mma")
+        assert _C.int8_linear_kernel() == "tensor-core"  # a refused name changes nothing
+    finally:
+        _C.int8_linear_kernel("auto")
+
+
 # ---- CUDA ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["simt", "tensor-core"])
+def kernel(request):
+    """Each CUDA kernel of the operator in turn (the process-wide setting, restored after the test)."""
+    from gpuopt import _C
+
+    before = _C.int8_linear_kernel(request.param)
+    yield request.param
+    _C.int8_linear_kernel(before)
 
 
 @pytest.mark.gpuopt_gpu
@@ -165,8 +189,9 @@ def test_torch_compile_fullgraph_on_cpu(rng):
 @pytest.mark.parametrize("k", [64, 2048, 2056])
 @pytest.mark.parametrize("n", [3, 1000])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_cuda_matches_the_reference_and_the_cpu_operator(m, k, n, dtype, rng):
-    # Rows 1..16 with K % 16 == 0 take the int8 kernel; 33 rows and K = 2056 the dequantized GEMM.
+def test_cuda_matches_the_reference_and_the_cpu_operator(m, k, n, dtype, kernel, rng):
+    # Rows 1..16 with K % 16 == 0 take the int8 kernel (each of the two: K = 64 and 2048 are multiples of
+    # 64); 33 rows and K = 2056 the dequantized GEMM. n = 3 and 1000 leave a partial 16-column tile.
     # Bias, fp32 scales and a 3-D x vary with the case, so every path meets each of them.
     lead = (m,) if k != 2048 else (1, m)
     x, w, s, b = _inputs(lead, n, k, dtype, rng, bias=m % 2 == 1, scales_fp32=n == 1000, device="cuda")
@@ -196,15 +221,47 @@ def test_unaligned_x_takes_the_dequantized_path(dtype, rng, monkeypatch):
     _check(ops.int8_weight_only_linear(xu, w, s, b), xu, w, s, b)
 
 
-@pytest.mark.gpuopt_gpu
-@pytest.mark.parametrize("m,kernel", [(1, True), (16, True), (17, False)])
-def test_decode_rows_run_the_int8_kernel(m, kernel, rng):
-    x, w, s, b = _inputs((m,), 256, 512, torch.float16, rng, device="cuda")
+def _kernels_run(fn) -> list[str]:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        ops.int8_weight_only_linear(x, w, s, b)
+        fn()
         torch.cuda.synchronize()
-    names = [e.name for e in prof.events()]
-    assert any("kernels::int8_linear" in name for name in names) == kernel, names
+    return [e.name for e in prof.events() if "kernels::int8_linear" in e.name]
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("m,k,dtype,which", [(1, 512, torch.float16, "int8_linear_mma"),
+                                             (16, 512, torch.bfloat16, "int8_linear_mma"),
+                                             (16, 528, torch.float16, "int8_linear<"),  # K % 64 != 0
+                                             (3, 512, torch.float32, "int8_linear<"),
+                                             (17, 512, torch.float16, None)])  # the dequantized GEMM
+def test_decode_rows_run_the_int8_kernel(m, k, dtype, which, rng):
+    # "auto" on this GPU (compute capability 8.0+): tensor cores for float16/bfloat16 with K % 64 == 0.
+    assert torch.cuda.get_device_capability()[0] >= 8
+    x, w, s, b = _inputs((m,), 256, k, dtype, rng, device="cuda")
+    names = _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b))
+    assert (which is None and not names) or (len(names) == 1 and which in names[0]), names
+
+
+@pytest.mark.gpuopt_gpu
+def test_each_kernel_runs_when_asked_and_tensor_cores_refuse_what_they_cannot_run(rng):
+    from gpuopt import _C
+
+    x, w, s, b = _inputs((4,), 256, 512, torch.float16, rng, device="cuda")
+    try:
+        _C.int8_linear_kernel("simt")
+        simt = ops.int8_weight_only_linear(x, w, s, b)
+        assert "int8_linear<" in _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b))[0]
+        _C.int8_linear_kernel("tensor-core")
+        assert "int8_linear_mma" in _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b))[0]
+        # the same sums in another order: within the dtype's rounding of the result
+        torch.testing.assert_close(ops.int8_weight_only_linear(x, w, s, b), simt, rtol=2e-3, atol=2e-3)
+        with pytest.raises(ValueError, match="tensor-core kernel needs float16 or bfloat16 x, k a multiple of 64"):
+            ops.int8_weight_only_linear(x.float(), w, s.float(), b.float())
+        x2, w2, s2, b2 = _inputs((4,), 256, 528, torch.float16, rng, device="cuda")
+        with pytest.raises(ValueError, match="got k=528"):
+            ops.int8_weight_only_linear(x2, w2, s2, b2)
+    finally:
+        _C.int8_linear_kernel("auto")
 
 
 @pytest.mark.gpuopt_gpu
@@ -215,8 +272,8 @@ def test_opcheck_on_cuda(dtype, rng):
 
 
 @pytest.mark.gpuopt_gpu
-@pytest.mark.parametrize("m", [1, 7, 33])
-def test_captured_in_a_cuda_graph_replays_the_same_values(m, rng):
+@pytest.mark.parametrize("m", [1, 7, 12, 33])
+def test_captured_in_a_cuda_graph_replays_the_same_values(m, kernel, rng):
     x, w, s, b = _inputs((m,), 300, 1024, torch.float16, rng, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -1,3 +1,4 @@
+#include <atomic>
 #include <cstdint>
 
 #include "gpuopt/cuda.h"
@@ -35,7 +36,58 @@ void launch_rows(const Int8LinearParams& p, cudaStream_t stream) {
   }
 }
 
+template <typename T, int kTiles, int kWarps>
+void launch_mma(const Int8LinearParams& p, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>((p.n + 15) / 16);
+  kernels::int8_linear_mma<T, kTiles, kWarps><<<blocks, kWarps * 32, 0, stream>>>(
+      static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32, static_cast<const T*>(p.bias),
+      static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
+  GPUOPT_CHECK_LAUNCH();
+}
+
+// Warps per block: one 64-wide chunk of K each, up to 32 (k = 2048 and longer: 32).
+template <typename T, int kTiles>
+void launch_mma_warps(const Int8LinearParams& p, cudaStream_t stream) {
+  const std::int64_t chunks = p.k / kernels::kInt8MmaChunk;
+  if (chunks >= 32) {
+    launch_mma<T, kTiles, 32>(p, stream);
+  } else if (chunks >= 16) {
+    launch_mma<T, kTiles, 16>(p, stream);
+  } else if (chunks >= 8) {
+    launch_mma<T, kTiles, 8>(p, stream);
+  } else {
+    launch_mma<T, kTiles, 4>(p, stream);
+  }
+}
+
+template <typename T>
+void launch_mma_rows(const Int8LinearParams& p, cudaStream_t stream) {
+  static_assert(kInt8LinearMaxRows == 16, "two 8-row tiles must hold kInt8LinearMaxRows rows");
+  if (p.rows <= 8) {
+    launch_mma_warps<T, 1>(p, stream);
+  } else {
+    launch_mma_warps<T, 2>(p, stream);
+  }
+}
+
+// The compute capability's major number per device, asked once (a host query, no stream work).
+int cc_major(int device) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> cache[kDevices] = {};
+  if (device < 0 || device >= kDevices) return device_attribute(cudaDevAttrComputeCapabilityMajor, device);
+  int v = cache[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = device_attribute(cudaDevAttrComputeCapabilityMajor, device);
+    cache[device].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
 }  // namespace
+
+bool int8_linear_tensor_cores(const Int8LinearParams& p) {
+  return p.type != ActivationType::kFloat32 && p.k % kernels::kInt8MmaChunk == 0 && cc_major(p.device) >= 8;
+}
 
 bool int8_linear_supported(const Int8LinearParams& p) {
   return p.rows >= 1 && p.rows <= kInt8LinearMaxRows && p.n >= 1 && p.k > 0 && p.k % 16 == 0 &&
@@ -49,6 +101,19 @@ void int8_linear(const Int8LinearParams& p, cudaStream_t stream) {
       ", n=", p.n, ", k=", p.k, ", x at ", p.x, ", weight at ", static_cast<const void*>(p.weight));
   GPUOPT_CHECK_VALUE(p.scales != nullptr && p.out != nullptr,
                      "int8_linear: scales and out must not be null");
+  const bool mma = p.kernel != Int8Kernel::kSimt && int8_linear_tensor_cores(p);
+  GPUOPT_CHECK_VALUE(mma || p.kernel != Int8Kernel::kTensorCore,
+                     "int8_linear: the tensor-core kernel needs float16 or bfloat16 x, k a multiple of ",
+                     kernels::kInt8MmaChunk, " and compute capability 8.0 or newer; got k=", p.k,
+                     ", compute capability ", cc_major(p.device), ".x");
+  if (mma) {
+    if (p.type == ActivationType::kFloat16) {
+      launch_mma_rows<__half>(p, stream);
+    } else {
+      launch_mma_rows<__nv_bfloat16>(p, stream);
+    }
+    return;
+  }
   switch (p.type) {
     case ActivationType::kFloat32: launch_rows<float>(p, stream); break;
     case ActivationType::kFloat16: launch_rows<__half>(p, stream); break;

@@ -140,4 +140,173 @@ __global__ void __launch_bounds__(kInt8LinearWarps * 32)
   }
 }
 
+// ---- the tensor-core kernel (compute capability 8.0+) -------------------------------------------------
+//
+// out[m, n] for 16 output columns n0..n0+15 per block: the MMA's M is the output columns (the weight
+// rows), its N the rows of x (8 per tile, kTiles tiles), its K the reduction. mma.m16n8k16 gives lane
+// (g = lane / 4, t = lane % 4) the A elements of rows g and g + 8 at K positions {2t, 2t+1, 2t+8,
+// 2t+9} and the B elements of column g at the same positions. The K order inside one MMA is free as
+// long as A and B agree, so those four positions are taken as four consecutive k: lane t of step j
+// of a 64-wide chunk uses k = 16 t + 4 j + {0, 1, 2, 3}. Then one 16-byte load of weight row
+// n0 + g (and one of row n0 + g + 8) feeds four MMAs, and so do two 16-byte loads of x's row.
+constexpr int kInt8MmaChunk = 64;  // K per warp and step: 16 bytes of each of its two weight rows per lane
+constexpr int kInt8MmaBatch = 4;   // chunks a lane loads before their MMAs
+
+// Two int8 values (bytes `pair` * 2 and + 1 of `biased`, each XOR 0x80, i.e. value + 128) as a
+// 16-bit pair, lower first. fp16: 0x64XX is 1024 + XX exactly, less 1152 gives the value.
+__device__ __forceinline__ std::uint32_t int8_pair(std::uint32_t biased, int pair, __half) {
+  const std::uint32_t bits = __byte_perm(biased, 0x64646464u, pair == 0 ? 0x4140u : 0x4342u);
+  __half2 h;
+  memcpy(&h, &bits, sizeof(h));
+  h = __hsub2(h, __halves2half2(__ushort_as_half(0x6480u), __ushort_as_half(0x6480u)));  // 1152
+  std::uint32_t out;
+  memcpy(&out, &h, sizeof(out));
+  return out;
+}
+// bf16 (7 mantissa bits) cannot hold 128 + XX; fp32 can: 0x4B0000XX is 2^23 + XX, less 2^23 + 128
+// gives the value, whose bits below the top 16 are zero, so the bf16 is its top half, exactly.
+__device__ __forceinline__ std::uint32_t int8_pair(std::uint32_t biased, int pair, __nv_bfloat16) {
+  const float lo = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7440u + 2u * pair)) - 8388736.0f;
+  const float hi = __uint_as_float(__byte_perm(biased, 0x4B000000u, 0x7441u + 2u * pair)) - 8388736.0f;
+  return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632u);
+}
+
+__device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                          std::uint32_t b1, __half) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+__device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                          std::uint32_t b1, __nv_bfloat16) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+__device__ __forceinline__ std::uint32_t word(const uint4& u, int i) {
+  return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
+}
+
+// One 64-wide chunk of K: the lane's 16 bytes of weight rows g and g + 8, and its 16 values of x's row
+// g of each tile, into four MMAs per tile.
+template <typename T, int kTiles>
+__device__ __forceinline__ void int8_mma_chunk(const uint4& wl, const uint4& wh, const uint4 (&xv)[kTiles][2],
+                                               float (&acc)[kTiles][4]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const std::uint32_t lo = word(wl, j) ^ 0x80808080u;
+    const std::uint32_t hi = word(wh, j) ^ 0x80808080u;
+    const std::uint32_t a[4] = {int8_pair(lo, 0, T{}), int8_pair(hi, 0, T{}), int8_pair(lo, 1, T{}),
+                                int8_pair(hi, 1, T{})};
+#pragma unroll
+    for (int tile = 0; tile < kTiles; ++tile) {
+      // x's 16 values of this lane: words 0-3 in xv[..][0], 4-7 in xv[..][1]; step j uses 2j, 2j+1.
+      const uint4& u = xv[tile][j / 2];
+      mma_16816(acc[tile], a, word(u, 2 * (j % 2)), word(u, 2 * (j % 2) + 1), T{});
+    }
+  }
+}
+
+// Needs k % 64 == 0, 16-byte aligned x and weight, 1 <= rows <= 8 * kTiles; launched with kWarps * 32
+// threads and ceil(n_cols / 16) blocks. kWarps split K and add up in shared memory: a decode step's
+// matrices give a few hundred blocks, so the loads in flight come from many warps per block (the
+// compiler interleaves a lane's loads with its MMAs, keeping few of them in flight per lane).
+template <typename T, int kTiles, int kWarps>  // T: __half or __nv_bfloat16
+__global__ void __launch_bounds__(kWarps * 32)
+    int8_linear_mma(const T* __restrict__ x, const std::int8_t* __restrict__ weight,
+                    const void* __restrict__ scales, bool scales_fp32, const T* __restrict__ bias,
+                    T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k) {
+  __shared__ float partial[kWarps][kTiles][8][16];  // [warp][tile][x row][output column]
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * 16;
+  // Rows past the matrix (of the weight, or of x) read the last one instead: every load is then
+  // unconditional, so the compiler puts a whole batch of them in flight; what they feed lands in
+  // outputs that are not written.
+  const std::int8_t* w_lo = weight + (n0 + g < n_cols ? n0 + g : n_cols - 1) * k + 16 * t;
+  const std::int8_t* w_hi = weight + (n0 + g + 8 < n_cols ? n0 + g + 8 : n_cols - 1) * k + 16 * t;
+  const T* x_row[kTiles];
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile) {
+    x_row[tile] = x + static_cast<std::int64_t>((tile * 8 + g < rows ? tile * 8 + g : rows - 1)) * k + 16 * t;
+  }
+
+  float acc[kTiles][4];
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[tile][i] = 0.0f;
+  }
+
+  // Warp w takes chunks w, w + kWarps, ...: whole batches of kInt8MmaBatch first, then what is left one
+  // chunk at a time.
+  const std::int64_t chunks = k / kInt8MmaChunk;
+  constexpr std::int64_t kStride = kWarps;
+  std::int64_t c = warp;
+  for (; c + (kInt8MmaBatch - 1) * kStride < chunks; c += kInt8MmaBatch * kStride) {
+    uint4 wl[kInt8MmaBatch], wh[kInt8MmaBatch], xv[kInt8MmaBatch][kTiles][2];
+#pragma unroll
+    for (int i = 0; i < kInt8MmaBatch; ++i) {
+      const std::int64_t off = (c + i * kStride) * kInt8MmaChunk;
+      wl[i] = __ldg(reinterpret_cast<const uint4*>(w_lo + off));
+      wh[i] = __ldg(reinterpret_cast<const uint4*>(w_hi + off));
+#pragma unroll
+      for (int tile = 0; tile < kTiles; ++tile) {
+        const auto* q = reinterpret_cast<const uint4*>(x_row[tile] + off);
+        xv[i][tile][0] = __ldg(q);
+        xv[i][tile][1] = __ldg(q + 1);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kInt8MmaBatch; ++i) int8_mma_chunk<T, kTiles>(wl[i], wh[i], xv[i], acc);
+  }
+  for (; c < chunks; c += kStride) {
+    const std::int64_t off = c * kInt8MmaChunk;
+    uint4 xv[kTiles][2];
+#pragma unroll
+    for (int tile = 0; tile < kTiles; ++tile) {
+      const auto* q = reinterpret_cast<const uint4*>(x_row[tile] + off);
+      xv[tile][0] = __ldg(q);
+      xv[tile][1] = __ldg(q + 1);
+    }
+    int8_mma_chunk<T, kTiles>(__ldg(reinterpret_cast<const uint4*>(w_lo + off)),
+                              __ldg(reinterpret_cast<const uint4*>(w_hi + off)), xv, acc);
+  }
+
+  // D: lane (g, t) holds output columns g and g + 8 for x rows 2t and 2t + 1 of each tile.
+#pragma unroll
+  for (int tile = 0; tile < kTiles; ++tile) {
+    partial[warp][tile][2 * t][g] = acc[tile][0];
+    partial[warp][tile][2 * t + 1][g] = acc[tile][1];
+    partial[warp][tile][2 * t][g + 8] = acc[tile][2];
+    partial[warp][tile][2 * t + 1][g + 8] = acc[tile][3];
+  }
+  __syncthreads();
+  // One thread per (x row, output column), consecutive threads on consecutive columns.
+  for (int idx = static_cast<int>(threadIdx.x); idx < kTiles * 8 * 16; idx += kWarps * 32) {
+    const int col = idx % 16;
+    const int m = idx / 16;  // tile * 8 + row in the tile
+    const std::int64_t n = n0 + col;
+    if (m >= rows || n >= n_cols) continue;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += partial[w][m / 8][m % 8][col];
+    const float scale = scales_fp32 ? static_cast<const float*>(scales)[n]
+                                    : to_float(static_cast<const T*>(scales)[n]);
+    const float b = bias != nullptr ? to_float(bias[n]) : 0.0f;
+    out[static_cast<std::int64_t>(m) * n_cols + n] = from_float<T>(sum * scale + b);
+  }
+}
+
 }  // namespace gpuopt::cuda::kernels

@@ -3,8 +3,11 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "../torch/decode.h"
+#include "../torch/int8_linear.h"
 #include "../torch/timing.h"
 #include "bindings.h"
 #include "measure_options.h"
@@ -79,6 +82,17 @@ void bind_llm(py::module_& m) {
       },
       py::arg("loop"), py::arg("options"),
       "Times loop.run() (one request) entirely in C++, without the GIL; measure_callable's dict.");
+
+  m.def(
+      "int8_linear_kernel",
+      [](const std::optional<std::string>& kernel) {
+        return kernel.has_value() ? torch_ext::set_int8_linear_kernel(*kernel) : torch_ext::int8_linear_kernel();
+      },
+      py::arg("kernel") = py::none(),
+      "The CUDA kernel torch.ops.gpuopt.int8_weight_only_linear runs for 1 to 16 rows: 'auto' (tensor cores "
+      "where they apply: float16/bfloat16 x, K % 64 == 0, compute capability 8.0+; else 'simt'), 'simt' or "
+      "'tensor-core'. With a name, sets it process-wide and returns the previous one; without, returns it. "
+      "For tests and benchmarks.");
 }
 
 }  // namespace gpuopt::python

@@ -18,11 +18,15 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "device.h"
+#include "int8_linear.h"
 
 #ifdef GPUOPT_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -35,6 +39,10 @@ namespace gpuopt::torch_ext {
 namespace {
 
 constexpr const char* kOp = "int8_weight_only_linear";
+
+// The names of int8_linear_kernel(), in the order of cuda::Int8Kernel.
+constexpr std::array<const char*, 3> kKernels = {"auto", "simt", "tensor-core"};
+std::atomic<int> g_kernel{0};
 
 const char* dtype_name(at::ScalarType t) {
   switch (t) {
@@ -126,6 +134,8 @@ at::Tensor int8_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const
   p.rows = rows;
   p.n = n;
   p.k = k;
+  p.device = x.device().index();
+  p.kernel = static_cast<cuda::Int8Kernel>(g_kernel.load(std::memory_order_relaxed));
   if (cuda::int8_linear_supported(p)) {
     at::Tensor out = at::empty({rows, n}, x.options());
     p.out = out.mutable_data_ptr();
@@ -154,6 +164,18 @@ at::Tensor int8_linear_meta(const at::Tensor& x, const at::Tensor& weight, const
 }
 
 }  // namespace
+
+std::string int8_linear_kernel() { return kKernels[g_kernel.load()]; }
+
+std::string set_int8_linear_kernel(const std::string& name) {
+  for (std::size_t i = 0; i < kKernels.size(); ++i) {
+    if (name == kKernels[i]) return kKernels[g_kernel.exchange(static_cast<int>(i))];
+  }
+  TORCH_CHECK_VALUE(false, "int8_linear_kernel: kernel must be one of 'auto', 'simt', 'tensor-core', got '",
+                    name, "'");
+  return {};
+}
+
 }  // namespace gpuopt::torch_ext
 
 TORCH_LIBRARY_FRAGMENT(gpuopt, m) {

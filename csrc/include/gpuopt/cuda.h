@@ -148,10 +148,19 @@ class DeviceAllocator final : public gpuopt::RawAllocator {
 void fill_pattern(std::uint32_t* out, std::int64_t n, std::uint32_t seed, cudaStream_t stream);
 
 // ---- int8 weight-only linear for decode-sized batches: out[m, n] = (sum_k x[m, k] * w[n, k]) *
-// scales[n] + bias[n], accumulated in fp32, written in x's type. Bandwidth-bound: one warp per
-// output column streams weight row n once with 16-byte loads, for all rows of x. Capturable (no
-// allocation, no synchronization).
+// scales[n] + bias[n], accumulated in fp32, written in x's type. Bandwidth-bound: the weight is
+// streamed once with 16-byte loads, for all rows of x. Two kernels:
+//  - tensor cores (fp16/bf16 x, K % 64 == 0, compute capability 8.0 or newer): 16 output columns
+//    per block, its 8 warps splitting K; the int8 weights become 16-bit MMA operands with integer
+//    bit tricks (exact: |w| <= 128), so no int-to-float conversion instruction (a quarter of the
+//    FMA rate) runs per weight, and the activations stay 16-bit; fp32 accumulation.
+//  - SIMT (every other case): one warp per output column, int8 and activations converted to fp32.
+// Capturable (no allocation, no synchronization).
 enum class ActivationType { kFloat32, kFloat16, kBFloat16 };
+
+// Which kernel int8_linear runs: kAuto the tensor-core kernel where it applies, else SIMT; the
+// others force one (kTensorCore refuses a case it cannot run), for tests and benchmarks.
+enum class Int8Kernel { kAuto, kSimt, kTensorCore };
 
 struct Int8LinearParams {
   ActivationType type = ActivationType::kFloat32;  // of x, bias and out
@@ -162,6 +171,8 @@ struct Int8LinearParams {
   const void* bias = nullptr;                      // [n] of `type`, or nullptr
   void* out = nullptr;                             // [rows, n], contiguous
   std::int64_t rows = 0, n = 0, k = 0;
+  int device = 0;                                  // the CUDA device of every pointer
+  Int8Kernel kernel = Int8Kernel::kAuto;
 };
 
 // The most rows int8_linear takes: past that the GEMM is no longer bandwidth-bound, and a
@@ -170,7 +181,11 @@ constexpr std::int64_t kInt8LinearMaxRows = 16;
 // Whether int8_linear takes these arguments: 1 <= rows <= kInt8LinearMaxRows, n >= 1, k a positive
 // multiple of 16, and x and weight 16-byte aligned (so that every row starts aligned).
 bool int8_linear_supported(const Int8LinearParams& p);
-// GPUOPT_CHECK_VALUE unless int8_linear_supported(p).
+// Whether int8_linear runs p on tensor cores under Int8Kernel::kAuto: fp16/bf16 x, k % 64 == 0, and
+// p.device of compute capability 8.0 or newer.
+bool int8_linear_tensor_cores(const Int8LinearParams& p);
+// GPUOPT_CHECK_VALUE unless int8_linear_supported(p) (and, for Int8Kernel::kTensorCore, unless
+// int8_linear_tensor_cores(p)).
 void int8_linear(const Int8LinearParams& p, cudaStream_t stream);
 
 // ---- row-wise quantization: for each row r of x [rows, k], amax = max |x[r, :]|, scale[r] =

@@ -1,0 +1,15 @@
+// The kernel gpuopt::int8_weight_only_linear runs for decode rows on CUDA (int8_linear.cpp).
+#pragma once
+
+#include <string>
+
+namespace gpuopt::torch_ext {
+
+// "auto" (tensor cores where they apply: float16/bfloat16 x, K % 64 == 0, compute capability 8.0
+// or newer; else the SIMT kernel), "simt" or "tensor-core" (a case it cannot run is a ValueError).
+// Process-wide, read at each call (a captured graph keeps the kernel it captured); for tests and
+// benchmarks that compare the two. set_ returns the previous name; ValueError for any other name.
+std::string int8_linear_kernel();
+std::string set_int8_linear_kernel(const std::string& name);
+
+}  // namespace gpuopt::torch_ext
