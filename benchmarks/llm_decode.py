@@ -169,7 +169,7 @@ def part_gemv(args, ceilings, results: dict, targets: list[Target]) -> None:
     ops = torch.ops.gpuopt
     g = torch.Generator(device="cuda").manual_seed(0)
     opts = {"flush_l2": True, "max_time_s": 0.5 if args.quick else 1.5}
-    out = results["gemv"] = {"shapes": {}, "rows": [1, 8, 16]}
+    out = results["gemv"] = {"shapes": {}, "rows": [1, 2, 4, 8, 16]}
     for name, (n, k) in GEMV_SHAPES.items():
         w8 = torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g)
         s = torch.rand(n, device="cuda", generator=g) * 0.01

@@ -229,13 +229,16 @@ def _kernels_run(fn) -> list[str]:
 
 
 @pytest.mark.gpuopt_gpu
-@pytest.mark.parametrize("m,k,dtype,which", [(1, 512, torch.float16, "int8_linear_mma"),
+@pytest.mark.parametrize("m,k,dtype,which", [(1, 512, torch.float16, "int8_linear<"),
+                                             (1, 4096, torch.bfloat16, "int8_linear_mma"),
+                                             (2, 512, torch.float16, "int8_linear_mma"),
                                              (16, 512, torch.bfloat16, "int8_linear_mma"),
                                              (16, 528, torch.float16, "int8_linear<"),  # K % 64 != 0
                                              (3, 512, torch.float32, "int8_linear<"),
                                              (17, 512, torch.float16, None)])  # the dequantized GEMM
 def test_decode_rows_run_the_int8_kernel(m, k, dtype, which, rng):
-    # "auto" on this GPU (compute capability 8.0+): tensor cores for float16/bfloat16 with K % 64 == 0.
+    # "auto" on this GPU (compute capability 8.0+): tensor cores for float16/bfloat16 with K % 64 == 0 from
+    # two rows on (or K >= 4096); one row of a shorter K streams faster through the SIMT kernel.
     assert torch.cuda.get_device_capability()[0] >= 8
     x, w, s, b = _inputs((m,), 256, k, dtype, rng, device="cuda")
     names = _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b))
@@ -255,10 +258,11 @@ def test_each_kernel_runs_when_asked_and_tensor_cores_refuse_what_they_cannot_ru
         assert "int8_linear_mma" in _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b))[0]
         # the same sums in another order: within the dtype's rounding of the result
         torch.testing.assert_close(ops.int8_weight_only_linear(x, w, s, b), simt, rtol=2e-3, atol=2e-3)
-        with pytest.raises(ValueError, match="tensor-core kernel needs float16 or bfloat16 x, k a multiple of 64"):
+        with pytest.raises(ValueError, match=r"int8_linear_kernel is 'tensor-core', which needs float16 or "
+                                             r"bfloat16 x \(got float32\), K a multiple of 64 \(got 512\)"):
             ops.int8_weight_only_linear(x.float(), w, s.float(), b.float())
         x2, w2, s2, b2 = _inputs((4,), 256, 528, torch.float16, rng, device="cuda")
-        with pytest.raises(ValueError, match="got k=528"):
+        with pytest.raises(ValueError, match=r"\(got float16\), K a multiple of 64 \(got 528\)"):
             ops.int8_weight_only_linear(x2, w2, s2, b2)
     finally:
         _C.int8_linear_kernel("auto")

@@ -101,11 +101,17 @@ void int8_linear(const Int8LinearParams& p, cudaStream_t stream) {
       ", n=", p.n, ", k=", p.k, ", x at ", p.x, ", weight at ", static_cast<const void*>(p.weight));
   GPUOPT_CHECK_VALUE(p.scales != nullptr && p.out != nullptr,
                      "int8_linear: scales and out must not be null");
-  const bool mma = p.kernel != Int8Kernel::kSimt && int8_linear_tensor_cores(p);
-  GPUOPT_CHECK_VALUE(mma || p.kernel != Int8Kernel::kTensorCore,
+  const bool can_mma = int8_linear_tensor_cores(p);
+  GPUOPT_CHECK_VALUE(can_mma || p.kernel != Int8Kernel::kTensorCore,
                      "int8_linear: the tensor-core kernel needs float16 or bfloat16 x, k a multiple of ",
                      kernels::kInt8MmaChunk, " and compute capability 8.0 or newer; got k=", p.k,
                      ", compute capability ", cc_major(p.device), ".x");
+  // Auto: one row of x with k < 4096 streams faster through the SIMT kernel (a warp per column, its
+  // weight row in flight at once: 1.2-2.2 TB/s against the tensor-core kernel's 0.9-1.5 on OPT-1.3B's
+  // 2048-wide matrices on an H100); from two rows on, or longer rows, the tensor cores win (2-4.8x at
+  // 8 rows: the SIMT kernel's work grows with the rows, theirs does not).
+  const bool mma = p.kernel == Int8Kernel::kTensorCore ||
+                   (p.kernel == Int8Kernel::kAuto && can_mma && (p.rows >= 2 || p.k >= kInt8LinearLongK));
   if (mma) {
     if (p.type == ActivationType::kFloat16) {
       launch_mma_rows<__half>(p, stream);

@@ -136,6 +136,11 @@ at::Tensor int8_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const
   p.k = k;
   p.device = x.device().index();
   p.kernel = static_cast<cuda::Int8Kernel>(g_kernel.load(std::memory_order_relaxed));
+  TORCH_CHECK_VALUE(p.kernel != cuda::Int8Kernel::kTensorCore || !cuda::int8_linear_supported(p) ||
+                        cuda::int8_linear_tensor_cores(p),
+                    kOp, ": int8_linear_kernel is 'tensor-core', which needs float16 or bfloat16 x (got ",
+                    dtype_name(x.scalar_type()), "), K a multiple of 64 (got ", k,
+                    ") and compute capability 8.0 or newer");
   if (cuda::int8_linear_supported(p)) {
     at::Tensor out = at::empty({rows, n}, x.options());
     p.out = out.mutable_data_ptr();

@@ -158,9 +158,11 @@ void fill_pattern(std::uint32_t* out, std::int64_t n, std::uint32_t seed, cudaSt
 // Capturable (no allocation, no synchronization).
 enum class ActivationType { kFloat32, kFloat16, kBFloat16 };
 
-// Which kernel int8_linear runs: kAuto the tensor-core kernel where it applies, else SIMT; the
-// others force one (kTensorCore refuses a case it cannot run), for tests and benchmarks.
+// Which kernel int8_linear runs: kAuto the tensor-core kernel where it applies (int8_linear_tensor_cores)
+// for two rows or more, or k >= kInt8LinearLongK, else SIMT; the others force one (kTensorCore refuses
+// a case it cannot run), for tests and benchmarks.
 enum class Int8Kernel { kAuto, kSimt, kTensorCore };
+constexpr std::int64_t kInt8LinearLongK = 4096;
 
 struct Int8LinearParams {
   ActivationType type = ActivationType::kFloat32;  // of x, bias and out
@@ -181,8 +183,8 @@ constexpr std::int64_t kInt8LinearMaxRows = 16;
 // Whether int8_linear takes these arguments: 1 <= rows <= kInt8LinearMaxRows, n >= 1, k a positive
 // multiple of 16, and x and weight 16-byte aligned (so that every row starts aligned).
 bool int8_linear_supported(const Int8LinearParams& p);
-// Whether int8_linear runs p on tensor cores under Int8Kernel::kAuto: fp16/bf16 x, k % 64 == 0, and
-// p.device of compute capability 8.0 or newer.
+// Whether the tensor-core kernel can run p: fp16/bf16 x, k % 64 == 0, and p.device of compute
+// capability 8.0 or newer.
 bool int8_linear_tensor_cores(const Int8LinearParams& p);
 // GPUOPT_CHECK_VALUE unless int8_linear_supported(p) (and, for Int8Kernel::kTensorCore, unless
 // int8_linear_tensor_cores(p)).
