@@ -116,19 +116,6 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
     # under its power cap over a run: the two are compared close together).
     unfused = run(best, "fp16", label=f"fp16+{best}+unfused", fuse=False) if best else None
     int8 = run(best, "int8wo") if best else None
-    # The int8 kernels launch with programmatic dependent launch on compute capability 9.0+ (they fetch their
-    # weights while the kernel before them finishes): the same cell without it, right after.
-    int8_nopdl = None
-    if int8 is not None and torch.cuda.get_device_capability()[0] >= 9:
-        before = gpuopt._C.int8_linear_pdl(False)
-        try:
-            int8_nopdl = run(best, "int8wo", label=f"int8wo+{best}+no-pdl")
-        finally:
-            gpuopt._C.int8_linear_pdl(before)
-    if int8 is not None and int8_nopdl is not None:
-        results["opt"]["pdl_speedup"] = int8_nopdl.tpot_ms["mean"] / int8.tpot_ms["mean"]
-        print(f"int8 programmatic dependent launch: TPOT {int8_nopdl.tpot_ms['mean']:.3f} -> "
-              f"{int8.tpot_ms['mean']:.3f} ms ({results['opt']['pdl_speedup']:.3f}x)", flush=True)
     if fast is not None and unfused is not None:
         results["opt"]["fusion_speedup"] = unfused.tpot_ms["mean"] / fast.tpot_ms["mean"]
         print(f"fused projections: {fast.fused_projections} groups, TPOT {unfused.tpot_ms['mean']:.3f} -> "

@@ -9,44 +9,14 @@ namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-// The compute capability's major number per device, asked once (a host query, no stream work).
-int cc_major(int device) {
-  constexpr int kDevices = 64;
-  static std::atomic<int> cache[kDevices] = {};
-  if (device < 0 || device >= kDevices) return device_attribute(cudaDevAttrComputeCapabilityMajor, device);
-  int v = cache[device].load(std::memory_order_relaxed);
-  if (v == 0) {
-    v = device_attribute(cudaDevAttrComputeCapabilityMajor, device);
-    cache[device].store(v, std::memory_order_relaxed);
-  }
-  return v;
-}
-
-// Launches one of the kernels, with programmatic dependent launch where p asks for it and the device
-// has it (9.0+): the kernels wait for the prior grid themselves (kernels::wait_for_prior_grid).
-template <typename... Params, typename... Args>
-void launch_kernel(void (*kernel)(Params...), unsigned blocks, unsigned threads, const Int8LinearParams& p,
-                   cudaStream_t stream, Args... args) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = 0;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = p.pdl && cc_major(p.device) >= 9 ? 1 : 0;
-  GPUOPT_CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
-}
-
 template <typename T, int kRows>
 void launch(const Int8LinearParams& p, cudaStream_t stream) {
   constexpr int kWarps = kernels::kInt8LinearWarps;
   const auto blocks = static_cast<unsigned>((p.n + kWarps - 1) / kWarps);
-  launch_kernel(kernels::int8_linear<T, kRows>, blocks, kWarps * 32, p, stream, static_cast<const T*>(p.x),
-                p.weight, p.scales, p.scales_fp32, static_cast<const T*>(p.bias), static_cast<T*>(p.out),
-                static_cast<int>(p.rows), p.n, p.k);
+  kernels::int8_linear<T, kRows><<<blocks, kWarps * 32, 0, stream>>>(
+      static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32, static_cast<const T*>(p.bias),
+      static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
+  GPUOPT_CHECK_LAUNCH();
 }
 
 // The smallest row tile that holds p.rows: five instantiations per type instead of sixteen.
@@ -69,9 +39,10 @@ void launch_rows(const Int8LinearParams& p, cudaStream_t stream) {
 template <typename T, int kTiles, int kWarps>
 void launch_mma(const Int8LinearParams& p, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((p.n + 15) / 16);
-  launch_kernel(kernels::int8_linear_mma<T, kTiles, kWarps>, blocks, kWarps * 32, p, stream,
-                static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32, static_cast<const T*>(p.bias),
-                static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
+  kernels::int8_linear_mma<T, kTiles, kWarps><<<blocks, kWarps * 32, 0, stream>>>(
+      static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32, static_cast<const T*>(p.bias),
+      static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
+  GPUOPT_CHECK_LAUNCH();
 }
 
 // Warps per block: one 64-wide chunk of K each, up to 32 (k = 2048 and longer: 32).
@@ -97,6 +68,19 @@ void launch_mma_rows(const Int8LinearParams& p, cudaStream_t stream) {
   } else {
     launch_mma_warps<T, 2>(p, stream);
   }
+}
+
+// The compute capability's major number per device, asked once (a host query, no stream work).
+int cc_major(int device) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> cache[kDevices] = {};
+  if (device < 0 || device >= kDevices) return device_attribute(cudaDevAttrComputeCapabilityMajor, device);
+  int v = cache[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = device_attribute(cudaDevAttrComputeCapabilityMajor, device);
+    cache[device].store(v, std::memory_order_relaxed);
+  }
+  return v;
 }
 
 }  // namespace

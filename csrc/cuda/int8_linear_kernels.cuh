@@ -82,23 +82,6 @@ __device__ __forceinline__ void unpack_int8(const uint4 u, float (&w)[16]) {
   }
 }
 
-// Programmatic dependent launch (compute capability 9.0+; int8_linear launches with it there): the
-// kernel may start while the kernel before it in the stream is finishing. The weights do not depend on
-// that kernel, so each lane first asks for its first weight bytes (into L2), then waits for the prior
-// grid -- its x, and the memory its output may reuse -- before reading x or writing anything. Without
-// the launch attribute the wait returns at once.
-constexpr int kPrefetchSteps = 4;  // 16-byte weight pieces per lane asked for before the wait
-
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
-__device__ __forceinline__ void wait_for_prior_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 // out[m, n] = (sum_k x[m, k] * weight[n, k]) * scale[n] + bias[n] for m < rows <= kRows.
 // One warp per output column n: its lanes stride over weight row n 16 int8 at a time (one 16-byte
 // load per lane per step, 512 bytes per warp), multiply with the matching 16 values of every row of
@@ -115,12 +98,6 @@ __global__ void __launch_bounds__(kInt8LinearWarps * 32)
   if (n >= n_cols) return;  // n is the same for every lane of a warp: whole warps leave
 
   const std::int8_t* w_row = weight + n * k;
-#pragma unroll
-  for (int i = 0; i < kPrefetchSteps; ++i) {
-    const std::int64_t k0 = static_cast<std::int64_t>(lane + 32 * i) * 16;
-    if (k0 < k) prefetch_l2(w_row + k0);
-  }
-  wait_for_prior_grid();
   float acc[kRows];
 #pragma unroll
   for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
@@ -265,17 +242,6 @@ __global__ void __launch_bounds__(kWarps * 32)
     x_row[tile] = x + static_cast<std::int64_t>((tile * 8 + g < rows ? tile * 8 + g : rows - 1)) * k + 16 * t;
   }
 
-  const std::int64_t chunks = k / kInt8MmaChunk;
-#pragma unroll
-  for (int i = 0; i < kPrefetchSteps; ++i) {
-    const std::int64_t c = warp + static_cast<std::int64_t>(i) * kWarps;
-    if (c < chunks) {
-      prefetch_l2(w_lo + c * kInt8MmaChunk);
-      prefetch_l2(w_hi + c * kInt8MmaChunk);
-    }
-  }
-  wait_for_prior_grid();
-
   float acc[kTiles][4];
 #pragma unroll
   for (int tile = 0; tile < kTiles; ++tile) {
@@ -285,6 +251,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   // Warp w takes chunks w, w + kWarps, ...: whole batches of kInt8MmaBatch first, then what is left one
   // chunk at a time.
+  const std::int64_t chunks = k / kInt8MmaChunk;
   constexpr std::int64_t kStride = kWarps;
   std::int64_t c = warp;
   for (; c + (kInt8MmaBatch - 1) * kStride < chunks; c += kInt8MmaBatch * kStride) {

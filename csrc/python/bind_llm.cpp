@@ -93,15 +93,6 @@ void bind_llm(py::module_& m) {
       "where they apply: float16/bfloat16 x, K % 64 == 0, compute capability 8.0+; else 'simt'), 'simt' or "
       "'tensor-core'. With a name, sets it process-wide and returns the previous one; without, returns it. "
       "For tests and benchmarks.");
-  m.def(
-      "int8_linear_pdl",
-      [](std::optional<bool> enabled) {
-        return enabled.has_value() ? torch_ext::set_int8_linear_pdl(*enabled) : torch_ext::int8_linear_pdl();
-      },
-      py::arg("enabled") = py::none(),
-      "Whether torch.ops.gpuopt.int8_weight_only_linear's CUDA kernels launch with programmatic dependent "
-      "launch on compute capability 9.0+ (default True: they fetch their weights while the kernel before them "
-      "finishes). With a value, sets it process-wide and returns the previous one; without, returns it.");
 }
 
 }  // namespace gpuopt::python

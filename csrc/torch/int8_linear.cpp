@@ -43,7 +43,6 @@ constexpr const char* kOp = "int8_weight_only_linear";
 // The names of int8_linear_kernel(), in the order of cuda::Int8Kernel.
 constexpr std::array<const char*, 3> kKernels = {"auto", "simt", "tensor-core"};
 std::atomic<int> g_kernel{0};
-std::atomic<bool> g_pdl{true};
 
 const char* dtype_name(at::ScalarType t) {
   switch (t) {
@@ -137,7 +136,6 @@ at::Tensor int8_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const
   p.k = k;
   p.device = x.device().index();
   p.kernel = static_cast<cuda::Int8Kernel>(g_kernel.load(std::memory_order_relaxed));
-  p.pdl = g_pdl.load(std::memory_order_relaxed);
   TORCH_CHECK_VALUE(p.kernel != cuda::Int8Kernel::kTensorCore || !cuda::int8_linear_supported(p) ||
                         cuda::int8_linear_tensor_cores(p),
                     kOp, ": int8_linear_kernel is 'tensor-core', which needs float16 or bfloat16 x (got ",
@@ -173,10 +171,6 @@ at::Tensor int8_linear_meta(const at::Tensor& x, const at::Tensor& weight, const
 }  // namespace
 
 std::string int8_linear_kernel() { return kKernels[g_kernel.load()]; }
-
-bool int8_linear_pdl() { return g_pdl.load(); }
-
-bool set_int8_linear_pdl(bool enabled) { return g_pdl.exchange(enabled); }
 
 std::string set_int8_linear_kernel(const std::string& name) {
   for (std::size_t i = 0; i < kKernels.size(); ++i) {

@@ -12,10 +12,4 @@ namespace gpuopt::torch_ext {
 std::string int8_linear_kernel();
 std::string set_int8_linear_kernel(const std::string& name);
 
-// Whether the CUDA kernels launch with programmatic dependent launch on compute capability 9.0+ (on
-// by default: they fetch their weights while the kernel before them finishes). Process-wide, read at
-// each call; set_ returns the previous value. For benchmarks that compare the two.
-bool int8_linear_pdl();
-bool set_int8_linear_pdl(bool enabled);
-
 }  // namespace gpuopt::torch_ext

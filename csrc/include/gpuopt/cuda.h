@@ -175,10 +175,6 @@ struct Int8LinearParams {
   std::int64_t rows = 0, n = 0, k = 0;
   int device = 0;                                  // the CUDA device of every pointer
   Int8Kernel kernel = Int8Kernel::kAuto;
-  // Programmatic dependent launch on compute capability 9.0+: the kernel starts fetching its weights
-  // (which no prior kernel writes) while the kernel before it finishes, and waits for it before
-  // reading x. Captured into CUDA graphs as a programmatic edge.
-  bool pdl = true;
 };
 
 // The most rows int8_linear takes: past that the GEMM is no longer bandwidth-bound, and a
