@@ -229,18 +229,20 @@ def _kernels_run(fn) -> list[str]:
 
 
 @pytest.mark.gpuopt_gpu
-@pytest.mark.parametrize("m,k,dtype,which", [(1, 512, torch.float16, "int8_linear<"),
-                                             (1, 4096, torch.bfloat16, "int8_linear_mma"),
-                                             (2, 512, torch.float16, "int8_linear_mma"),
-                                             (16, 512, torch.bfloat16, "int8_linear_mma"),
-                                             (16, 528, torch.float16, "int8_linear<"),  # K % 64 != 0
-                                             (3, 512, torch.float32, "int8_linear<"),
-                                             (17, 512, torch.float16, None)])  # the dequantized GEMM
-def test_decode_rows_run_the_int8_kernel(m, k, dtype, which, rng):
+@pytest.mark.parametrize("m,n,k,dtype,which", [(1, 4000, 512, torch.float16, "int8_linear<"),
+                                               (1, 2048, 512, torch.float16, "int8_linear_mma"),
+                                               (1, 4000, 4096, torch.bfloat16, "int8_linear_mma"),
+                                               (2, 4000, 512, torch.float16, "int8_linear_mma"),
+                                               (16, 256, 512, torch.bfloat16, "int8_linear_mma"),
+                                               (16, 256, 528, torch.float16, "int8_linear<"),  # K % 64 != 0
+                                               (3, 256, 512, torch.float32, "int8_linear<"),
+                                               (17, 256, 512, torch.float16, None)])  # the dequantized GEMM
+def test_decode_rows_run_the_int8_kernel(m, n, k, dtype, which, rng):
     # "auto" on this GPU (compute capability 8.0+): tensor cores for float16/bfloat16 with K % 64 == 0 from
-    # two rows on (or K >= 4096); one row of a shorter K streams faster through the SIMT kernel.
+    # two rows on (or K >= 4096, or N <= 2048); one row of a wider, shorter matrix streams faster through
+    # the SIMT kernel.
     assert torch.cuda.get_device_capability()[0] >= 8
-    x, w, s, b = _inputs((m,), 256, k, dtype, rng, device="cuda")
+    x, w, s, b = _inputs((m,), n, k, dtype, rng, device="cuda")
     names = _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b))
     assert (which is None and not names) or (len(names) == 1 and which in names[0]), names
 

@@ -106,12 +106,14 @@ void int8_linear(const Int8LinearParams& p, cudaStream_t stream) {
                      "int8_linear: the tensor-core kernel needs float16 or bfloat16 x, k a multiple of ",
                      kernels::kInt8MmaChunk, " and compute capability 8.0 or newer; got k=", p.k,
                      ", compute capability ", cc_major(p.device), ".x");
-  // Auto: one row of x with k < 4096 streams faster through the SIMT kernel (a warp per column, its
-  // weight row in flight at once: 1.2-2.2 TB/s against the tensor-core kernel's 0.9-1.5 on OPT-1.3B's
-  // 2048-wide matrices on an H100); from two rows on, or longer rows, the tensor cores win (2-4.8x at
-  // 8 rows: the SIMT kernel's work grows with the rows, theirs does not).
+  // Auto: one row of x with k < 4096 and n > 2048 streams faster through the SIMT kernel (a warp per
+  // column, its weight row in flight at once: 1.2-2.2 TB/s against the tensor-core kernel's 0.9-1.5 on
+  // OPT-1.3B's 6144, 8192 and 50272 x 2048 matrices on an H100); from two rows on, longer rows or
+  // n <= 2048 (2048 x 2048: 1.05-1.15x; the SIMT kernel has only n / 8 blocks there), the tensor cores win
+  // (2-4.9x at 8 rows: the SIMT kernel's work grows with the rows, theirs does not).
   const bool mma = p.kernel == Int8Kernel::kTensorCore ||
-                   (p.kernel == Int8Kernel::kAuto && can_mma && (p.rows >= 2 || p.k >= kInt8LinearLongK));
+                   (p.kernel == Int8Kernel::kAuto && can_mma &&
+                    (p.rows >= 2 || p.k >= kInt8LinearLongK || p.n <= kInt8LinearNarrowN));
   if (mma) {
     if (p.type == ActivationType::kFloat16) {
       launch_mma_rows<__half>(p, stream);

@@ -159,10 +159,11 @@ void fill_pattern(std::uint32_t* out, std::int64_t n, std::uint32_t seed, cudaSt
 enum class ActivationType { kFloat32, kFloat16, kBFloat16 };
 
 // Which kernel int8_linear runs: kAuto the tensor-core kernel where it applies (int8_linear_tensor_cores)
-// for two rows or more, or k >= kInt8LinearLongK, else SIMT; the others force one (kTensorCore refuses
-// a case it cannot run), for tests and benchmarks.
+// for two rows or more, k >= kInt8LinearLongK or n <= kInt8LinearNarrowN, else SIMT; the others force
+// one (kTensorCore refuses a case it cannot run), for tests and benchmarks.
 enum class Int8Kernel { kAuto, kSimt, kTensorCore };
 constexpr std::int64_t kInt8LinearLongK = 4096;
+constexpr std::int64_t kInt8LinearNarrowN = 2048;
 
 struct Int8LinearParams {
   ActivationType type = ActivationType::kFloat32;  // of x, bias and out
