@@ -206,7 +206,7 @@ def part_gemv(args, ceilings, results: dict, targets: list[Target]) -> None:
 
 def _kind(name: str) -> str:
     low = name.lower()
-    if any(k in low for k in ("gemm", "gemv", "xmma", "cutlass", "nvjet", "splitk", "int8_weight", "int8_linear", "cublas")):
+    if any(k in low for k in ("gemm", "gemv", "xmma", "cutlass", "nvjet", "splitk", "kernels::int8_linear", "cublas")):
         return "gemm"
     if any(k in low for k in ("attention", "fmha", "flash", "softmax")):
         return "attention"
