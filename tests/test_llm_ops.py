@@ -179,19 +179,22 @@ def kernel(request):
     """Each CUDA kernel of the operator in turn (the process-wide setting, restored after the test)."""
     from gpuopt import _C
 
+    if request.param == "tensor-core" and torch.cuda.is_available() and torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the tensor-core kernel needs compute capability 8.0+")
     before = _C.int8_linear_kernel(request.param)
     yield request.param
     _C.int8_linear_kernel(before)
 
 
 @pytest.mark.gpuopt_gpu
-@pytest.mark.parametrize("m", [1, 2, 7, 16, 33])
-@pytest.mark.parametrize("k", [64, 2048, 2056])
+@pytest.mark.parametrize("m", [1, 2, 7, 12, 16, 33])
+@pytest.mark.parametrize("k", [64, 2048, 2056, 8192])
 @pytest.mark.parametrize("n", [3, 1000])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_matches_the_reference_and_the_cpu_operator(m, k, n, dtype, kernel, rng):
-    # Rows 1..16 with K % 16 == 0 take the int8 kernel (each of the two: K = 64 and 2048 are multiples of
-    # 64); 33 rows and K = 2056 the dequantized GEMM. n = 3 and 1000 leave a partial 16-column tile.
+    # Rows 1..16 with K % 16 == 0 take the int8 kernel (each of the two: K = 64, 2048 and 8192 are multiples
+    # of 64; 8192 runs the tensor-core kernel's 4-chunk batches, 12 rows its second 8-row tile); 33 rows
+    # and K = 2056 the dequantized GEMM. n = 3 and 1000 leave a partial 16-column tile.
     # Bias, fp32 scales and a 3-D x vary with the case, so every path meets each of them.
     lead = (m,) if k != 2048 else (1, m)
     x, w, s, b = _inputs(lead, n, k, dtype, rng, bias=m % 2 == 1, scales_fp32=n == 1000, device="cuda")
@@ -231,6 +234,8 @@ def _kernels_run(fn) -> list[str]:
 @pytest.mark.gpuopt_gpu
 @pytest.mark.parametrize("m,n,k,dtype,which", [(1, 4000, 512, torch.float16, "int8_linear<"),
                                                (1, 2048, 512, torch.float16, "int8_linear_mma"),
+                                               (2, 20000, 512, torch.float16, "int8_linear<"),  # N > 16384
+                                               (4, 20000, 512, torch.bfloat16, "int8_linear_mma"),
                                                (1, 4000, 4096, torch.bfloat16, "int8_linear_mma"),
                                                (2, 4000, 512, torch.float16, "int8_linear_mma"),
                                                (16, 256, 512, torch.bfloat16, "int8_linear_mma"),
@@ -240,8 +245,9 @@ def _kernels_run(fn) -> list[str]:
 def test_decode_rows_run_the_int8_kernel(m, n, k, dtype, which, rng):
     # "auto" on this GPU (compute capability 8.0+): tensor cores for float16/bfloat16 with K % 64 == 0 from
     # two rows on (or K >= 4096, or N <= 2048); one row of a wider, shorter matrix streams faster through
-    # the SIMT kernel.
-    assert torch.cuda.get_device_capability()[0] >= 8
+    # the SIMT kernel (two rows too, of a matrix wider than 16384).
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the tensor-core kernel needs compute capability 8.0+")
     x, w, s, b = _inputs((m,), n, k, dtype, rng, device="cuda")
     names = _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b))
     assert (which is None and not names) or (len(names) == 1 and which in names[0]), names
@@ -251,6 +257,8 @@ def test_decode_rows_run_the_int8_kernel(m, n, k, dtype, which, rng):
 def test_each_kernel_runs_when_asked_and_tensor_cores_refuse_what_they_cannot_run(rng):
     from gpuopt import _C
 
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the tensor-core kernel needs compute capability 8.0+")
     x, w, s, b = _inputs((4,), 256, 512, torch.float16, rng, device="cuda")
     try:
         _C.int8_linear_kernel("simt")

@@ -351,6 +351,10 @@ def test_the_interleaved_run_decides_between_the_best_and_the_runner_up(monkeypa
         assert "reversed their order" in r.ratio["what"]
         assert r.comparison.candidate_label == "fp32+channels_last b2" and r.comparison.verdict == "faster"
         assert any("chosen over fp32 b2 by their interleaved run" in f for f in r.best.flags)
+        # under a budget its p99 is the one that run judged (300 calls), not its short rung's
+        assert (slo is None) == (not any("calls in the interleaved run that made it the answer" in f
+                                         for f in r.best.flags))
+        assert not any("only the answer's p99 is confirmed" in f for f in r.best.flags)
         assert [e.config for e in _actions(r, "chosen")] == ["fp32+channels_last"]
         assert r.prepared.config.label == "fp32+channels_last"
     else:  # CONFIRM's 0.15 s holds fewer than 300 of its calls, or the host's gaps set the order
@@ -358,6 +362,24 @@ def test_the_interleaved_run_decides_between_the_best_and_the_runner_up(monkeypa
         assert r.ratio["verdict"] == "runner-up is better" and not _actions(r, "chosen")
         (second,) = _actions(r, "kept second")
         assert kept in second.reason and (not gaps or "fp32 b2 took the host longer" in second.reason)
+
+
+def test_under_the_latency_objective_the_interleaved_run_does_not_reorder(monkeypatch, one_thread):
+    # The latency objective ranks by the requests' p99; the interleaved run compares device medians.
+    from gpuopt.optimizer import search
+
+    model, real = SpeedsSwapWhenCompared(), search.compare
+
+    def turned(a, b, **k):
+        SLEEP_S.update(contiguous=0.003, cl=0.001)
+        return real(a, b, **k)
+
+    monkeypatch.setattr(search, "compare", turned)
+    r = gpuopt.optimize(model, (3, 8, 8), objective="latency", configs=["fp32", "fp32+channels_last"],
+                        batch_sizes=[2], device="cpu", **FAST)
+    assert (r.best.config, r.runner_up.config) == ("fp32", "fp32+channels_last") and not _actions(r, "chosen")
+    (kept,) = _actions(r, "kept second")
+    assert "the latency objective ranks by the requests' p99" in kept.reason
 
 
 def test_one_stall_over_the_slo_is_measured_again_before_the_candidate_is_called_infeasible(monkeypatch):

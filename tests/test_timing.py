@@ -227,7 +227,9 @@ def test_a_swapped_comparison_is_the_comparison_the_other_way_round():
     assert s.ci == pytest.approx(ba.ci, rel=0.02)  # the other way round bootstraps the same ratio, inverted
     assert (s.baseline_label, s.candidate_label, s.baseline_ms, s.candidate_ms) == \
         ("b", "a", ab.candidate_ms, ab.baseline_ms)
-    assert s.swapped() == ab
+    back = s.swapped()
+    assert (back.verdict, back.baseline_label, back.candidate_ms) == (ab.verdict, ab.baseline_label, ab.candidate_ms)
+    assert back.speedup == pytest.approx(ab.speedup, rel=1e-12) and back.ci == pytest.approx(ab.ci, rel=1e-12)
 
 
 def test_interleaved_compare_of_callables():

@@ -83,10 +83,35 @@ int cc_major(int device) {
   return v;
 }
 
+// Whether the tensor-core kernel runs on `device`: compute capability 8.0+ and, in this binary, its code
+// for that device built for 8.0 or newer (a build for 7.5 alone would run its compute_75 PTX there,
+// JIT-compiled, whose MMA is compiled out). Asked once per device.
+bool mma_runs(int device) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> cache[kDevices] = {};  // 0 unknown, 1 yes, 2 no
+  if (device >= 0 && device < kDevices) {
+    const int known = cache[device].load(std::memory_order_relaxed);
+    if (known != 0) return known == 1;
+  }
+  bool runs = cc_major(device) >= 8;
+  if (runs) {
+    int current = 0;
+    GPUOPT_CHECK_CUDA(cudaGetDevice(&current));
+    if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(device));
+    cudaFuncAttributes attributes = {};
+    const cudaError_t status = cudaFuncGetAttributes(&attributes, kernels::int8_linear_mma<__half, 1, 32>);
+    if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(current));
+    GPUOPT_CHECK_CUDA(status);
+    runs = attributes.ptxVersion >= 80;
+  }
+  if (device >= 0 && device < kDevices) cache[device].store(runs ? 1 : 2, std::memory_order_relaxed);
+  return runs;
+}
+
 }  // namespace
 
 bool int8_linear_tensor_cores(const Int8LinearParams& p) {
-  return p.type != ActivationType::kFloat32 && p.k % kernels::kInt8MmaChunk == 0 && cc_major(p.device) >= 8;
+  return p.type != ActivationType::kFloat32 && p.k % kernels::kInt8MmaChunk == 0 && mma_runs(p.device);
 }
 
 bool int8_linear_supported(const Int8LinearParams& p) {
@@ -108,12 +133,14 @@ void int8_linear(const Int8LinearParams& p, cudaStream_t stream) {
                      ", compute capability ", cc_major(p.device), ".x");
   // Auto: one row of x with k < 4096 and n > 2048 streams faster through the SIMT kernel (a warp per
   // column, its weight row in flight at once: 1.2-2.2 TB/s against the tensor-core kernel's 0.9-1.5 on
-  // OPT-1.3B's 6144, 8192 and 50272 x 2048 matrices on an H100); from two rows on, longer rows or
-  // n <= 2048 (2048 x 2048: 1.05-1.15x; the SIMT kernel has only n / 8 blocks there), the tensor cores win
-  // (2-4.9x at 8 rows: the SIMT kernel's work grows with the rows, theirs does not).
+  // OPT-1.3B's 6144, 8192 and 50272 x 2048 matrices on an H100), and so do two rows of a matrix wider
+  // than 16384 (50272 x 2048: 59 us against 69); from two rows on (four for those), longer rows or
+  // n <= 2048 (2048 x 2048: 1.03-1.15x; the SIMT kernel has only n / 8 blocks there), the tensor cores
+  // win (2.0-4.7x at 8 rows: the SIMT kernel's work grows with the rows, theirs hardly does).
+  const std::int64_t mma_rows = p.n > kInt8LinearWideN ? 4 : 2;
   const bool mma = p.kernel == Int8Kernel::kTensorCore ||
                    (p.kernel == Int8Kernel::kAuto && can_mma &&
-                    (p.rows >= 2 || p.k >= kInt8LinearLongK || p.n <= kInt8LinearNarrowN));
+                    (p.rows >= mma_rows || p.k >= kInt8LinearLongK || p.n <= kInt8LinearNarrowN));
   if (mma) {
     if (p.type == ActivationType::kFloat16) {
       launch_mma_rows<__half>(p, stream);

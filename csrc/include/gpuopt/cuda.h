@@ -151,7 +151,7 @@ void fill_pattern(std::uint32_t* out, std::int64_t n, std::uint32_t seed, cudaSt
 // scales[n] + bias[n], accumulated in fp32, written in x's type. Bandwidth-bound: the weight is
 // streamed once with 16-byte loads, for all rows of x. Two kernels:
 //  - tensor cores (fp16/bf16 x, K % 64 == 0, compute capability 8.0 or newer): 16 output columns
-//    per block, its 8 warps splitting K; the int8 weights become 16-bit MMA operands with integer
+//    per block, up to 32 warps splitting K; the int8 weights become 16-bit MMA operands with integer
 //    bit tricks (exact: |w| <= 128), so no int-to-float conversion instruction (a quarter of the
 //    FMA rate) runs per weight, and the activations stay 16-bit; fp32 accumulation.
 //  - SIMT (every other case): one warp per output column, int8 and activations converted to fp32.
@@ -159,11 +159,13 @@ void fill_pattern(std::uint32_t* out, std::int64_t n, std::uint32_t seed, cudaSt
 enum class ActivationType { kFloat32, kFloat16, kBFloat16 };
 
 // Which kernel int8_linear runs: kAuto the tensor-core kernel where it applies (int8_linear_tensor_cores)
-// for two rows or more, k >= kInt8LinearLongK or n <= kInt8LinearNarrowN, else SIMT; the others force
-// one (kTensorCore refuses a case it cannot run), for tests and benchmarks.
+// for two rows or more (four where n > kInt8LinearWideN), k >= kInt8LinearLongK or n <=
+// kInt8LinearNarrowN, else SIMT; the others force one (kTensorCore refuses a case it cannot run), for
+// tests and benchmarks.
 enum class Int8Kernel { kAuto, kSimt, kTensorCore };
 constexpr std::int64_t kInt8LinearLongK = 4096;
 constexpr std::int64_t kInt8LinearNarrowN = 2048;
+constexpr std::int64_t kInt8LinearWideN = 16384;
 
 struct Int8LinearParams {
   ActivationType type = ActivationType::kFloat32;  // of x, bias and out
@@ -185,7 +187,8 @@ constexpr std::int64_t kInt8LinearMaxRows = 16;
 // multiple of 16, and x and weight 16-byte aligned (so that every row starts aligned).
 bool int8_linear_supported(const Int8LinearParams& p);
 // Whether the tensor-core kernel can run p: fp16/bf16 x, k % 64 == 0, and p.device of compute
-// capability 8.0 or newer.
+// capability 8.0 or newer with this binary's code for it built for 8.0+ (p.device is made current for
+// the one query per device).
 bool int8_linear_tensor_cores(const Int8LinearParams& p);
 // GPUOPT_CHECK_VALUE unless int8_linear_supported(p) (and, for Int8Kernel::kTensorCore, unless
 // int8_linear_tensor_cores(p)).

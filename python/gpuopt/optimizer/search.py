@@ -35,7 +35,9 @@ How the search runs (the rest of the design is in the package docstring):
    most ``eta`` remain, they are measured at the confirmation length -- under a p99 budget (300 calls)
    only the best, then the new best while the one confirmed lost its place or broke the budget -- and the
    best and the runner-up are measured again, interleaved (``gpuopt.compare``: the C++ bootstrap over
-   pairs), for the interval.
+   pairs), for the interval. Where that run finds the runner-up better, it becomes the answer
+   (``_turn``: not for the latency objective, nor where a device time held the host's gaps; under a p99
+   budget only from 300 of its calls there that meet the SLO).
 
 What is known to lose is not run, with the reason in the log: besides the ladders' rules, under a p99
 budget a batch size whose device median (a lower bound for it, from the saturation of items/s over the
@@ -113,6 +115,7 @@ class _Candidate:
     host_bound_ms: float | None = None  # infeasible by the host alone: the device median (a twin's navigation)
     tail: str | None = None  # pending: why its p99 over the SLO does not decide yet (space.tail_undecided)
     beaten_by: _Candidate | None = None  # pruned as unable to beat this candidate (see _revisit)
+    turned_p99: tuple[float, int] | None = None  # made the answer by the interleaved run: its p99 and calls there
 
     @property
     def label(self) -> str:
@@ -174,7 +177,9 @@ def optimize(
     progress: Callable[[str], None] | bool = False,
 ) -> OptimizeResult:
     """The fastest config and batch size of ``model`` that keeps parity and meets the budgets, found by
-    successive halving (short measurements rank many candidates, longer ones confirm the few best).
+    successive halving (short measurements rank many candidates, longer ones confirm the few best); the
+    best and the runner-up are then measured interleaved for the interval between them, and where that
+    run finds the runner-up better it becomes the answer (see the module's docstring).
 
     - ``inputs_or_shape``: None for a zoo name, one item's shape (``(3, 224, 224)``), a callable
       ``batch_size -> inputs``, or fixed inputs (then their batch size is the only one).
@@ -819,7 +824,10 @@ class _Search:
         pcts = [p for p in (roof.get("pct_of_compute_ceiling"), roof.get("pct_of_memory_ceiling")) if p is not None]
         if pcts and max(pcts) < LOW_UTILIZATION_PCT:
             flags.append(f"far below its roofline ({max(pcts):.0f}% of the nearest ceiling; {roof.get('bound')})")
-        if self.slo is not None and not c.final and c.row.measurement is not None:
+        if c.turned_p99 is not None:
+            flags.append(f"p99 {c.turned_p99[0]:.3f} ms over its {c.turned_p99[1]} calls in the interleaved run "
+                         f"that made it the answer (its figures are from its own measurement at rung {c.rung})")
+        elif self.slo is not None and not c.final and c.row.measurement is not None:
             flags.append(f"p99 from its {c.row.measurement.n} calls at rung {c.rung}: "
                          + (f"not confirmed with {space.TAIL_SAMPLES} calls (budget_s spent)" if self.stopped else
                             f"only the answer's p99 is confirmed with {space.TAIL_SAMPLES} calls"))
@@ -882,16 +890,23 @@ class _Search:
     def _turn(self, alive: list[_Candidate], comparison, ratio) -> dict[str, Any] | None:
         """When the interleaved run of the best and the runner-up says the runner-up is better, it is the
         answer: the two ran under the same conditions there, while their separate measurements drift apart
-        with the device's clocks (10-15% on the H100 at its power cap). Not where either one's device times
-        in that run hold its host's gaps (:func:`space.holds_host_gaps`: then the order is the host's, in
-        either run), and under a p99 budget only if the runner-up's calls in that run, at least
-        ``TAIL_SAMPLES`` of them, meet the SLO as requests. Reorders ``alive`` and returns the ratio turned
-        round (best / runner-up again), or None."""
-        if ratio is None or ratio["verdict"] != "runner-up is better" or not comparison.interleaved:
+        with the device's clocks (10-15% on the H100 at its power cap). The interval must lie below 1 by the
+        comparison's ``min_effect``. Not for ``objective="latency"`` (it ranks by the requests' p99, the
+        interleaved run compares device medians), not where either one's device times in that run hold its
+        host's gaps (:func:`space.holds_host_gaps`: then the order is the host's, in either run), and under a
+        p99 budget only if the runner-up's calls in that run, at least ``TAIL_SAMPLES`` of them, meet the SLO
+        as requests. Reorders ``alive`` and returns the ratio turned round (best / runner-up again), or
+        None."""
+        if (ratio is None or ratio["verdict"] != "runner-up is better" or not comparison.interleaved
+                or ratio["ci"][1] * (1.0 + comparison.min_effect) >= 1.0):
             return None
         second = alive[1]
         why = (f"its interleaved run with {alive[0].label} b{alive[0].batch}: best / runner-up "
                f"{ratio['value']:.3f}x [{ratio['ci'][0]:.3f} .. {ratio['ci'][1]:.3f}]")
+        if self.objective == "latency":
+            self._note(second, None, "kept second", why + "; the latency objective ranks by the requests' p99, "
+                       "which the interleaved run's device medians do not measure")
+            return None
         gaps = [c for c, m in ((second, comparison.baseline_measurement), (alive[0], comparison.candidate_measurement))
                 if m is not None and space.holds_host_gaps(m)]
         if gaps:
@@ -908,6 +923,8 @@ class _Search:
                                                                f"; fewer than {space.TAIL_SAMPLES} calls there "
                                                                "to judge its p99"))
                 return None
+            second.turned_p99 = (p99, len(calls))
+            why += f"; its p99 there {p99:.3f} ms over {len(calls)} calls"
         self._note(second, None, "chosen", why + "; the interleaved run decides between the two")
         alive[0], alive[1] = second, alive[0]
         lo, hi = ratio["ci"]
