@@ -12,7 +12,9 @@ transformers' generate, in one run on one device (issue 14 targets):
 
 Parts (``--parts``): ``opt`` (hf-generate, static-graph fp16 and int8wo at batch 1, token identity and
 the timer check), ``gemv`` (the int8 operator's two CUDA kernels, SIMT and tensor-core, against each
-other and fp16 cuBLAS on the model's decode-step matrices, interleaved), ``paths`` (the other paths at batch 1), ``batch`` (batch sizes), ``sweep`` (a Results
+other and fp16 cuBLAS on the model's decode-step matrices, interleaved), ``attention`` (gpuopt's decode
+attention operator against torch's SDPA on decode-step shapes, interleaved), ``paths`` (the other paths
+at batch 1), ``batch`` (batch sizes), ``sweep`` (a Results
 sweep of the built-in models with plots). A part that fails is recorded with its reason and the others
 still run; the JSON is checkpointed after every cell (``"complete": false`` until the end).
 """
@@ -29,7 +31,7 @@ from _common import RESULTS, Target, parse_args, require_gpu, slug, write
 
 import gpuopt
 from gpuopt.llm import Models, measure_decode
-from gpuopt.llm.measure import token_times
+from gpuopt.llm.measure import default_attention, token_times
 from gpuopt.llm.paths import Decoder
 
 
@@ -115,11 +117,20 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
     # fast path without it, in the same run and right after the fused paths (the H100's clocks drift
     # under its power cap over a run: the two are compared close together).
     unfused = run(best, "fp16", label=f"fp16+{best}+unfused", fuse=False) if best else None
+    # The same for gpuopt's decode attention (on by default where the model takes it): the fast path
+    # with the model's own attention (SDPA), right after.
+    own_attention = (run(best, "fp16", label=f"fp16+{best}+model-attention", attention="model")
+                     if fast is not None and fast.attention == "gpuopt" else None)
     int8 = run(best, "int8wo") if best else None
     if fast is not None and unfused is not None:
         results["opt"]["fusion_speedup"] = unfused.tpot_ms["mean"] / fast.tpot_ms["mean"]
         print(f"fused projections: {fast.fused_projections} groups, TPOT {unfused.tpot_ms['mean']:.3f} -> "
               f"{fast.tpot_ms['mean']:.3f} ms ({results['opt']['fusion_speedup']:.3f}x)", flush=True)
+
+    if fast is not None and own_attention is not None:
+        results["opt"]["attention_speedup"] = own_attention.tpot_ms["mean"] / fast.tpot_ms["mean"]
+        print(f"gpuopt's decode attention: TPOT {own_attention.tpot_ms['mean']:.3f} (model's own) -> "
+              f"{fast.tpot_ms['mean']:.3f} ms ({results['opt']['attention_speedup']:.3f}x)", flush=True)
 
     if fast is not None:
         floor = (f"floor {fast.floor_tpot_ms:.3f} ms/token at {fast.hbm_read_gbps:.0f} GB/s ({fast.hbm_read_source})"
@@ -187,6 +198,10 @@ def part_gemv(args, ceilings, results: dict, targets: list[Target]) -> None:
                 cmp = gpuopt.compare(with_kernel("simt"), with_kernel("tensor-core"), labels=("simt", "tensor-core"),
                                      **opts)
                 fp16 = gpuopt.measure(lambda x=x, w16=w16: torch.nn.functional.linear(x, w16), **opts)
+            except Exception as exc:  # noqa: BLE001 - recorded; the other shapes still run
+                traceback.print_exc()
+                out["shapes"][f"{name} m{m}"] = {"n": n, "k": k, "rows": m, "error": f"{type(exc).__name__}: {exc}"}
+                continue
             finally:
                 _C.int8_linear_kernel("auto")
             row = {"n": n, "k": k, "rows": m, "simt_ms": cmp.baseline_ms, "tensor_core_ms": cmp.candidate_ms,
@@ -201,6 +216,55 @@ def part_gemv(args, ceilings, results: dict, targets: list[Target]) -> None:
                   f"{cmp.ci[1]:.2f}]), fp16 cuBLAS {fp16.p50 * 1e3:.1f} us ({row['fp16_gbps']:.0f} GB/s)", flush=True)
             write(args, results, targets, final=False)
         del w8, w16
+        _release()
+
+
+ATTENTION_SHAPES = {  # (batch, heads, kv heads, cache length, keys attended): OPT-1.3B's and Llama-1B's steps
+    "opt-1.3b b1 p128": (1, 32, 32, 384, 129), "opt-1.3b b1 p256": (1, 32, 32, 384, 256),
+    "opt-1.3b b1 p383": (1, 32, 32, 384, 383), "opt-1.3b b32 p256": (32, 32, 32, 384, 256),
+    "opt-1.3b b1 p4000": (1, 32, 32, 4096, 4000), "llama-1b b1 p256": (1, 32, 8, 384, 256),
+    "llama-1b b16 p1000": (16, 32, 8, 1024, 1000)}
+
+
+def part_attention(args, ceilings, results: dict, targets: list[Target]) -> None:
+    """One decode step's attention of one layer (head size 64, fp16, a static cache with a bool mask
+    over its first keys, as a Hugging Face model hands it over): gpuopt's operator against torch's
+    SDPA with the same mask (the model's own attention), interleaved, the L2 flushed before each call."""
+    ops = torch.ops.gpuopt
+    g = torch.Generator(device="cuda").manual_seed(0)
+    opts = {"flush_l2": True, "max_time_s": 0.5 if args.quick else 1.5}
+    out = results["attention"] = {"shapes": {}}
+    for name, (b, h, hkv, cache, keys) in ATTENTION_SHAPES.items():
+        try:
+            q = torch.randn(b, 1, h, 64, device="cuda", generator=g).half().transpose(1, 2)
+            k = torch.randn(b, hkv, cache, 64, device="cuda", generator=g).half()
+            v = torch.randn(b, hkv, cache, 64, device="cuda", generator=g).half()
+            mask = (torch.arange(cache, device="cuda") < keys)[None, None, None, :].expand(b, 1, 1, cache)
+            group = h // hkv
+
+            def sdpa(q=q, k=k, v=v, mask=mask, group=group):
+                # what transformers' SDPA function does: GQA by enable_gqa where heads differ
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                         enable_gqa=group > 1).transpose(1, 2)
+
+            def ours(q=q, k=k, v=v, mask=mask):
+                return ops.decode_attention(q, k, v, mask)
+
+            err = float((ours().float() - sdpa().float()).abs().max())
+            cmp = gpuopt.compare(sdpa, ours, labels=("sdpa", "gpuopt"), **opts)
+        except Exception as exc:  # noqa: BLE001 - recorded; the other shapes still run
+            traceback.print_exc()
+            out["shapes"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        read = 2 * b * hkv * keys * 64 * 2  # K and V rows attended, fp16
+        out["shapes"][name] = {"batch": b, "heads": h, "kv_heads": hkv, "cache": cache, "keys": keys,
+                               "sdpa_ms": cmp.baseline_ms, "gpuopt_ms": cmp.candidate_ms, "speedup": cmp.speedup,
+                               "ci": list(cmp.ci), "verdict": cmp.verdict, "max_abs_diff": err,
+                               "gpuopt_gbps": read / cmp.candidate_ms / 1e6}
+        print(f"attention {name}: SDPA {cmp.baseline_ms * 1e3:.1f} us, gpuopt {cmp.candidate_ms * 1e3:.1f} us "
+              f"({cmp.speedup:.2f}x [{cmp.ci[0]:.2f}, {cmp.ci[1]:.2f}], {read / cmp.candidate_ms / 1e6:.0f} GB/s "
+              f"of K and V), max |diff| {err:.2g}", flush=True)
+        write(args, results, targets, final=False)
         _release()
 
 
@@ -264,8 +328,10 @@ def _step_breakdown(args, models, b, p, n, results, targets) -> None:
 
 
 def _decoder(models, path, b, p, n, precision="fp16"):
-    model = models.candidate(precision, fused=not path.startswith("hf-"))  # as measure_decode runs each path
-    return Decoder(model, path, models.prompt(b, p), n, gpuopt._C.StepClock(0, n), torch.float16)
+    # as measure_decode runs each path by default: fused projections, gpuopt's attention where it applies
+    model = models.candidate(precision, fused=not path.startswith("hf-"))
+    return Decoder(model, path, models.prompt(b, p), n, gpuopt._C.StepClock(0, n), torch.float16,
+                   attention=default_attention(models, path))
 
 
 def _token_identity(args, models, b, p, n, results, targets) -> None:
@@ -392,7 +458,8 @@ def main() -> int:
         results["errors"]["ceilings"] = f"{type(exc).__name__}: {exc}"
         ceilings = None
     results["hbm_read_gbps"] = (ceilings or {}).get("measured", {}).get("hbm_read_gbps")
-    parts = {"opt": part_opt, "gemv": part_gemv, "paths": part_paths, "batch": part_batch, "sweep": part_sweep}
+    parts = {"opt": part_opt, "gemv": part_gemv, "attention": part_attention, "paths": part_paths,
+             "batch": part_batch, "sweep": part_sweep}
     unknown = sorted(set(args.parts.split(",")) - set(parts))
     if unknown:
         raise SystemExit(f"unknown part(s) {', '.join(unknown)}; parts: {', '.join(parts)}")

@@ -93,4 +93,19 @@ int cuda_driver_version() {
 #endif
 }
 
+const char* dtype_name(c10::ScalarType t) {
+  switch (t) {
+    case c10::kFloat: return "float32";
+    case c10::kHalf: return "float16";
+    case c10::kBFloat16: return "bfloat16";
+    case c10::kDouble: return "float64";
+    case c10::kChar: return "int8";
+    case c10::kByte: return "uint8";
+    case c10::kInt: return "int32";
+    case c10::kLong: return "int64";
+    case c10::kBool: return "bool";
+    default: return c10::toString(t);
+  }
+}
+
 }  // namespace gpuopt::torch_ext

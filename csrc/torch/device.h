@@ -3,6 +3,7 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include <cstdint>
 #include <string>
@@ -28,6 +29,9 @@ struct CopyTiming {
 CopyTiming time_device_copy(std::int64_t nbytes, std::int64_t reps, std::int64_t device);
 
 std::int64_t l2_cache_bytes(std::int64_t device);
+
+// A dtype as torch names it in Python (float16, bfloat16, int8, ...), for error messages.
+const char* dtype_name(c10::ScalarType t);
 int cuda_runtime_version();
 int cuda_driver_version();
 

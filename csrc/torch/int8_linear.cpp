@@ -44,20 +44,6 @@ constexpr const char* kOp = "int8_weight_only_linear";
 constexpr std::array<const char*, 3> kKernels = {"auto", "simt", "tensor-core"};
 std::atomic<int> g_kernel{0};
 
-const char* dtype_name(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return "float32";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kDouble: return "float64";
-    case at::kChar: return "int8";
-    case at::kByte: return "uint8";
-    case at::kInt: return "int32";
-    case at::kLong: return "int64";
-    default: return c10::toString(t);
-  }
-}
-
 void check_device(const char* name, const at::Tensor& t, const at::Tensor& x) {
   TORCH_CHECK_VALUE(t.device() == x.device(), kOp, ": ", name, " must be on x's device (",
                     x.device(), "), got ", t.device());

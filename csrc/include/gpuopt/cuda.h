@@ -217,6 +217,34 @@ constexpr float kFloat8E4M3Max = 448.0f;
 // GPUOPT_CHECK_VALUE unless rows >= 0 and k >= 1 with non-null pointers.
 void quantize_rows(const QuantizeRowsParams& p, cudaStream_t stream);
 
+// ---- decode attention: one query token per (batch row, head) against a KV cache,
+// out[b, 0, h, :] = softmax(scale * q[b, h] . k[b, h / group, j] over the keys j that mask lets
+// through) @ v[b, h / group, :], in fp32, written in the inputs' type (grouped-query attention when
+// heads > kv_heads). One block per (head, batch row), one pass over the keys with FlashAttention's
+// running-maximum softmax; a masked key costs one byte of mask, its K and V rows are not read. A
+// query that no key may attend to gets zeros. Capturable (no allocation, no synchronization).
+struct DecodeAttentionParams {
+  ActivationType type = ActivationType::kFloat32;  // of q, k, v and out
+  const void* q = nullptr;     // [batch, heads, 1, head_dim], head_dim contiguous
+  const void* k = nullptr;     // [batch, kv_heads, keys, head_dim], head_dim contiguous
+  const void* v = nullptr;     // the same
+  const bool* mask = nullptr;  // broadcast to [batch, heads, 1, keys] by its strides; nullptr: all keys
+  void* out = nullptr;         // [batch, 1, heads, head_dim], contiguous
+  std::int64_t batch = 0, heads = 0, kv_heads = 0, keys = 0, head_dim = 0;
+  std::int64_t q_stride_b = 0, q_stride_h = 0;  // strides in elements
+  std::int64_t k_stride_b = 0, k_stride_h = 0, k_stride_l = 0;
+  std::int64_t v_stride_b = 0, v_stride_h = 0, v_stride_l = 0;
+  std::int64_t mask_stride_b = 0, mask_stride_h = 0, mask_stride_l = 0;
+  float scale = 1.0f;  // applied to the dot products
+};
+
+// Whether decode_attention takes p: head_dim 32, 64, 128 or 256; batch, heads, kv_heads and keys >= 1
+// with heads a multiple of kv_heads (and within a grid: heads < 2^31, batch <= 65535, keys < 2^31);
+// q, k, v and out 16-byte aligned with every row stride a multiple of 16 bytes.
+bool decode_attention_supported(const DecodeAttentionParams& p);
+// GPUOPT_CHECK_VALUE unless decode_attention_supported(p).
+void decode_attention(const DecodeAttentionParams& p, cudaStream_t stream);
+
 // A single-thread kernel that spins for `ns` nanoseconds of %globaltimer. Queued before a timed
 // region it keeps the GPU busy while the host enqueues the region, so launch gaps stay out of
 // device-time measurements.

@@ -29,6 +29,7 @@ from ..analysis.roofline import place
 from ..report.results import Row
 from ..timing.inputs import device_index
 from ..timing.measurement import Measurement, format_ms, measure
+from . import attention as _attention
 from . import parity as _parity
 from .fuse import fuse_projections
 from .models import (
@@ -45,7 +46,7 @@ from .models import (
     prefill_flops,
     prepare_for_decoding,
 )
-from .paths import GRAPH_PATHS, PATHS, Decoder, check_path
+from .paths import GRAPH_PATHS, PATHS, Decoder, check_attention, check_path
 
 # Precisions of the weights and the compute: int8wo is int8 weight-only linear layers with fp16
 # activations (gpuopt's kernel, torch.ops.gpuopt.int8_weight_only_linear).
@@ -164,6 +165,7 @@ class DecodeResult:
     parity: _parity.DecodeParity | None = None
     parity_error: str | None = None
     fused_projections: int = 0  # groups of sibling projections run as one linear layer (gpuopt.llm.fuse)
+    attention: str = "model"  # the decode step's attention: the model's own or gpuopt's (gpuopt.llm.attention)
     build_s: float = 0.0
     warnings: list[str] = field(default_factory=list)
 
@@ -263,7 +265,7 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
                    batch_size: int = 1, prompt_len: int = 128, new_tokens: int = 128,
                    device: torch.device | str | int | None = None, seed: int = 0, parity: bool = True,
                    parity_tokens: int = 32, ceilings: dict | None = None, fuse: bool | None = None,
-                   **measure_options: Any) -> DecodeResult:
+                   attention: str | None = None, **measure_options: Any) -> DecodeResult:
     """Measures one decode cell: ``batch_size`` random prompts of ``prompt_len`` tokens, ``new_tokens``
     generated greedily by ``path`` (see :data:`gpuopt.llm.PATHS`) in ``precision``.
 
@@ -272,7 +274,10 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
     compares the first ``parity_tokens`` tokens and logits with the fp32 reference
     (:mod:`gpuopt.llm.parity`). ``fuse``: run sibling projections (q/k/v, gate/up) as one linear layer
     (:mod:`gpuopt.llm.fuse`); by default on for gpuopt's static paths, and never for the ``hf-*``
-    baselines, which run the model as transformers ships it. ``ceilings`` (``gpuopt.ceilings()``) gives the HBM read bandwidth;
+    baselines, which run the model as transformers ships it. ``attention``: ``"gpuopt"`` runs the decode
+    step's attention through gpuopt's operator (:mod:`gpuopt.llm.attention`), ``"model"`` keeps the
+    model's own; by default ``"gpuopt"`` for the static paths on CUDA where the model dispatches
+    through transformers' attention interface, else ``"model"``. ``ceilings`` (``gpuopt.ceilings()``) gives the HBM read bandwidth;
     without it the cached measurement, else the datasheet, is used. Other keywords are
     :func:`gpuopt.measure` options (defaults :data:`MEASURE_DEFAULTS`).
 
@@ -304,6 +309,12 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
     elif fuse and path.startswith("hf-"):
         raise ValueError(f"fuse=True applies to gpuopt's static paths; path {path!r} is a baseline that runs the "
                          "model as transformers ships it")
+    if attention is None:
+        attention = default_attention(models, path)
+    check_attention(attention, path)
+    if attention == "gpuopt" and not _attention.can_use(models.reference):
+        raise ValueError(f"attention='gpuopt' needs a model that dispatches through transformers' attention "
+                         f"interface; {models.name} ({type(models.reference).__name__}) does not")
     index = models.device.index if on_gpu else None
     dtype = _DTYPES[precision]
     element = torch.finfo(dtype).bits // 8
@@ -313,8 +324,12 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
     t0 = time.perf_counter()
     candidate = models.candidate(precision, fused=fuse)
     prompt = models.prompt(batch_size, prompt_len)
+    if parity and attention != "model":
+        # The fp32 reference first: the candidate may be the reference model itself (fp32, unfused),
+        # whose attention the Decoder switches for its life.
+        models.reference_run(prompt, min(parity_tokens, new_tokens))
     clock = _C.StepClock(-1 if index is None else index, new_tokens)
-    decoder = Decoder(candidate, path, prompt, new_tokens, clock, dtype)
+    decoder = Decoder(candidate, path, prompt, new_tokens, clock, dtype, attention=attention)
     build_s = time.perf_counter() - t0
     try:
         clock.clear()
@@ -330,6 +345,9 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
         result = _result(models, decoder, m, got, path=path, precision=precision, index=index, element=element,
                          kv_per_token=kv_per_token, ceilings=ceilings, build_s=build_s)
         result.fused_projections = models.fused_groups.get(precision, 0) if fuse else 0
+        result.attention = decoder.attention
+        if decoder.attention_note:
+            result.warnings.append(decoder.attention_note)
         if parity:
             try:
                 result.parity = _check_parity(models, decoder, prompt, min(parity_tokens, new_tokens), precision)
@@ -341,6 +359,14 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
         return result
     finally:
         decoder.close()
+
+
+def default_attention(models: Models, path: str) -> str:
+    """The attention measure_decode runs by default: gpuopt's (:mod:`gpuopt.llm.attention`) for the
+    static paths on CUDA where the model dispatches through transformers' attention interface, else
+    the model's own."""
+    use = models.device.type == "cuda" and not path.startswith("hf-") and _attention.can_use(models.reference)
+    return "gpuopt" if use else "model"
 
 
 def _check_fits(kv_bytes: int, index: int | None, name: str, batch_size: int) -> None:

@@ -28,6 +28,7 @@ import torch
 from .._ext import _C
 from ..prepare.config import reset_compile_caches
 from ..timing.graphs import capture as capture_graph
+from . import attention as _attention
 
 PATHS: tuple[str, ...] = ("hf-generate", "hf-static-compile", "static", "static-graph", "static-graph-compile")
 GRAPH_PATHS = ("static-graph", "static-graph-compile")
@@ -41,6 +42,18 @@ def check_path(path: Any, on_gpu: bool) -> str:
         raise ValueError(f"path {path!r} replays CUDA graphs and needs a CUDA device; on CPU use 'static' or "
                          "'hf-generate'")
     return path
+
+
+ATTENTIONS: tuple[str, ...] = ("model", "gpuopt")
+
+
+def check_attention(attention: Any, path: str) -> str:
+    if not isinstance(attention, str) or attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
+    if attention == "gpuopt" and path.startswith("hf-"):
+        raise ValueError(f"attention='gpuopt' applies to gpuopt's static paths; path {path!r} is a baseline that "
+                         "runs the model as transformers ships it")
+    return attention
 
 
 def static_cache(model: torch.nn.Module, batch_size: int, max_cache_len: int, device: torch.device,
@@ -96,7 +109,7 @@ class Decoder:
     """
 
     def __init__(self, model: torch.nn.Module, path: str, prompt: torch.Tensor, new_tokens: int, clock: Any,
-                 dtype: torch.dtype):
+                 dtype: torch.dtype, attention: str = "model"):
         self.model, self.path, self.prompt, self.new_tokens, self.clock = model, path, prompt, new_tokens, clock
         self.device = prompt.device
         self.batch_size, self.prompt_len = prompt.shape
@@ -104,10 +117,19 @@ class Decoder:
         self.loop: Any = None
         self._last: torch.Tensor | None = None
         self._graphs: list[Any] = []
-        if path.startswith("hf-"):
-            self._setup_generate()
-        else:
-            self._setup_static()
+        # The attention the decode step runs: "model" (the model's own) or "gpuopt"
+        # (gpuopt.llm.attention, set on the model for this Decoder's life and restored by close()).
+        self.attention = check_attention(attention, path)
+        self.attention_note = ""
+        self._attention_before: str | None = None
+        try:
+            if path.startswith("hf-"):
+                self._setup_generate()
+            else:
+                self._setup_static()
+        except BaseException:
+            self.close()
+            raise
 
     # -- transformers' generate -------------------------------------------------------------------
     def _setup_generate(self) -> None:
@@ -190,12 +212,16 @@ class Decoder:
         self._fill_levels: list[torch.Tensor] = []
         compiled = self.path == "static-graph-compile"
         side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+        if self.attention == "gpuopt":
+            self._attention_before = _attention.use(self.model)
         with torch.inference_mode():
             # First one eager prefill: transformers >= 5 creates the cache's tensors (and each layer's
             # fill level) on their first update. From then on every prefill zeroes the fill levels, so
             # each warm-up request, replay and compiled call starts at position 0.
             with self._on(side):
                 self._prefill_step()
+                if self.attention == "gpuopt":
+                    self._check_attention()
             self._fill_levels = [t for layer in getattr(self.cache, "layers", None) or []
                                  if isinstance(t := getattr(layer, "cumulative_length", None), torch.Tensor)]
             prefill, decode = self._prefill_step, self._decode_step
@@ -216,6 +242,19 @@ class Decoder:
                         self._decode()
             if self.path in GRAPH_PATHS:
                 self._capture()
+
+    def _check_attention(self) -> None:
+        """One eager decode step: did the model's attention run gpuopt's operator? (Before any
+        compile, which would trace the function once instead of running it.)"""
+        before = _attention.calls
+        self._decode_step()
+        if _attention.calls == before:
+            self.attention = "model"
+            self.attention_note = (f"gpuopt's decode attention did not apply to {type(self.model).__name__} "
+                                   f"(head size, dtype or mask not taken: {', '.join(map(str, _attention.DIMS))} "
+                                   "and a bool mask are); its own attention ran")
+            _attention.restore(self.model, self._attention_before)
+            self._attention_before = None
 
     def _on(self, side: Any) -> Any:
         """A context running work on ``side`` (a CUDA stream ordered after the current one, and the
@@ -364,6 +403,7 @@ class Decoder:
         graphs' executables: it must not outlive them)."""
         self.loop = None
         self._graphs = []
+        _attention.restore(self.model, self.__dict__.pop("_attention_before", None))
         for name in ("cache", "_prefill", "_decode", "_prefill_logits", "_decode_logits", "_cache", "_last",
                      "_fill_levels"):
             self.__dict__.pop(name, None)

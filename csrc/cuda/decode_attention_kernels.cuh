@@ -1,0 +1,204 @@
+#pragma once
+
+// The decode attention kernel (gpuopt::cuda::decode_attention): one query per (batch, head) against
+// a KV cache, softmax in fp32 with the running-maximum rescaling of FlashAttention, in one pass
+// over the keys that the mask lets through.
+//
+// One block per (head, batch row). A key row of D values is read by kLanes lanes, kElems values
+// each (16-byte loads, interleaved so that a row's lanes read it contiguously); a warp holds
+// kGroups keys at a time and unrolls kUnroll of them, so that a block of 16 warps has 256 keys of K
+// and V in flight (decode is latency-bound: a handful of SMs must stream the cache). Each group
+// keeps its own maximum, sum and output slice; the block combines them at the end. Masked keys
+// cost one byte read: their K and V rows are never loaded.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "int8_linear_kernels.cuh"  // to_float, from_float, unpack2
+
+namespace gpuopt::cuda::kernels {
+
+constexpr int kAttnMaxWarps = 16;
+constexpr int kAttnUnroll = 4;
+
+template <typename T>
+struct AttnShape {
+  static constexpr int kVec = 16 / static_cast<int>(sizeof(T));  // values per 16-byte load
+};
+
+template <typename T, int D>
+struct AttnRow {
+  static constexpr int kVec = AttnShape<T>::kVec;
+  static constexpr int kLanes = D / kVec < 32 ? D / kVec : 32;  // lanes per key row
+  static constexpr int kElems = D / kLanes;                      // values per lane
+  static constexpr int kLoads = kElems / kVec;                   // 16-byte loads per lane
+  static constexpr int kGroups = 32 / kLanes;                    // keys per warp at a time
+  static_assert(D % kVec == 0 && (D / kVec & (D / kVec - 1)) == 0, "D / kVec must be a power of two");
+  static_assert(kElems % kVec == 0, "a lane reads whole 16-byte vectors");
+};
+
+template <typename T>
+struct DecodeAttentionArgs {
+  const T* q;                 // [batch, heads, 1, D], rows at q + b * qb + h * qh
+  const T* k;                 // [batch, kv_heads, keys, D]
+  const T* v;                 // the same shape as k
+  const bool* mask;           // broadcast to [batch, heads, 1, keys]; nullptr: every key
+  T* out;                     // [batch, 1, heads, D], contiguous
+  int heads, group, keys;     // group = heads / kv_heads
+  long long qb, qh;           // element strides
+  long long kb, kh, kl, vb, vh, vl;
+  long long mb, mh, ml;       // element strides of mask (0 where broadcast)
+  float scale_log2;           // softmax scale * log2(e): scores are kept in base 2
+};
+
+// Value e of load i of lane `lane` sits at (i * kLanes + lane) * kVec + e of the row.
+template <typename T, int D>
+__device__ __forceinline__ void load_row(const T* row, int lane, uint4 (&raw)[AttnRow<T, D>::kLoads]) {
+  using R = AttnRow<T, D>;
+#pragma unroll
+  for (int i = 0; i < R::kLoads; ++i) {
+    raw[i] = *reinterpret_cast<const uint4*>(row + (i * R::kLanes + lane) * R::kVec);
+  }
+}
+
+template <int kLoads>
+__device__ __forceinline__ void to_floats(const uint4 (&raw)[kLoads], float (&f)[kLoads * 4], float) {
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    f[4 * i + 0] = __uint_as_float(raw[i].x);
+    f[4 * i + 1] = __uint_as_float(raw[i].y);
+    f[4 * i + 2] = __uint_as_float(raw[i].z);
+    f[4 * i + 3] = __uint_as_float(raw[i].w);
+  }
+}
+
+template <int kLoads, typename T>  // __half or __nv_bfloat16
+__device__ __forceinline__ void to_floats(const uint4 (&raw)[kLoads], float (&f)[kLoads * 8], T tag) {
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) {
+    const std::uint32_t words[4] = {raw[i].x, raw[i].y, raw[i].z, raw[i].w};
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const float2 p = unpack2(words[w], tag);
+      f[8 * i + 2 * w] = p.x;
+      f[8 * i + 2 * w + 1] = p.y;
+    }
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAttentionArgs<T> a) {
+  using R = AttnRow<T, D>;
+  constexpr int kU = kAttnUnroll;
+  __shared__ float part_acc[kAttnMaxWarps * R::kGroups][D];
+  __shared__ float part_max[kAttnMaxWarps * R::kGroups];
+  __shared__ float part_sum[kAttnMaxWarps * R::kGroups];
+  __shared__ float weight[kAttnMaxWarps * R::kGroups];
+  __shared__ float block_max;
+
+  const int h = static_cast<int>(blockIdx.x);
+  const int b = static_cast<int>(blockIdx.y);
+  const int hk = h / a.group;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const int sub = lane / R::kLanes;  // this lane's key within the warp's kGroups
+  const int l = lane % R::kLanes;    // this lane's slice of the row
+  const int groups = static_cast<int>(blockDim.x >> 5) * R::kGroups;
+  const int group = warp * R::kGroups + sub;
+
+  float q[R::kElems];
+  {
+    uint4 raw[R::kLoads];
+    load_row<T, D>(a.q + b * a.qb + h * a.qh, l, raw);
+    to_floats(raw, q, T{});
+#pragma unroll
+    for (int e = 0; e < R::kElems; ++e) q[e] *= a.scale_log2;
+  }
+  const T* kbase = a.k + b * a.kb + hk * a.kh;
+  const T* vbase = a.v + b * a.vb + hk * a.vh;
+  const bool* mrow = a.mask != nullptr ? a.mask + b * a.mb + h * a.mh : nullptr;
+
+  float run_max = -INFINITY, run_sum = 0.0f;
+  float acc[R::kElems];
+#pragma unroll
+  for (int e = 0; e < R::kElems; ++e) acc[e] = 0.0f;
+
+  // The bound is the warp's first key, so that every lane of a warp runs the same iterations (the
+  // shuffles below need them all); keys past the end are invalid, as masked ones are.
+  for (int base = warp * R::kGroups; base < a.keys; base += groups * kU) {
+    uint4 kraw[kU][R::kLoads];
+    uint4 vraw[kU][R::kLoads];
+    bool ok[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int j = base + sub + u * groups;
+      ok[u] = j < a.keys && (mrow == nullptr || mrow[j * a.ml]);
+      if (ok[u]) {
+        load_row<T, D>(kbase + j * a.kl, l, kraw[u]);
+        load_row<T, D>(vbase + j * a.vl, l, vraw[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      float kf[R::kElems];
+      float dot = 0.0f;
+      if (ok[u]) {
+        to_floats(kraw[u], kf, T{});
+#pragma unroll
+        for (int e = 0; e < R::kElems; ++e) dot = fmaf(q[e], kf[e], dot);
+      }
+#pragma unroll
+      for (int off = R::kLanes / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+      if (ok[u]) {
+        float vf[R::kElems];
+        to_floats(vraw[u], vf, T{});
+        const float next = fmaxf(run_max, dot);
+        const float shrink = exp2f(run_max - next);  // 0 for the first key (run_max = -inf)
+        const float p = exp2f(dot - next);
+        run_sum = fmaf(run_sum, shrink, p);
+#pragma unroll
+        for (int e = 0; e < R::kElems; ++e) acc[e] = fmaf(acc[e], shrink, p * vf[e]);
+        run_max = next;
+      }
+    }
+  }
+
+  // Combine the groups: out = sum_g acc_g * 2^(max_g - M) / sum_g sum_g * 2^(max_g - M).
+  if (l == 0) {
+    part_max[group] = run_max;
+    part_sum[group] = run_sum;
+  }
+#pragma unroll
+  for (int i = 0; i < R::kLoads; ++i) {
+#pragma unroll
+    for (int e = 0; e < R::kVec; ++e) part_acc[group][(i * R::kLanes + l) * R::kVec + e] = acc[i * R::kVec + e];
+  }
+  __syncthreads();
+  if (warp == 0) {
+    float m = -INFINITY;
+    for (int g = lane; g < groups; g += 32) m = fmaxf(m, part_max[g]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (lane == 0) block_max = m;
+  }
+  __syncthreads();
+  const float m = block_max;
+  for (int g = static_cast<int>(threadIdx.x); g < groups; g += static_cast<int>(blockDim.x)) {
+    weight[g] = m == -INFINITY ? 0.0f : exp2f(part_max[g] - m);  // 0 for a group that saw no key
+  }
+  __syncthreads();
+  float total = 0.0f;
+  for (int g = 0; g < groups; ++g) total = fmaf(part_sum[g], weight[g], total);
+  T* out = a.out + (static_cast<long long>(b) * a.heads + h) * D;
+  for (int d = static_cast<int>(threadIdx.x); d < D; d += static_cast<int>(blockDim.x)) {
+    float o = 0.0f;
+    for (int g = 0; g < groups; ++g) o = fmaf(part_acc[g][d], weight[g], o);
+    // A query that no key may attend to gets zeros (as FlashAttention gives), not NaN.
+    out[d] = from_float<T>(total > 0.0f ? o / total : 0.0f);
+  }
+}
+
+}  // namespace gpuopt::cuda::kernels

@@ -1,0 +1,193 @@
+// gpuopt::decode_attention, a torch operator registered like those of ops.cpp (a fragment of the
+// `gpuopt` library that ops.cpp defines):
+//
+//   gpuopt::decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask=None, float? scale=None)
+//       -> Tensor
+//       Attention of one query token: q [B, H, 1, D], k and v [B, Hkv, L, D] (H a multiple of Hkv:
+//       query head h reads KV head h / (H / Hkv)), all of one dtype (float16, bfloat16 or
+//       float32); mask a bool tensor broadcastable to [B, H, 1, L] (True: attend), None for every
+//       key; scale multiplies the dot products (None: 1 / sqrt(D)). Returns [B, 1, H, D] in q's
+//       dtype -- the layout a Hugging Face attention function returns -- with a query that no key
+//       may attend to given zeros.
+//
+// CUDA: gpuopt's decode kernel (gpuopt/cuda.h, decode_attention) where it applies (D 32, 64, 128 or
+// 256, aligned rows), else the same float32 reference as the CPU kernel. Capturable in a CUDA
+// graph. Meta: shapes only.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/matmul.h>
+#include <ATen/ops/repeat_interleave.h>
+#include <ATen/ops/softmax.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+
+#include "device.h"
+
+#ifdef GPUOPT_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "gpuopt/cuda.h"
+#endif
+
+namespace gpuopt::torch_ext {
+namespace {
+
+constexpr const char* kOp = "decode_attention";
+
+// Every kernel checks the same (Meta included, so that tracing raises what running would).
+void check_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const std::optional<at::Tensor>& mask, std::optional<double> scale) {
+  const at::ScalarType dtype = q.scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, kOp,
+                   ": q must be float16, bfloat16 or float32, got ", dtype_name(dtype));
+  TORCH_CHECK_TYPE(k.scalar_type() == dtype && v.scalar_type() == dtype, kOp,
+                   ": k and v must have q's dtype (", dtype_name(dtype), "), got ",
+                   dtype_name(k.scalar_type()), " and ", dtype_name(v.scalar_type()));
+  TORCH_CHECK_VALUE(q.dim() == 4 && q.sym_size(2) == 1, kOp,
+                    ": q must have shape [batch, heads, 1, head_dim] (one query token), got sizes ",
+                    q.sym_sizes());
+  TORCH_CHECK_VALUE(k.dim() == 4 && v.sym_sizes() == k.sym_sizes(), kOp,
+                    ": k and v must have one shape [batch, kv_heads, keys, head_dim], got sizes ",
+                    k.sym_sizes(), " and ", v.sym_sizes());
+  TORCH_CHECK_VALUE(k.sym_size(0) == q.sym_size(0) && k.sym_size(3) == q.sym_size(3), kOp,
+                    ": k's batch and head_dim must equal q's, got q sizes ", q.sym_sizes(),
+                    " and k sizes ", k.sym_sizes());
+  TORCH_CHECK_VALUE(k.sym_size(1) >= 1 && q.sym_size(1) % k.sym_size(1) == 0, kOp,
+                    ": q's heads must be a multiple of k's kv_heads, got ", q.sym_size(1), " and ",
+                    k.sym_size(1));
+  TORCH_CHECK_VALUE(k.sym_size(2) >= 1, kOp, ": k must hold at least one key, got sizes ", k.sym_sizes());
+  TORCH_CHECK_VALUE(k.device() == q.device() && v.device() == q.device(), kOp,
+                    ": k and v must be on q's device (", q.device(), "), got ", k.device(), " and ",
+                    v.device());
+  if (mask.has_value()) {
+    TORCH_CHECK_TYPE(mask->scalar_type() == at::kBool, kOp,
+                     ": mask must be bool (True: attend), got ", dtype_name(mask->scalar_type()));
+    TORCH_CHECK_VALUE(mask->device() == q.device(), kOp, ": mask must be on q's device (", q.device(),
+                      "), got ", mask->device());
+    const bool shape_ok = mask->dim() == 4 &&
+                          (mask->sym_size(0) == 1 || mask->sym_size(0) == q.sym_size(0)) &&
+                          (mask->sym_size(1) == 1 || mask->sym_size(1) == q.sym_size(1)) &&
+                          mask->sym_size(2) == 1 && mask->sym_size(3) == k.sym_size(2);
+    TORCH_CHECK_VALUE(shape_ok, kOp, ": mask must be broadcastable to [batch, heads, 1, keys] = [",
+                      q.sym_size(0), ", ", q.sym_size(1), ", 1, ", k.sym_size(2), "], got sizes ",
+                      mask->sym_sizes());
+  }
+  if (scale.has_value()) {
+    TORCH_CHECK_VALUE(std::isfinite(*scale), kOp, ": scale must be finite, got ", *scale);
+  }
+}
+
+double scale_of(const at::Tensor& q, std::optional<double> scale) {
+  return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+}
+
+// softmax(scale * q k^T, masked) v in float32, as [B, 1, H, D] in q's dtype.
+at::Tensor reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const std::optional<at::Tensor>& mask, double scale) {
+  const std::int64_t group = q.size(1) / k.size(1);
+  at::Tensor kf = k.to(at::kFloat);
+  at::Tensor vf = v.to(at::kFloat);
+  if (group > 1) {
+    kf = at::repeat_interleave(kf, group, 1);
+    vf = at::repeat_interleave(vf, group, 1);
+  }
+  at::Tensor scores = at::matmul(q.to(at::kFloat), kf.transpose(-1, -2)).mul_(scale);  // [B, H, 1, L]
+  at::Tensor probs;
+  if (mask.has_value()) {
+    scores.masked_fill_(mask->logical_not(), -std::numeric_limits<float>::infinity());
+    probs = at::softmax(scores, -1);
+    // A row with every key masked is NaN after the softmax: zeros instead, as the kernel gives.
+    probs = at::where(mask->any(-1, /*keepdim=*/true), probs, at::zeros_like(probs));
+  } else {
+    probs = at::softmax(scores, -1);
+  }
+  return at::matmul(probs, vf).transpose(1, 2).contiguous().to(q.scalar_type());
+}
+
+at::Tensor decode_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const std::optional<at::Tensor>& mask, std::optional<double> scale) {
+  check_args(q, k, v, mask, scale);
+  return reference(q, k, v, mask, scale_of(q, scale));
+}
+
+at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const std::optional<at::Tensor>& mask, std::optional<double> scale) {
+  check_args(q, k, v, mask, scale);
+#ifdef GPUOPT_WITH_CUDA
+  const c10::cuda::CUDAGuard guard(q.device());
+  const std::int64_t batch = q.size(0), heads = q.size(1), dim = q.size(3);
+  at::Tensor out = at::empty({batch, 1, heads, dim}, q.options());
+  cuda::DecodeAttentionParams p;
+  p.type = q.scalar_type() == at::kHalf       ? cuda::ActivationType::kFloat16
+           : q.scalar_type() == at::kBFloat16 ? cuda::ActivationType::kBFloat16
+                                              : cuda::ActivationType::kFloat32;
+  p.q = q.const_data_ptr();
+  p.k = k.const_data_ptr();
+  p.v = v.const_data_ptr();
+  p.out = out.mutable_data_ptr();
+  p.batch = batch;
+  p.heads = heads;
+  p.kv_heads = k.size(1);
+  p.keys = k.size(2);
+  p.head_dim = dim;
+  p.q_stride_b = q.stride(0);
+  p.q_stride_h = q.stride(1);
+  p.k_stride_b = k.stride(0);
+  p.k_stride_h = k.stride(1);
+  p.k_stride_l = k.stride(2);
+  p.v_stride_b = v.stride(0);
+  p.v_stride_h = v.stride(1);
+  p.v_stride_l = v.stride(2);
+  if (mask.has_value()) {
+    // A broadcast dimension (size 1) is read at index 0 whatever its stride says.
+    p.mask = mask->const_data_ptr<bool>();
+    p.mask_stride_b = mask->size(0) == 1 ? 0 : mask->stride(0);
+    p.mask_stride_h = mask->size(1) == 1 ? 0 : mask->stride(1);
+    p.mask_stride_l = mask->stride(3);
+  }
+  p.scale = static_cast<float>(scale_of(q, scale));
+  // A strided head_dim (or unaligned rows, another head_dim) takes the reference.
+  const bool contiguous_rows = q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1;
+  if (contiguous_rows && cuda::decode_attention_supported(p)) {
+    cuda::decode_attention(p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
+    return out;
+  }
+  return reference(q, k, v, mask, scale_of(q, scale));
+#else
+  require_cuda("gpuopt::decode_attention on a CUDA tensor");
+  return {};
+#endif
+}
+
+at::Tensor decode_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const std::optional<at::Tensor>& mask, std::optional<double> scale) {
+  check_args(q, k, v, mask, scale);
+  return at::empty_symint({q.sym_size(0), 1, q.sym_size(1), q.sym_size(3)}, q.options());
+}
+
+}  // namespace
+}  // namespace gpuopt::torch_ext
+
+TORCH_LIBRARY_FRAGMENT(gpuopt, m) {
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask=None, float? scale=None) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {
+  m.impl("decode_attention", &gpuopt::torch_ext::decode_attention_cpu);
+}
+
+TORCH_LIBRARY_IMPL(gpuopt, CUDA, m) {
+  m.impl("decode_attention", &gpuopt::torch_ext::decode_attention_cuda);
+}
+
+TORCH_LIBRARY_IMPL(gpuopt, Meta, m) {
+  m.impl("decode_attention", &gpuopt::torch_ext::decode_attention_meta);
+}

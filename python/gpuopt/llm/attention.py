@@ -1,0 +1,102 @@
+"""gpuopt's decode attention inside Hugging Face models.
+
+A decode step attends one query token per head to the KV cache. Through ``torch.nn.functional.
+scaled_dot_product_attention`` that is a general kernel launched per layer (cuDNN's took 6.3 us per
+layer of OPT-1.3B on an H100, for about 100 KB of cache), plus, under ``torch.compile``, a kernel per
+layer that turns the boolean mask into an additive one. gpuopt's operator
+(``torch.ops.gpuopt.decode_attention``) reads the boolean mask as it is and the cache rows the mask
+lets through, in one kernel.
+
+It enters a model through transformers' attention interface (``AttentionInterface``, the documented
+way to plug an attention function in): :func:`use` registers it under the name ``"gpuopt"``, with
+SDPA's mask function (the same boolean mask SDPA gets), and switches the model to it. The function
+runs gpuopt's operator for one query token (on the CPU its float32 reference, for tests) and hands everything else (the prefill, dropout,
+softcapping, attention sinks, float masks) to transformers' SDPA function unchanged. Models that do
+not dispatch through the interface keep their attention; :func:`use` then says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+NAME = "gpuopt"
+DIMS = (32, 64, 128, 256)  # head sizes the CUDA kernel takes; others run SDPA (the CPU reference takes any)
+# Keywords that change what attention computes: with any of them set, SDPA runs.
+_SDPA_ONLY = ("softcap", "s_aux", "sinks", "sliding_window", "position_bias")
+
+# How many eager calls ran gpuopt's operator, so that a caller can tell whether a model's attention
+# went through it.
+calls = 0
+
+
+def _sdpa() -> Any:
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    return sdpa_attention_forward
+
+
+def takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
+          dropout: float = 0.0, **kwargs: Any) -> bool:
+    """Whether :func:`attention` runs gpuopt's operator for these arguments (else SDPA)."""
+    return (query.dim() == 4 and query.shape[2] == 1 and (query.shape[-1] in DIMS or not query.is_cuda)
+            and key.dim() == 4 and query.dtype == key.dtype == value.dtype
+            and query.dtype in (torch.float16, torch.bfloat16, torch.float32)
+            and not dropout and not kwargs.get("output_attentions")
+            and all(kwargs.get(k) is None for k in _SDPA_ONLY)
+            and (attention_mask is None or (isinstance(attention_mask, torch.Tensor)
+                                            and attention_mask.dtype == torch.bool and attention_mask.dim() == 4)))
+
+
+def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: Any, dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
+              **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """A transformers attention function (query [B, H, q, D], key and value [B, Hkv, L, D]; returns
+    [B, q, H, D] and no weights): gpuopt's operator for one query token, SDPA otherwise."""
+    global calls
+    if takes(query, key, value, attention_mask, dropout, **kwargs):
+        if not torch.compiler.is_compiling():
+            calls += 1
+        return torch.ops.gpuopt.decode_attention(query, key, value, attention_mask, scaling), None
+    return _sdpa()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                   is_causal=is_causal, **kwargs)
+
+
+def register() -> None:
+    """Registers :func:`attention` with transformers as ``"gpuopt"`` (idempotent), with SDPA's
+    boolean mask."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def can_use(model: torch.nn.Module) -> bool:
+    """Whether ``model`` dispatches its attention through transformers' attention interface, so that
+    :func:`use` can switch it."""
+    if not callable(getattr(model, "set_attn_implementation", None)) or getattr(model, "config", None) is None:
+        return False
+    check = getattr(model, "_can_set_attn_implementation", None)
+    return bool(check()) if callable(check) else True
+
+
+def use(model: torch.nn.Module) -> str | None:
+    """Switches ``model`` to gpuopt's decode attention; returns the implementation it had (for
+    :func:`restore`), or None where the model cannot switch (it keeps its own)."""
+    if not can_use(model):
+        return None
+    register()
+    before = model.config._attn_implementation
+    model.set_attn_implementation(NAME)
+    return before
+
+
+def restore(model: torch.nn.Module, before: str | None) -> None:
+    """Undoes :func:`use` (``before`` is what it returned)."""
+    if before is not None and model.config._attn_implementation != before:
+        model.set_attn_implementation(before)
+
+
+__all__ = ["DIMS", "NAME", "attention", "can_use", "register", "restore", "takes", "use"]

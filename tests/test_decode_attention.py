@@ -1,0 +1,294 @@
+"""gpuopt::decode_attention and gpuopt.llm.attention: the operator against torch's SDPA (float64) on the
+CPU and, on a GPU, its CUDA kernel for every head size, dtype, grouped-query layout and mask layout it
+takes, also captured in a CUDA graph; typed errors naming the argument; torch.library.opcheck and
+torch.compile; inside Hugging Face models through transformers' attention interface, the same tokens
+and logits as the model's own attention, and the model restored afterwards."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gpuopt
+from gpuopt.llm import attention as llm_attention
+
+ops = torch.ops.gpuopt
+
+
+def _inputs(b, h, hkv, keys, d, dtype, g, *, device="cpu", mask="row"):
+    """q [b, h, 1, d] as a Hugging Face model hands it over (a transposed view of [b, 1, h, d]), k and v
+    [b, hkv, keys, d] (a static cache), and a bool mask: "row" [b, 1, 1, keys] with a valid prefix per
+    row (a decode step), "heads" [b, h, 1, keys] random, "shared" [1, 1, 1, keys], or None."""
+    q = torch.randn(b, 1, h, d, generator=g).to(dtype).transpose(1, 2)
+    k = torch.randn(b, hkv, keys, d, generator=g).to(dtype)
+    v = torch.randn(b, hkv, keys, d, generator=g).to(dtype)
+    if mask == "row":
+        lengths = torch.randint(1, keys + 1, (b,), generator=g)
+        m = (torch.arange(keys)[None, :] < lengths[:, None])[:, None, None, :]
+    elif mask == "heads":
+        m = torch.rand(b, h, 1, keys, generator=g) < 0.6
+        m[..., 0] = True
+    elif mask == "shared":
+        m = (torch.arange(keys) % 3 != 1)[None, None, None, :]
+    else:
+        m = None
+    return tuple(None if t is None else t.to(device) for t in (q, k, v, m))
+
+
+def _reference(q, k, v, mask, scale=None) -> torch.Tensor:
+    """torch's SDPA in float64 on the CPU, as [b, 1, h, d]."""
+    group = q.shape[1] // k.shape[1]
+    kd = k.double().cpu().repeat_interleave(group, 1)
+    vd = v.double().cpu().repeat_interleave(group, 1)
+    m = None if mask is None else mask.cpu()
+    out = torch.nn.functional.scaled_dot_product_attention(q.double().cpu(), kd, vd, attn_mask=m, scale=scale)
+    return out.transpose(1, 2)
+
+
+def _check(got, q, k, v, mask, scale=None) -> None:
+    b, h, _, d = q.shape
+    assert got.shape == (b, 1, h, d) and got.dtype == q.dtype and got.device == q.device and got.is_contiguous()
+    want = _reference(q, k, v, mask, scale)
+    # float32 accumulation: fp32 inputs within a few ulps of the float64 result; 16-bit inputs within
+    # the output's rounding (the result is written in the input dtype) plus a little.
+    tol = 2e-5 if q.dtype == torch.float32 else 2 * torch.finfo(q.dtype).eps
+    err = float((got.double().cpu() - want).abs().max())
+    assert err <= tol * max(1.0, float(want.abs().max())), f"max error {err:.3g}"
+
+
+@pytest.mark.parametrize("b,h,hkv,keys,d", [(1, 4, 4, 9, 16), (2, 8, 2, 33, 64), (3, 6, 3, 1, 32), (1, 2, 1, 70, 80)])
+@pytest.mark.parametrize("mask", ["row", "heads", "shared", None])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_values_on_cpu(b, h, hkv, keys, d, mask, dtype, rng):
+    q, k, v, m = _inputs(b, h, hkv, keys, d, dtype, rng, mask=mask)
+    _check(ops.decode_attention(q, k, v, m), q, k, v, m)
+
+
+def test_scale_defaults_to_one_over_sqrt_head_dim_and_can_be_given(rng):
+    q, k, v, m = _inputs(2, 4, 2, 12, 64, torch.float32, rng)
+    _check(ops.decode_attention(q, k, v, m, 0.3), q, k, v, m, scale=0.3)
+    torch.testing.assert_close(ops.decode_attention(q, k, v, m), ops.decode_attention(q, k, v, m, 64 ** -0.5))
+
+
+def test_a_query_with_every_key_masked_gets_zeros(rng):
+    q, k, v, m = _inputs(2, 4, 4, 8, 16, torch.float32, rng, mask="heads")
+    m[1, 2] = False
+    out = ops.decode_attention(q, k, v, m)
+    assert torch.equal(out[1, 0, 2], torch.zeros(16))
+    keep = torch.ones(2, 4, dtype=torch.bool)
+    keep[1, 2] = False
+    want = _reference(q, k, v, m)[:, 0]
+    torch.testing.assert_close(out[:, 0][keep].double(), want[keep], rtol=0, atol=2e-5)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_bad_inputs_are_typed_errors_naming_the_argument(device, rng):
+    q, k, v, m = (t.to(device) for t in _inputs(2, 4, 2, 8, 16, torch.float32, rng))
+    with pytest.raises(TypeError, match="q must be float16, bfloat16 or float32, got float64"):
+        ops.decode_attention(q.double(), k, v, m)
+    with pytest.raises(TypeError, match=r"k and v must have q's dtype \(float32\), got float16 and float32"):
+        ops.decode_attention(q, k.half(), v, m)
+    with pytest.raises(ValueError, match=r"q must have shape \[batch, heads, 1, head_dim\] \(one query token\)"):
+        ops.decode_attention(q.expand(2, 4, 3, 16), k, v, m)
+    with pytest.raises(ValueError, match="k and v must have one shape"):
+        ops.decode_attention(q, k, v[:, :, :5], m)
+    with pytest.raises(ValueError, match="q's heads must be a multiple of k's kv_heads, got 4 and 3"):
+        ops.decode_attention(q, torch.zeros(2, 3, 8, 16, device=device), torch.zeros(2, 3, 8, 16, device=device), m)
+    with pytest.raises(ValueError, match="k's batch and head_dim must equal q's"):
+        ops.decode_attention(q, k[:1], v[:1], m)
+    with pytest.raises(TypeError, match=r"mask must be bool \(True: attend\), got float32"):
+        ops.decode_attention(q, k, v, m.float())
+    with pytest.raises(ValueError, match=r"mask must be broadcastable to \[batch, heads, 1, keys\] = \[2, 4, 1, 8\]"):
+        ops.decode_attention(q, k, v, m[..., :7])
+    with pytest.raises(ValueError, match="scale must be finite, got inf"):
+        ops.decode_attention(q, k, v, m, float("inf"))
+
+
+def test_meta_gives_the_output_shape(rng):
+    q, k, v, m = (t.to("meta") for t in _inputs(3, 8, 2, 20, 64, torch.bfloat16, rng))
+    out = ops.decode_attention(q, k, v, m)
+    assert out.shape == (3, 1, 8, 64) and out.dtype == torch.bfloat16 and out.device.type == "meta"
+
+
+@pytest.mark.parametrize("mask", ["row", None])
+def test_opcheck_on_cpu(mask, rng):
+    q, k, v, m = _inputs(2, 4, 2, 10, 32, torch.float32, rng, mask=mask)
+    torch.library.opcheck(ops.decode_attention.default, (q, k, v, m, None))
+    torch.library.opcheck(ops.decode_attention.default, (q, k, v, m, 0.5))
+
+
+def test_torch_compile_fullgraph_on_cpu(rng):
+    q, k, v, m = _inputs(2, 4, 2, 10, 32, torch.float32, rng)
+
+    def fn(q: torch.Tensor) -> torch.Tensor:
+        return ops.decode_attention(q * 2, k, v, m).sum(-1)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True)
+    torch.testing.assert_close(compiled(q), fn(q))
+
+
+# ---- the attention function inside transformers' models ------------------------------------------------
+
+pytest.importorskip("transformers")
+from gpuopt.llm import Models  # noqa: E402
+from gpuopt.llm.paths import Decoder  # noqa: E402
+
+TINY = ("tiny-llama", "tiny-opt", "tiny-gpt2")
+
+
+@pytest.fixture(scope="module")
+def tiny_models():
+    return {name: Models(name, "cpu", seed=1) for name in TINY}
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_the_static_step_with_gpuopts_attention_matches_the_model_and_restores_it(tiny_models, name):
+    """On the CPU the operator runs its float32 reference: the plumbing (interface, mask, grouped KV
+    heads, the layout handed back) is what is checked -- the same tokens, logits within fp32 rounding."""
+    models = tiny_models[name]
+    model = models.reference
+    before = model.config._attn_implementation
+    prompt = models.prompt(2, 7)
+    n = 9
+    ref_tokens, ref_logits = models.reference_run(prompt, n)
+    calls = llm_attention.calls
+    d = Decoder(model, "static", prompt, n, gpuopt._C.StepClock(-1, n), torch.float32, attention="gpuopt")
+    try:
+        assert d.attention == "gpuopt" and not d.attention_note
+        assert model.config._attn_implementation == "gpuopt"
+        tokens, logits = d.forced_logits(ref_tokens, n)
+        layers = models.config.num_hidden_layers
+        # the check step, the two warm-up steps, then n - 1 teacher-forced steps, each through every layer
+        # (the prefills run SDPA)
+        assert llm_attention.calls - calls == (1 + 2 + n - 1) * layers
+    finally:
+        d.close()
+    assert model.config._attn_implementation == before
+    assert torch.equal(tokens, ref_tokens)
+    assert float((logits - ref_logits).abs().max() / ref_logits.abs().max()) < 1e-5
+
+
+def test_the_prefill_and_everything_else_go_to_sdpa(rng):
+    """One query token on the operator; several (a prefill), dropout, a float mask or a softcap to SDPA."""
+    q, k, v, m = _inputs(1, 4, 2, 6, 16, torch.float32, rng)
+    assert llm_attention.takes(q, k, v, m) and llm_attention.takes(q, k, v, None)
+    assert not llm_attention.takes(q.expand(1, 4, 3, 16), k, v, m)
+    assert not llm_attention.takes(q, k, v, m, dropout=0.1)
+    assert not llm_attention.takes(q, k, v, m.float())
+    assert not llm_attention.takes(q, k, v, m, softcap=30.0)
+    assert not llm_attention.takes(q.half(), k, v, m)
+
+
+def test_attention_is_checked_and_applies_to_gpuopts_paths_only(tiny_models):
+    with pytest.raises(ValueError, match="attention must be one of model, gpuopt, got 'flash'"):
+        gpuopt.measure_decode(tiny_models["tiny-opt"], path="static", precision="fp32", attention="flash")
+    with pytest.raises(ValueError, match="attention='gpuopt' applies to gpuopt's static paths"):
+        gpuopt.measure_decode(tiny_models["tiny-opt"], path="hf-generate", precision="fp32", attention="gpuopt")
+
+
+def test_measure_decode_records_the_attention_that_ran(tiny_models):
+    models = tiny_models["tiny-opt"]
+    r = gpuopt.measure_decode(models, path="static", precision="fp32", prompt_len=6, new_tokens=4,
+                              attention="gpuopt", max_time_s=0.2)
+    assert r.attention == "gpuopt" and r.parity is not None and r.parity.passed, r.parity
+    assert r.llm_dict()["attention"] == "gpuopt"
+    r = gpuopt.measure_decode(models, path="static", precision="fp32", prompt_len=6, new_tokens=4, max_time_s=0.2)
+    assert r.attention == "model"  # the default on the CPU
+    assert models.reference.config._attn_implementation == "sdpa"
+
+
+def test_a_model_outside_the_attention_interface_is_refused(tiny_models, monkeypatch):
+    models = tiny_models["tiny-opt"]
+    monkeypatch.setattr(type(models.reference), "_can_set_attn_implementation", classmethod(lambda cls: False))
+    with pytest.raises(ValueError, match="attention='gpuopt' needs a model that dispatches through transformers' "
+                                         "attention interface; tiny-opt"):
+        gpuopt.measure_decode(models, path="static", precision="fp32", attention="gpuopt")
+
+
+# ---- CUDA ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("d", [32, 64, 128, 256])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("b,h,hkv,keys", [(1, 32, 32, 384), (2, 8, 2, 1), (3, 4, 1, 1000), (1, 2, 2, 5000)])
+def test_cuda_kernel_matches_sdpa(d, dtype, b, h, hkv, keys, rng):
+    q, k, v, m = _inputs(b, h, hkv, keys, d, dtype, rng, device="cuda")
+    _check(ops.decode_attention(q, k, v, m), q, k, v, m)
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("mask", ["heads", "shared", None])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_cuda_kernel_takes_each_mask_layout(mask, dtype, rng):
+    q, k, v, m = _inputs(2, 8, 4, 77, 64, dtype, rng, device="cuda", mask=mask)
+    _check(ops.decode_attention(q, k, v, m, 0.2), q, k, v, m, scale=0.2)
+
+
+@pytest.mark.gpuopt_gpu
+def test_cuda_kernel_reads_a_strided_cache_and_gives_zeros_to_a_fully_masked_query(rng):
+    # A slice of a longer cache (row stride larger than head_dim * keys), masks with every key off.
+    q, k, v, m = _inputs(2, 4, 4, 64, 64, torch.float16, rng, device="cuda", mask="heads")
+    k, v = k[:, :, :40], v[:, :, :40]
+    m = m[..., :40].clone()
+    m[0, 1] = False
+    out = ops.decode_attention(q, k, v, m)
+    assert torch.equal(out[0, 0, 1], torch.zeros(64, device="cuda", dtype=torch.float16))
+    m[0, 1, 0, 0] = True  # one key left: SDPA's answer again
+    _check(ops.decode_attention(q, k, v, m), q, k, v, m)
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("d", [16, 80])
+def test_other_head_sizes_and_strided_rows_take_the_reference_on_cuda(d, rng):
+    q, k, v, m = _inputs(2, 4, 2, 30, d, torch.float16, rng, device="cuda")
+    _check(ops.decode_attention(q, k, v, m), q, k, v, m)
+    q2 = torch.randn(2, 4, 1, 2 * d, device="cuda", dtype=torch.float16)[..., ::2]  # head_dim stride 2
+    _check(ops.decode_attention(q2, k, v, m), q2, k, v, m)
+
+
+@pytest.mark.gpuopt_gpu
+def test_cuda_kernel_runs_where_it_applies(rng):
+    q, k, v, m = _inputs(1, 32, 32, 384, 64, torch.float16, rng, device="cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        ops.decode_attention(q, k, v, m)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("decode_attention<" in n for n in names), names
+
+
+@pytest.mark.gpuopt_gpu
+def test_captured_in_a_cuda_graph_follows_the_mask_in_place(rng):
+    q, k, v, m = _inputs(1, 32, 8, 256, 64, torch.float16, rng, device="cuda", mask=None)
+    mask = torch.zeros(1, 1, 1, 256, dtype=torch.bool, device="cuda")
+    mask[..., :10] = True
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ops.decode_attention(q, k, v, mask)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.decode_attention(q, k, v, mask)
+    for length in (10, 11, 200):
+        mask[..., :length] = True
+        graph.replay()
+        torch.cuda.synchronize()
+        _check(out, q, k, v, mask)
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_opcheck_on_cuda(dtype, rng):
+    q, k, v, m = _inputs(2, 8, 2, 100, 64, dtype, rng, device="cuda")
+    torch.library.opcheck(ops.decode_attention.default, (q, k, v, m, None))
+
+
+@pytest.mark.gpuopt_gpu
+def test_bad_inputs_on_cuda_are_typed_errors(rng):
+    q, k, v, m = _inputs(1, 4, 4, 8, 64, torch.float16, rng, device="cuda")
+    with pytest.raises(ValueError, match=r"k and v must be on q's device \(cuda:0\), got cpu and cuda:0"):
+        ops.decode_attention(q, k.cpu(), v, m)
+    with pytest.raises(ValueError, match=r"mask must be on q's device \(cuda:0\), got cpu"):
+        ops.decode_attention(q, k, v, m.cpu())
