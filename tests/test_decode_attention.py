@@ -212,8 +212,10 @@ def test_a_model_outside_the_attention_interface_is_refused(tiny_models, monkeyp
 @pytest.mark.gpuopt_gpu
 @pytest.mark.parametrize("d", [32, 64, 128, 256])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("b,h,hkv,keys", [(1, 32, 32, 384), (2, 8, 2, 1), (3, 4, 1, 1000), (1, 2, 2, 5000)])
+@pytest.mark.parametrize("b,h,hkv,keys", [(1, 32, 32, 384), (2, 8, 2, 1), (3, 4, 1, 1000), (1, 2, 2, 5000),
+                                          (2, 4, 2, 2049)])
 def test_cuda_kernel_matches_sdpa(d, dtype, b, h, hkv, keys, rng):
+    # 5000 and 2049 keys over few heads are split over several blocks per head (split-KV), the others not.
     q, k, v, m = _inputs(b, h, hkv, keys, d, dtype, rng, device="cuda")
     _check(ops.decode_attention(q, k, v, m), q, k, v, m)
 
@@ -259,9 +261,10 @@ def test_cuda_kernel_runs_where_it_applies(rng):
 
 
 @pytest.mark.gpuopt_gpu
-def test_captured_in_a_cuda_graph_follows_the_mask_in_place(rng):
-    q, k, v, m = _inputs(1, 32, 8, 256, 64, torch.float16, rng, device="cuda", mask=None)
-    mask = torch.zeros(1, 1, 1, 256, dtype=torch.bool, device="cuda")
+@pytest.mark.parametrize("keys", [256, 4096])  # one block per head; split-KV with its workspace
+def test_captured_in_a_cuda_graph_follows_the_mask_in_place(keys, rng):
+    q, k, v, m = _inputs(1, 32, 8, keys, 64, torch.float16, rng, device="cuda", mask=None)
+    mask = torch.zeros(1, 1, 1, keys, dtype=torch.bool, device="cuda")
     mask[..., :10] = True
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -271,7 +274,7 @@ def test_captured_in_a_cuda_graph_follows_the_mask_in_place(rng):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = ops.decode_attention(q, k, v, mask)
-    for length in (10, 11, 200):
+    for length in (10, 11, 200, keys - 1):
         mask[..., :length] = True
         graph.replay()
         torch.cuda.synchronize()

@@ -10,13 +10,27 @@ namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-// Warps per block: enough groups for the keys (kAttnUnroll keys each per pass), at most 16.
+// Split-KV: only caches longer than this are split, into splits of at least this many keys.
+constexpr std::int64_t kSplitKeys = 1024;
+
+// Warps per block: enough groups for the keys (kUnroll keys each per pass), at most 16.
 template <typename T, int D>
 int warps_for(std::int64_t keys) {
   using R = kernels::AttnRow<T, D>;
-  const std::int64_t per_warp = static_cast<std::int64_t>(R::kGroups) * kernels::kAttnUnroll;
+  const std::int64_t per_warp = static_cast<std::int64_t>(R::kGroups) * R::kUnroll;
   const std::int64_t warps = (keys + per_warp - 1) / per_warp;
   return static_cast<int>(warps < kernels::kAttnMaxWarps ? warps : kernels::kAttnMaxWarps);
+}
+
+// Blocks per (batch, head) pair: 1, or for a cache longer than kSplitKeys, enough splits of at least
+// kSplitKeys keys for two blocks per SM.
+std::int64_t splits_for(const DecodeAttentionParams& p) {
+  if (p.keys <= kSplitKeys) return 1;
+  const std::int64_t pairs = p.batch * p.heads;
+  const std::int64_t want = (2 * device_attribute(cudaDevAttrMultiProcessorCount, p.device) + pairs - 1) / pairs;
+  const std::int64_t most = p.keys / kSplitKeys;
+  const std::int64_t s = want < most ? want : most;
+  return s > 1 ? s : 1;
 }
 
 template <typename T, int D>
@@ -27,9 +41,12 @@ void launch(const DecodeAttentionParams& p, cudaStream_t stream) {
   a.v = static_cast<const T*>(p.v);
   a.mask = p.mask;
   a.out = static_cast<T*>(p.out);
+  const std::int64_t splits = splits_for(p);
+  a.partial = splits > 1 ? p.workspace : nullptr;
   a.heads = static_cast<int>(p.heads);
   a.group = static_cast<int>(p.heads / p.kv_heads);
   a.keys = static_cast<int>(p.keys);
+  a.split_keys = static_cast<int>((p.keys + splits - 1) / splits);
   a.qb = p.q_stride_b;
   a.qh = p.q_stride_h;
   a.kb = p.k_stride_b;
@@ -42,9 +59,14 @@ void launch(const DecodeAttentionParams& p, cudaStream_t stream) {
   a.mh = p.mask_stride_h;
   a.ml = p.mask_stride_l;
   a.scale_log2 = p.scale * 1.4426950408889634f;  // log2(e): the kernel works in base 2
-  const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch));
-  kernels::decode_attention<T, D><<<grid, warps_for<T, D>(p.keys) * 32, 0, stream>>>(a);
+  const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch), static_cast<unsigned>(splits));
+  kernels::decode_attention<T, D><<<grid, warps_for<T, D>(a.split_keys) * 32, 0, stream>>>(a);
   GPUOPT_CHECK_LAUNCH();
+  if (splits > 1) {
+    kernels::decode_attention_combine<T, D><<<dim3(grid.x, grid.y), D, 0, stream>>>(
+        p.workspace, a.out, a.heads, static_cast<int>(splits));
+    GPUOPT_CHECK_LAUNCH();
+  }
 }
 
 template <typename T>
@@ -75,12 +97,20 @@ bool decode_attention_supported(const DecodeAttentionParams& p) {
          rows_aligned(p.v_stride_h) && rows_aligned(p.v_stride_l);
 }
 
+std::int64_t decode_attention_workspace(const DecodeAttentionParams& p) {
+  const std::int64_t splits = splits_for(p);
+  return splits > 1 ? p.batch * p.heads * splits * (p.head_dim + 2) : 0;
+}
+
 void decode_attention(const DecodeAttentionParams& p, cudaStream_t stream) {
   GPUOPT_CHECK_VALUE(decode_attention_supported(p),
                      "decode_attention: needs head_dim 32, 64, 128 or 256, batch 1..65535, heads a multiple "
                      "of kv_heads, keys >= 1 and 16-byte aligned rows; got batch=", p.batch, ", heads=",
                      p.heads, ", kv_heads=", p.kv_heads, ", keys=", p.keys, ", head_dim=", p.head_dim);
   GPUOPT_CHECK_VALUE(std::isfinite(p.scale), "decode_attention: scale must be finite, got ", p.scale);
+  GPUOPT_CHECK_VALUE(p.workspace != nullptr || decode_attention_workspace(p) == 0,
+                     "decode_attention: a split-KV call needs a workspace of ", decode_attention_workspace(p),
+                     " floats");
   switch (p.type) {
     case ActivationType::kFloat32: launch_dim<float>(p, stream); break;
     case ActivationType::kFloat16: launch_dim<__half>(p, stream); break;

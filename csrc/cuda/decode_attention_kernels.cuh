@@ -4,12 +4,14 @@
 // a KV cache, softmax in fp32 with the running-maximum rescaling of FlashAttention, in one pass
 // over the keys that the mask lets through.
 //
-// One block per (head, batch row). A key row of D values is read by kLanes lanes, kElems values
+// One block per (head, batch row, split of the keys). A key row of D values is read by kLanes lanes, kElems values
 // each (16-byte loads, interleaved so that a row's lanes read it contiguously); a warp holds
-// kGroups keys at a time and unrolls kUnroll of them, so that a block of 16 warps has 256 keys of K
+// kGroups keys at a time and unrolls kUnroll of them, so that a block of 16 warps has 512 keys of K
 // and V in flight (decode is latency-bound: a handful of SMs must stream the cache). Each group
 // keeps its own maximum, sum and output slice; the block combines them at the end. Masked keys
-// cost one byte read: their K and V rows are never loaded.
+// cost one byte read: their K and V rows are never loaded. A long cache with few (batch, head)
+// pairs is split over several blocks per pair (FlashDecoding's split-KV), each writing its maximum,
+// sum and unnormalised output to a float32 workspace that decode_attention_combine reduces.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -22,7 +24,7 @@
 namespace gpuopt::cuda::kernels {
 
 constexpr int kAttnMaxWarps = 16;
-constexpr int kAttnUnroll = 4;
+constexpr int kAttnUnroll = 8;
 
 template <typename T>
 struct AttnShape {
@@ -36,6 +38,7 @@ struct AttnRow {
   static constexpr int kElems = D / kLanes;                      // values per lane
   static constexpr int kLoads = kElems / kVec;                   // 16-byte loads per lane
   static constexpr int kGroups = 32 / kLanes;                    // keys per warp at a time
+  static constexpr int kUnroll = kAttnUnroll / kLoads;           // keys per group per pass (registers)
   static_assert(D % kVec == 0 && (D / kVec & (D / kVec - 1)) == 0, "D / kVec must be a power of two");
   static_assert(kElems % kVec == 0, "a lane reads whole 16-byte vectors");
 };
@@ -47,7 +50,9 @@ struct DecodeAttentionArgs {
   const T* v;                 // the same shape as k
   const bool* mask;           // broadcast to [batch, heads, 1, keys]; nullptr: every key
   T* out;                     // [batch, 1, heads, D], contiguous
+  float* partial;             // split-KV: [batch, heads, splits, D + 2] (max, sum, output); else nullptr
   int heads, group, keys;     // group = heads / kv_heads
+  int split_keys;             // keys per split (blockIdx.z)
   long long qb, qh;           // element strides
   long long kb, kh, kl, vb, vh, vl;
   long long mb, mh, ml;       // element strides of mask (0 where broadcast)
@@ -92,7 +97,7 @@ __device__ __forceinline__ void to_floats(const uint4 (&raw)[kLoads], float (&f)
 template <typename T, int D>
 __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAttentionArgs<T> a) {
   using R = AttnRow<T, D>;
-  constexpr int kU = kAttnUnroll;
+  constexpr int kU = R::kUnroll;
   __shared__ float part_acc[kAttnMaxWarps * R::kGroups][D];
   __shared__ float part_max[kAttnMaxWarps * R::kGroups];
   __shared__ float part_sum[kAttnMaxWarps * R::kGroups];
@@ -101,6 +106,8 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAtt
 
   const int h = static_cast<int>(blockIdx.x);
   const int b = static_cast<int>(blockIdx.y);
+  const int first = static_cast<int>(blockIdx.z) * a.split_keys;
+  const int end = min(a.keys, first + a.split_keys);
   const int hk = h / a.group;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
@@ -128,14 +135,14 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAtt
 
   // The bound is the warp's first key, so that every lane of a warp runs the same iterations (the
   // shuffles below need them all); keys past the end are invalid, as masked ones are.
-  for (int base = warp * R::kGroups; base < a.keys; base += groups * kU) {
+  for (int base = first + warp * R::kGroups; base < end; base += groups * kU) {
     uint4 kraw[kU][R::kLoads];
     uint4 vraw[kU][R::kLoads];
     bool ok[kU];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int j = base + sub + u * groups;
-      ok[u] = j < a.keys && (mrow == nullptr || mrow[j * a.ml]);
+      ok[u] = j < end && (mrow == nullptr || mrow[j * a.ml]);
       if (ok[u]) {
         load_row<T, D>(kbase + j * a.kl, l, kraw[u]);
         load_row<T, D>(vbase + j * a.vl, l, vraw[u]);
@@ -192,13 +199,46 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAtt
   __syncthreads();
   float total = 0.0f;
   for (int g = 0; g < groups; ++g) total = fmaf(part_sum[g], weight[g], total);
-  T* out = a.out + (static_cast<long long>(b) * a.heads + h) * D;
+  const long long pair = static_cast<long long>(b) * a.heads + h;
+  if (a.partial != nullptr) {  // this split's maximum, sum and unnormalised output
+    float* p = a.partial + (pair * gridDim.z + blockIdx.z) * (D + 2);
+    if (threadIdx.x == 0) {
+      p[0] = m;
+      p[1] = total;
+    }
+    for (int d = static_cast<int>(threadIdx.x); d < D; d += static_cast<int>(blockDim.x)) {
+      float o = 0.0f;
+      for (int g = 0; g < groups; ++g) o = fmaf(part_acc[g][d], weight[g], o);
+      p[2 + d] = o;
+    }
+    return;
+  }
+  T* out = a.out + pair * D;
   for (int d = static_cast<int>(threadIdx.x); d < D; d += static_cast<int>(blockDim.x)) {
     float o = 0.0f;
     for (int g = 0; g < groups; ++g) o = fmaf(part_acc[g][d], weight[g], o);
     // A query that no key may attend to gets zeros (as FlashAttention gives), not NaN.
     out[d] = from_float<T>(total > 0.0f ? o / total : 0.0f);
   }
+}
+
+// Split-KV: out[b, 0, h, d] from the splits' (max, sum, output) of decode_attention. One block of D
+// threads per (head, batch row).
+template <typename T, int D>
+__global__ void decode_attention_combine(const float* __restrict__ partial, T* __restrict__ out, int heads,
+                                         int splits) {
+  const long long pair = static_cast<long long>(blockIdx.y) * heads + blockIdx.x;
+  const float* p = partial + pair * splits * (D + 2);
+  float m = -INFINITY;
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, p[s * (D + 2)]);
+  float total = 0.0f, o = 0.0f;
+  const int d = static_cast<int>(threadIdx.x);
+  for (int s = 0; s < splits; ++s) {
+    const float w = m == -INFINITY ? 0.0f : exp2f(p[s * (D + 2)] - m);  // 0 for a split that saw no key
+    total = fmaf(p[s * (D + 2) + 1], w, total);
+    o = fmaf(p[s * (D + 2) + 2 + d], w, o);
+  }
+  out[pair * D + d] = from_float<T>(total > 0.0f ? o / total : 0.0f);
 }
 
 }  // namespace gpuopt::cuda::kernels

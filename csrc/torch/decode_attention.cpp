@@ -10,8 +10,9 @@
 //       dtype -- the layout a Hugging Face attention function returns -- with a query that no key
 //       may attend to given zeros.
 //
-// CUDA: gpuopt's decode kernel (gpuopt/cuda.h, decode_attention) where it applies (D 32, 64, 128 or
-// 256, aligned rows), else the same float32 reference as the CPU kernel. Capturable in a CUDA
+// CUDA: gpuopt's decode kernel (gpuopt/cuda.h, decode_attention; a long cache split over several
+// blocks per head, their parts in a workspace from torch's allocator) where it applies (D 32, 64, 128
+// or 256, aligned rows), else the same float32 reference as the CPU kernel. Capturable in a CUDA
 // graph. Meta: shapes only.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -154,9 +155,17 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
     p.mask_stride_l = mask->stride(3);
   }
   p.scale = static_cast<float>(scale_of(q, scale));
+  p.device = q.device().index();
   // A strided head_dim (or unaligned rows, another head_dim) takes the reference.
   const bool contiguous_rows = q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1;
   if (contiguous_rows && cuda::decode_attention_supported(p)) {
+    // Split-KV's workspace from torch's caching allocator: capturable, and reused across calls.
+    const std::int64_t floats = cuda::decode_attention_workspace(p);
+    at::Tensor workspace;
+    if (floats > 0) {
+      workspace = at::empty({floats}, q.options().dtype(at::kFloat));
+      p.workspace = workspace.mutable_data_ptr<float>();
+    }
     cuda::decode_attention(p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
     return out;
   }

@@ -236,13 +236,21 @@ struct DecodeAttentionParams {
   std::int64_t v_stride_b = 0, v_stride_h = 0, v_stride_l = 0;
   std::int64_t mask_stride_b = 0, mask_stride_h = 0, mask_stride_l = 0;
   float scale = 1.0f;  // applied to the dot products
+  int device = 0;      // the CUDA device of every pointer
+  // Split-KV workspace, decode_attention_workspace(p) floats (nullptr where that is 0).
+  float* workspace = nullptr;
 };
 
 // Whether decode_attention takes p: head_dim 32, 64, 128 or 256; batch, heads, kv_heads and keys >= 1
 // with heads a multiple of kv_heads (and within a grid: heads < 2^31, batch <= 65535, keys < 2^31);
 // q, k, v and out 16-byte aligned with every row stride a multiple of 16 bytes.
 bool decode_attention_supported(const DecodeAttentionParams& p);
-// GPUOPT_CHECK_VALUE unless decode_attention_supported(p).
+// Floats of workspace decode_attention needs for p: 0 unless the cache is long (over 1024 keys) and
+// the (batch, head) pairs too few to fill the device, when the keys are split over several blocks
+// per pair (FlashDecoding's split-KV) and a second kernel combines the splits.
+std::int64_t decode_attention_workspace(const DecodeAttentionParams& p);
+// GPUOPT_CHECK_VALUE unless decode_attention_supported(p) and p.workspace holds
+// decode_attention_workspace(p) floats.
 void decode_attention(const DecodeAttentionParams& p, cudaStream_t stream);
 
 // A single-thread kernel that spins for `ns` nanoseconds of %globaltimer. Queued before a timed
