@@ -219,17 +219,19 @@ def part_gemv(args, ceilings, results: dict, targets: list[Target]) -> None:
         _release()
 
 
-ATTENTION_SHAPES = {  # (batch, heads, kv heads, cache length, keys attended): OPT-1.3B's and Llama-1B's steps
-    "opt-1.3b b1 p128": (1, 32, 32, 384, 129), "opt-1.3b b1 p256": (1, 32, 32, 384, 256),
-    "opt-1.3b b1 p383": (1, 32, 32, 384, 383), "opt-1.3b b32 p256": (32, 32, 32, 384, 256),
-    "opt-1.3b b1 p4000": (1, 32, 32, 4096, 4000), "llama-1b b1 p256": (1, 32, 8, 384, 256),
-    "llama-1b b16 p1000": (16, 32, 8, 1024, 1000)}
+# (batch, heads, kv heads, cache length): decode steps of OPT-1.3B-like (32 heads) and Llama-1B-like
+# (32 query, 8 KV heads) layers, two thirds of the cache attended.
+ATTENTION_SHAPES = {f"b{b} h{h}/{hkv} L{cache}": (b, h, hkv, cache, cache - cache // 3)
+                    for b in (1, 8, 32) for cache in (384, 1024, 4096) for h, hkv in ((32, 32), (32, 8))}
 
 
 def part_attention(args, ceilings, results: dict, targets: list[Target]) -> None:
     """One decode step's attention of one layer (head size 64, fp16, a static cache with a bool mask
     over its first keys, as a Hugging Face model hands it over): gpuopt's operator against torch's
-    SDPA with the same mask (the model's own attention), interleaved, the L2 flushed before each call."""
+    SDPA with the same mask (the model's own attention), interleaved, the L2 flushed before each call;
+    and whether gpuopt.llm.attention's policy (kernel_wins) picked the faster of the two."""
+    from gpuopt.llm.attention import kernel_wins
+
     ops = torch.ops.gpuopt
     g = torch.Generator(device="cuda").manual_seed(0)
     opts = {"flush_l2": True, "max_time_s": 0.5 if args.quick else 1.5}
@@ -257,15 +259,21 @@ def part_attention(args, ceilings, results: dict, targets: list[Target]) -> None
             out["shapes"][name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
         read = 2 * b * hkv * keys * 64 * 2  # K and V rows attended, fp16
+        picks = kernel_wins(b, h, hkv, cache)
         out["shapes"][name] = {"batch": b, "heads": h, "kv_heads": hkv, "cache": cache, "keys": keys,
                                "sdpa_ms": cmp.baseline_ms, "gpuopt_ms": cmp.candidate_ms, "speedup": cmp.speedup,
                                "ci": list(cmp.ci), "verdict": cmp.verdict, "max_abs_diff": err,
-                               "gpuopt_gbps": read / cmp.candidate_ms / 1e6}
+                               "gpuopt_gbps": read / cmp.candidate_ms / 1e6, "policy_picks_gpuopt": picks}
         print(f"attention {name}: SDPA {cmp.baseline_ms * 1e3:.1f} us, gpuopt {cmp.candidate_ms * 1e3:.1f} us "
               f"({cmp.speedup:.2f}x [{cmp.ci[0]:.2f}, {cmp.ci[1]:.2f}], {read / cmp.candidate_ms / 1e6:.0f} GB/s "
-              f"of K and V), max |diff| {err:.2g}", flush=True)
+              f"of K and V), max |diff| {err:.2g}; policy: {'gpuopt' if picks else 'sdpa'}", flush=True)
         write(args, results, targets, final=False)
         _release()
+    rows = [r for r in out["shapes"].values() if "error" not in r]
+    # A pick is right where it took the faster one, or where the two are within 5% either way.
+    right = sum(1 for r in rows if r["policy_picks_gpuopt"] == (r["speedup"] > 1.0) or abs(r["speedup"] - 1.0) < 0.05)
+    out["policy_right"] = [right, len(rows)]
+    print(f"attention policy: the faster kernel (or one within 5%) on {right} of {len(rows)} shapes", flush=True)
 
 
 def _kind(name: str) -> str:

@@ -37,11 +37,26 @@ def _sdpa() -> Any:
     return sdpa_attention_forward
 
 
+def kernel_wins(batch: int, heads: int, kv_heads: int, keys: int) -> bool:
+    """Whether gpuopt's CUDA kernel is expected to beat SDPA on this decode shape: the latency-bound
+    steps of small batches, where a general kernel's per-call cost dominates. Measured on an H100
+    (``benchmarks/llm_decode.py --parts attention``): 1.6-2.0x at batch 1 (384-key cache), 1.14x at
+    batch 1 with 4,096 keys, 1.05x at batch 32 x 32 heads x 384 keys; 0.59x at batch 16 with 4 query
+    heads per KV head and 1,024 keys (each query head reads its KV rows again), which SDPA keeps."""
+    return batch * keys <= 4096 or (heads == kv_heads and batch * heads * keys <= 32 * 32 * 384)
+
+
 def takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
           dropout: float = 0.0, **kwargs: Any) -> bool:
-    """Whether :func:`attention` runs gpuopt's operator for these arguments (else SDPA)."""
-    return (query.dim() == 4 and query.shape[2] == 1 and (query.shape[-1] in DIMS or not query.is_cuda)
-            and key.dim() == 4 and query.dtype == key.dtype == value.dtype
+    """Whether :func:`attention` runs gpuopt's operator for these arguments (else SDPA): one query
+    token, and on CUDA a head size the kernel takes and a shape where it wins (:func:`kernel_wins`)."""
+    if query.dim() != 4 or key.dim() != 4:
+        return False
+    if query.is_cuda and not (query.shape[-1] in DIMS and
+                              kernel_wins(query.shape[0], query.shape[1], key.shape[1], key.shape[2])):
+        return False
+    return (query.shape[2] == 1
+            and query.dtype == key.dtype == value.dtype
             and query.dtype in (torch.float16, torch.bfloat16, torch.float32)
             and not dropout and not kwargs.get("output_attentions")
             and all(kwargs.get(k) is None for k in _SDPA_ONLY)
@@ -99,4 +114,4 @@ def restore(model: torch.nn.Module, before: str | None) -> None:
         model.set_attn_implementation(before)
 
 
-__all__ = ["DIMS", "NAME", "attention", "can_use", "register", "restore", "takes", "use"]
+__all__ = ["DIMS", "NAME", "attention", "can_use", "kernel_wins", "register", "restore", "takes", "use"]

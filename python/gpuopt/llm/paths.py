@@ -251,8 +251,8 @@ class Decoder:
         if _attention.calls == before:
             self.attention = "model"
             self.attention_note = (f"gpuopt's decode attention did not apply to {type(self.model).__name__} "
-                                   f"(head size, dtype or mask not taken: {', '.join(map(str, _attention.DIMS))} "
-                                   "and a bool mask are); its own attention ran")
+                                   f"(head sizes {', '.join(map(str, _attention.DIMS))}, a bool mask, and on "
+                                   "CUDA the shapes where it beats SDPA are taken); its own attention ran")
             _attention.restore(self.model, self._attention_before)
             self._attention_before = None
 
