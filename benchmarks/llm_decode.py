@@ -269,11 +269,56 @@ def part_attention(args, ceilings, results: dict, targets: list[Target]) -> None
               f"of K and V), max |diff| {err:.2g}; policy: {'gpuopt' if picks else 'sdpa'}", flush=True)
         write(args, results, targets, final=False)
         _release()
+    for name in ("b1 h32/32 L384", "b1 h32/8 L384", "b8 h32/32 L1024"):
+        try:
+            out.setdefault("in_graph", {})[name] = row = _attention_in_graph(*ATTENTION_SHAPES[name], g, args.quick)
+        except Exception as exc:  # noqa: BLE001 - recorded; the others still run
+            traceback.print_exc()
+            out.setdefault("in_graph", {})[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        print(f"attention in a CUDA graph, {name}, 24 layers: SDPA {row['sdpa_us_per_call']:.2f} us per call, "
+              f"gpuopt {row['gpuopt_us_per_call']:.2f} ({row['speedup']:.2f}x [{row['ci'][0]:.2f}, "
+              f"{row['ci'][1]:.2f}])", flush=True)
+        write(args, results, targets, final=False)
+        _release()
     rows = [r for r in out["shapes"].values() if "error" not in r]
     # A pick is right where it took the faster one, or where the two are within 5% either way.
     right = sum(1 for r in rows if r["policy_picks_gpuopt"] == (r["speedup"] > 1.0) or abs(r["speedup"] - 1.0) < 0.05)
     out["policy_right"] = [right, len(rows)]
     print(f"attention policy: the faster kernel (or one within 5%) on {right} of {len(rows)} shapes", flush=True)
+
+
+def _attention_in_graph(b, h, hkv, cache, keys, g, quick, layers=24) -> dict:
+    """The attention of a whole decode step as it runs in gpuopt's fast path: ``layers`` calls, each on
+    a KV cache of its own (together larger than the L2, as a model's are), captured in one CUDA graph;
+    SDPA's graph against gpuopt's, interleaved; time per call."""
+    ops = torch.ops.gpuopt
+    q = torch.randn(b, 1, h, 64, device="cuda", generator=g).half().transpose(1, 2)
+    caches = [(torch.randn(b, hkv, cache, 64, device="cuda", generator=g).half(),
+               torch.randn(b, hkv, cache, 64, device="cuda", generator=g).half()) for _ in range(layers)]
+    mask = (torch.arange(cache, device="cuda") < keys)[None, None, None, :].expand(b, 1, 1, cache)
+    graphs = {}
+    for label in ("sdpa", "gpuopt"):
+        def step(label=label):
+            for k, v in caches:
+                if label == "sdpa":
+                    torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=h != hkv)
+                else:
+                    ops.decode_attention(q, k, v, mask)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        graphs[label] = graph
+    cmp = gpuopt.compare(graphs["sdpa"].replay, graphs["gpuopt"].replay, labels=("sdpa", "gpuopt"),
+                         max_time_s=0.5 if quick else 1.5)
+    return {"layers": layers, "sdpa_us_per_call": cmp.baseline_ms * 1e3 / layers,
+            "gpuopt_us_per_call": cmp.candidate_ms * 1e3 / layers, "speedup": cmp.speedup, "ci": list(cmp.ci),
+            "verdict": cmp.verdict}
 
 
 def _kind(name: str) -> str:

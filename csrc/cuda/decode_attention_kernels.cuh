@@ -8,7 +8,8 @@
 // each (16-byte loads, interleaved so that a row's lanes read it contiguously); a warp holds
 // kGroups keys at a time and unrolls kUnroll of them, so that a block of 16 warps has 512 keys of K
 // and V in flight (decode is latency-bound: a handful of SMs must stream the cache). Each group
-// keeps its own maximum, sum and output slice; the block combines them at the end. Masked keys
+// keeps its own maximum, sum and output slice; a warp merges its groups by shuffles, the block its
+// warps through shared memory. Masked keys
 // cost one byte read: their K and V rows are never loaded. A long cache with few (batch, head)
 // pairs is split over several blocks per pair (FlashDecoding's split-KV), each writing its maximum,
 // sum and unnormalised output to a float32 workspace that decode_attention_combine reduces.
@@ -98,10 +99,10 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAttentionArgs<T> a) {
   using R = AttnRow<T, D>;
   constexpr int kU = R::kUnroll;
-  __shared__ float part_acc[kAttnMaxWarps * R::kGroups][D];
-  __shared__ float part_max[kAttnMaxWarps * R::kGroups];
-  __shared__ float part_sum[kAttnMaxWarps * R::kGroups];
-  __shared__ float weight[kAttnMaxWarps * R::kGroups];
+  __shared__ float part_acc[kAttnMaxWarps][D];
+  __shared__ float part_max[kAttnMaxWarps];
+  __shared__ float part_sum[kAttnMaxWarps];
+  __shared__ float weight[kAttnMaxWarps];
   __shared__ float block_max;
 
   const int h = static_cast<int>(blockIdx.x);
@@ -111,10 +112,10 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAtt
   const int hk = h / a.group;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
+  const int warps = static_cast<int>(blockDim.x >> 5);
   const int sub = lane / R::kLanes;  // this lane's key within the warp's kGroups
   const int l = lane % R::kLanes;    // this lane's slice of the row
-  const int groups = static_cast<int>(blockDim.x >> 5) * R::kGroups;
-  const int group = warp * R::kGroups + sub;
+  const int groups = warps * R::kGroups;
 
   float q[R::kElems];
   {
@@ -134,7 +135,9 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAtt
   for (int e = 0; e < R::kElems; ++e) acc[e] = 0.0f;
 
   // The bound is the warp's first key, so that every lane of a warp runs the same iterations (the
-  // shuffles below need them all); keys past the end are invalid, as masked ones are.
+  // shuffles below need them all); keys past the end are invalid, as masked ones are. A pass takes
+  // kU keys per group at once: their dot products and shuffles are independent, and the running
+  // maximum is rescaled once per pass, not per key.
   for (int base = first + warp * R::kGroups; base < end; base += groups * kU) {
     uint4 kraw[kU][R::kLoads];
     uint4 vraw[kU][R::kLoads];
@@ -148,57 +151,86 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAtt
         load_row<T, D>(vbase + j * a.vl, l, vraw[u]);
       }
     }
+    float score[kU];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      float kf[R::kElems];
-      float dot = 0.0f;
+      score[u] = 0.0f;
       if (ok[u]) {
+        float kf[R::kElems];
         to_floats(kraw[u], kf, T{});
 #pragma unroll
-        for (int e = 0; e < R::kElems; ++e) dot = fmaf(q[e], kf[e], dot);
-      }
-#pragma unroll
-      for (int off = R::kLanes / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-      if (ok[u]) {
-        float vf[R::kElems];
-        to_floats(vraw[u], vf, T{});
-        const float next = fmaxf(run_max, dot);
-        const float shrink = exp2f(run_max - next);  // 0 for the first key (run_max = -inf)
-        const float p = exp2f(dot - next);
-        run_sum = fmaf(run_sum, shrink, p);
-#pragma unroll
-        for (int e = 0; e < R::kElems; ++e) acc[e] = fmaf(acc[e], shrink, p * vf[e]);
-        run_max = next;
+        for (int e = 0; e < R::kElems; ++e) score[u] = fmaf(q[e], kf[e], score[u]);
       }
     }
+#pragma unroll
+    for (int off = R::kLanes / 2; off > 0; off >>= 1) {
+#pragma unroll
+      for (int u = 0; u < kU; ++u) score[u] += __shfl_xor_sync(0xffffffffu, score[u], off);
+    }
+    float next = run_max;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) next = ok[u] ? fmaxf(next, score[u]) : next;
+    if (next == -INFINITY) continue;  // no key for this group yet (no shuffle follows in this pass)
+    const float shrink = exp2f(run_max - next);  // 0 while run_max is -inf
+    run_sum *= shrink;
+#pragma unroll
+    for (int e = 0; e < R::kElems; ++e) acc[e] *= shrink;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (ok[u]) {
+        const float p = exp2f(score[u] - next);
+        float vf[R::kElems];
+        to_floats(vraw[u], vf, T{});
+        run_sum += p;
+#pragma unroll
+        for (int e = 0; e < R::kElems; ++e) acc[e] = fmaf(p, vf[e], acc[e]);
+      }
+    }
+    run_max = next;
   }
 
-  // Combine the groups: out = sum_g acc_g * 2^(max_g - M) / sum_g sum_g * 2^(max_g - M).
-  if (l == 0) {
-    part_max[group] = run_max;
-    part_sum[group] = run_sum;
+  // The kGroups groups of a warp (lanes l + kLanes * sub) into one, by shuffles.
+  if (R::kGroups > 1) {
+    float wmax = run_max;
+#pragma unroll
+    for (int off = R::kLanes; off < 32; off <<= 1) wmax = fmaxf(wmax, __shfl_xor_sync(0xffffffffu, wmax, off));
+    const float f = wmax == -INFINITY ? 0.0f : exp2f(run_max - wmax);  // 0 for a group that saw no key
+    run_sum *= f;
+#pragma unroll
+    for (int e = 0; e < R::kElems; ++e) acc[e] *= f;
+#pragma unroll
+    for (int off = R::kLanes; off < 32; off <<= 1) {
+      run_sum += __shfl_xor_sync(0xffffffffu, run_sum, off);
+#pragma unroll
+      for (int e = 0; e < R::kElems; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], off);
+    }
+    run_max = wmax;
   }
+
+  // Then the warps: out = sum_w acc_w * 2^(max_w - M) / sum_w sum_w * 2^(max_w - M).
+  if (lane == 0) {
+    part_max[warp] = run_max;
+    part_sum[warp] = run_sum;
+  }
+  if (sub == 0) {
 #pragma unroll
-  for (int i = 0; i < R::kLoads; ++i) {
+    for (int i = 0; i < R::kLoads; ++i) {
 #pragma unroll
-    for (int e = 0; e < R::kVec; ++e) part_acc[group][(i * R::kLanes + l) * R::kVec + e] = acc[i * R::kVec + e];
+      for (int e = 0; e < R::kVec; ++e) part_acc[warp][(i * R::kLanes + l) * R::kVec + e] = acc[i * R::kVec + e];
+    }
   }
   __syncthreads();
   if (warp == 0) {
-    float m = -INFINITY;
-    for (int g = lane; g < groups; g += 32) m = fmaxf(m, part_max[g]);
+    float m = lane < warps ? part_max[lane] : -INFINITY;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    if (lane < warps) weight[lane] = m == -INFINITY ? 0.0f : exp2f(part_max[lane] - m);  // 0: no key
     if (lane == 0) block_max = m;
   }
   __syncthreads();
   const float m = block_max;
-  for (int g = static_cast<int>(threadIdx.x); g < groups; g += static_cast<int>(blockDim.x)) {
-    weight[g] = m == -INFINITY ? 0.0f : exp2f(part_max[g] - m);  // 0 for a group that saw no key
-  }
-  __syncthreads();
   float total = 0.0f;
-  for (int g = 0; g < groups; ++g) total = fmaf(part_sum[g], weight[g], total);
+  for (int w = 0; w < warps; ++w) total = fmaf(part_sum[w], weight[w], total);
   const long long pair = static_cast<long long>(b) * a.heads + h;
   if (a.partial != nullptr) {  // this split's maximum, sum and unnormalised output
     float* p = a.partial + (pair * gridDim.z + blockIdx.z) * (D + 2);
@@ -208,7 +240,7 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAtt
     }
     for (int d = static_cast<int>(threadIdx.x); d < D; d += static_cast<int>(blockDim.x)) {
       float o = 0.0f;
-      for (int g = 0; g < groups; ++g) o = fmaf(part_acc[g][d], weight[g], o);
+      for (int w = 0; w < warps; ++w) o = fmaf(part_acc[w][d], weight[w], o);
       p[2 + d] = o;
     }
     return;
@@ -216,7 +248,7 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAtt
   T* out = a.out + pair * D;
   for (int d = static_cast<int>(threadIdx.x); d < D; d += static_cast<int>(blockDim.x)) {
     float o = 0.0f;
-    for (int g = 0; g < groups; ++g) o = fmaf(part_acc[g][d], weight[g], o);
+    for (int w = 0; w < warps; ++w) o = fmaf(part_acc[w][d], weight[w], o);
     // A query that no key may attend to gets zeros (as FlashAttention gives), not NaN.
     out[d] = from_float<T>(total > 0.0f ? o / total : 0.0f);
   }
