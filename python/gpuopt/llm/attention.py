@@ -38,12 +38,12 @@ def _sdpa() -> Any:
 
 
 def kernel_wins(batch: int, heads: int, kv_heads: int, keys: int) -> bool:
-    """Whether gpuopt's CUDA kernel is expected to beat SDPA on this decode shape: the latency-bound
-    steps of small batches, where a general kernel's per-call cost dominates. Measured on an H100
-    (``benchmarks/llm_decode.py --parts attention``): 1.6-2.0x at batch 1 (384-key cache), 1.14x at
-    batch 1 with 4,096 keys, 1.05x at batch 32 x 32 heads x 384 keys; 0.59x at batch 16 with 4 query
-    heads per KV head and 1,024 keys (each query head reads its KV rows again), which SDPA keeps."""
-    return batch * keys <= 4096 or (heads == kv_heads and batch * heads * keys <= 32 * 32 * 384)
+    """Whether gpuopt's CUDA kernel is expected to beat SDPA on this decode shape (``keys``: the cache
+    length). Measured on an H100 (``benchmarks/llm_decode.py --parts attention``, head size 64, fp16,
+    batch 1-32, caches of 384-4,096 keys): with one KV head per query head it was 1.13-1.83x SDPA on
+    every shape; with 4 query heads per KV head (each query head reads its KV rows again) 1.13-1.88x
+    up to batch x cache = 8,192 and 0.55-0.65x beyond, where SDPA runs."""
+    return heads == kv_heads or batch * keys <= 8192
 
 
 def takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
