@@ -230,6 +230,8 @@ def part_attention(args, ceilings, results: dict, targets: list[Target]) -> None
     over its first keys, as a Hugging Face model hands it over): gpuopt's operator against torch's
     SDPA with the same mask (the model's own attention), interleaved, the L2 flushed before each call;
     and whether gpuopt.llm.attention's policy (kernel_wins) picked the faster of the two."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     from gpuopt.llm.attention import kernel_wins
 
     ops = torch.ops.gpuopt
@@ -244,10 +246,12 @@ def part_attention(args, ceilings, results: dict, targets: list[Target]) -> None
             mask = (torch.arange(cache, device="cuda") < keys)[None, None, None, :].expand(b, 1, 1, cache)
             group = h // hkv
 
-            def sdpa(q=q, k=k, v=v, mask=mask, group=group):
-                # what transformers' SDPA function does: GQA by enable_gqa where heads differ
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                                         enable_gqa=group > 1).transpose(1, 2)
+            module = _AttentionStub(group)
+
+            def sdpa(q=q, k=k, v=v, mask=mask, module=module):
+                # the model's own attention: transformers' SDPA function, as a model calls it (with a mask
+                # and grouped KV heads, transformers 5.17 copies K and V per query head first)
+                return sdpa_attention_forward(module, q, k, v, mask, scaling=None)[0]
 
             def ours(q=q, k=k, v=v, mask=mask):
                 return ops.decode_attention(q, k, v, mask)
@@ -288,6 +292,15 @@ def part_attention(args, ceilings, results: dict, targets: list[Target]) -> None
     print(f"attention policy: the faster kernel (or one within 5%) on {right} of {len(rows)} shapes", flush=True)
 
 
+class _AttentionStub(torch.nn.Module):
+    """What transformers' attention functions read of the attention module."""
+
+    def __init__(self, groups: int):
+        super().__init__()
+        self.num_key_value_groups = groups
+        self.is_causal = True
+
+
 def _attention_in_graph(b, h, hkv, cache, keys, g, quick, layers=24) -> dict:
     """The attention of a whole decode step as it runs in gpuopt's fast path: ``layers`` calls, each on
     a KV cache of its own (together larger than the L2, as a model's are), captured in one CUDA graph;
@@ -297,12 +310,15 @@ def _attention_in_graph(b, h, hkv, cache, keys, g, quick, layers=24) -> dict:
     caches = [(torch.randn(b, hkv, cache, 64, device="cuda", generator=g).half(),
                torch.randn(b, hkv, cache, 64, device="cuda", generator=g).half()) for _ in range(layers)]
     mask = (torch.arange(cache, device="cuda") < keys)[None, None, None, :].expand(b, 1, 1, cache)
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    module = _AttentionStub(h // hkv)
     graphs = {}
     for label in ("sdpa", "gpuopt"):
         def step(label=label):
             for k, v in caches:
                 if label == "sdpa":
-                    torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=h != hkv)
+                    sdpa_attention_forward(module, q, k, v, mask, scaling=None)
                 else:
                     ops.decode_attention(q, k, v, mask)
         side = torch.cuda.Stream()
@@ -391,14 +407,18 @@ def _token_identity(args, models, b, p, n, results, targets) -> None:
     """The fast path's greedy tokens of a whole request against fp16 generate's on the same prompt; at
     the first difference, generate's own top-2 logit margin (a near-tie explains a flip)."""
     hf = _decoder(models, "hf-generate", b, p, n)
-    ref_tokens, ref_logits = hf.free_logits(n)
-    hf.close()
+    try:
+        ref_tokens, ref_logits = hf.free_logits(n)
+    finally:
+        hf.close()
     fast = results["opt"]["fast_path"]
     graph = _decoder(models, fast, b, p, n)
-    graph.loop.run()
-    torch.cuda.synchronize()
-    tokens = graph.tokens()
-    graph.close()
+    try:  # closed whatever happens: it sets the shared model's attention for its life
+        graph.loop.run()
+        torch.cuda.synchronize()
+        tokens = graph.tokens()
+    finally:
+        graph.close()
     same = tokens.eq(ref_tokens.to(tokens.device))
     first = int((~same.all(0)).nonzero()[0]) if not bool(same.all()) else None
     info = {"equal": int(same.sum()), "compared": same.numel(), "first_difference": first}
@@ -433,16 +453,18 @@ def _timer_check(args, models, b, p, n, results, targets) -> None:
     decoder's graph replays, measured before and after it."""
     reps = 5 if args.quick else 20
     dec = _decoder(models, "static-graph", b, p, n)
-    before = _event_loop_tpot(dec, reps)
-    dec.clock.clear()
-    m = gpuopt.measure(dec.loop, mode="latency", warmup=1, min_iters=5, max_time_s=3.0 if args.quick else 10.0)
-    got = token_times(dec.clock.requests(), m.n, n)
-    after = _event_loop_tpot(dec, reps)
+    try:
+        before = _event_loop_tpot(dec, reps)
+        dec.clock.clear()
+        m = gpuopt.measure(dec.loop, mode="latency", warmup=1, min_iters=5, max_time_s=3.0 if args.quick else 10.0)
+        got = token_times(dec.clock.requests(), m.n, n)
+        after = _event_loop_tpot(dec, reps)
+    finally:
+        dec.close()
     engine = sorted(got["tpot"])[len(got["tpot"]) // 2]
     plain = (before + after) / 2
     results["opt"]["timer_check"] = {"engine_tpot_ms": engine, "event_loop_tpot_ms": plain,
                                      "event_loop_runs_ms": [before, after], "engine_requests": m.n}
-    dec.close()
     _release()
     targets.append(Target("timer: |engine TPOT / plain CUDA-event loop TPOT - 1|", abs(engine / plain - 1.0), "<=",
                           0.03, "", "CUDA events around the same graphs' replays, before and after"))

@@ -180,6 +180,95 @@ def test_the_prefill_and_everything_else_go_to_sdpa(rng):
     assert not llm_attention.takes(q.half(), k, v, m)
 
 
+def test_shapes_the_operator_would_refuse_go_to_sdpa(rng):
+    q, k, v, m = _inputs(1, 4, 2, 6, 16, torch.float32, rng)
+    assert not llm_attention.takes(q, k, v[..., :8], m)  # a value head size of its own (MLA-like)
+    assert not llm_attention.takes(q, k[..., :8], v[..., :8], m)  # q's head size is not k's
+    assert not llm_attention.takes(q, k, v, m[..., :5])  # a mask over other keys
+    assert not llm_attention.takes(q[:, :3], k, v, m)  # 3 query heads over 2 KV heads
+    assert not llm_attention.takes(q.requires_grad_(), k, v, m)  # no backward
+    with torch.no_grad():
+        assert llm_attention.takes(q, k, v, m)
+
+
+def test_the_default_attention_is_gpuopts_on_cuda_for_one_kv_head_per_query_head(tiny_models):
+    from types import SimpleNamespace
+
+    from gpuopt.llm.measure import default_attention
+    from gpuopt.llm.models import Shape
+
+    model = tiny_models["tiny-opt"].reference
+
+    def models(heads, kv_heads, head_dim=64, device="cuda"):
+        return SimpleNamespace(device=torch.device(device), reference=model,
+                               shape=Shape(2, heads * head_dim, heads, kv_heads, head_dim, 512))
+
+    assert default_attention(models(32, 32), "static-graph") == "gpuopt"
+    assert default_attention(models(32, 8), "static-graph") == "model"  # grouped KV heads: SDPA
+    assert default_attention(models(4, 4, head_dim=16), "static-graph") == "model"  # a head size it lacks
+    assert default_attention(models(32, 32), "hf-generate") == "model"
+    assert default_attention(models(32, 32, device="cpu"), "static") == "model"
+
+
+def test_a_model_whose_attention_never_reaches_the_kernel_is_recorded_as_its_own(tiny_models, monkeypatch):
+    models = tiny_models["tiny-opt"]
+    monkeypatch.setattr(llm_attention, "takes", lambda *a, **k: False)
+    d = Decoder(models.reference, "static", models.prompt(1, 5), 4, gpuopt._C.StepClock(-1, 4), torch.float32,
+                attention="gpuopt")
+    try:
+        assert d.attention == "model" and "did not apply to OPTForCausalLM" in d.attention_note
+        assert models.reference.config._attn_implementation == "sdpa"  # switched back at once
+    finally:
+        d.close()
+
+
+def test_a_decoder_that_fails_to_set_up_restores_the_models_attention(tiny_models, monkeypatch):
+    models = tiny_models["tiny-opt"]
+
+    def boom(self):
+        raise RuntimeError("set-up failed")
+
+    monkeypatch.setattr(Decoder, "_check_attention", boom)
+    with pytest.raises(RuntimeError, match="set-up failed"):
+        Decoder(models.reference, "static", models.prompt(1, 5), 4, gpuopt._C.StepClock(-1, 4), torch.float32,
+                attention="gpuopt")
+    assert models.reference.config._attn_implementation == "sdpa"
+
+
+def test_a_second_decoder_on_a_switched_model_is_refused(tiny_models):
+    models = tiny_models["tiny-opt"]
+    first = Decoder(models.reference, "static", models.prompt(1, 5), 4, gpuopt._C.StepClock(-1, 4), torch.float32,
+                    attention="gpuopt")
+    try:
+        with pytest.raises(RuntimeError, match="runs gpuopt's decode attention for another Decoder"):
+            Decoder(models.reference, "static", models.prompt(1, 5), 4, gpuopt._C.StepClock(-1, 4), torch.float32)
+    finally:
+        first.close()
+    assert models.reference.config._attn_implementation == "sdpa"
+
+
+def test_the_fp32_reference_itself_as_candidate_keeps_a_pristine_reference(tiny_models):
+    """fp32, unfused: the candidate is the reference model; its reference run comes first."""
+    models = tiny_models["tiny-llama"]
+    r = gpuopt.measure_decode(models, path="static", precision="fp32", fuse=False, prompt_len=5, new_tokens=4,
+                              attention="gpuopt", max_time_s=0.2)
+    assert r.attention == "gpuopt" and r.parity is not None and r.parity.passed, r.parity
+    assert models.reference.config._attn_implementation == "sdpa"
+
+
+def test_a_failing_reference_run_is_the_cells_parity_error(tiny_models, monkeypatch):
+    models = tiny_models["tiny-gpt2"]
+
+    def fail(*_a, **_k):
+        raise torch.OutOfMemoryError("out of memory in the fp32 reference")
+
+    monkeypatch.setattr(models, "reference_run", fail)
+    r = gpuopt.measure_decode(models, path="static", precision="fp32", prompt_len=7, new_tokens=3,
+                              attention="gpuopt", max_time_s=0.2)
+    assert r.parity is None and "the fp32 reference run failed: OutOfMemoryError" in r.parity_error
+    assert r.tpot_ms["p50"] > 0  # the timings stand
+
+
 def test_attention_is_checked_and_applies_to_gpuopts_paths_only(tiny_models):
     with pytest.raises(ValueError, match="attention must be one of model, gpuopt, got 'flash'"):
         gpuopt.measure_decode(tiny_models["tiny-opt"], path="static", precision="fp32", attention="flash")

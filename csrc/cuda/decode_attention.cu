@@ -27,6 +27,7 @@ int warps_for(std::int64_t keys) {
 std::int64_t splits_for(const DecodeAttentionParams& p) {
   if (p.keys <= kSplitKeys) return 1;
   const std::int64_t pairs = p.batch * p.heads;
+  if (pairs < 1) return 1;  // nothing to split (decode_attention_supported refuses it)
   const std::int64_t want = (2 * device_attribute(cudaDevAttrMultiProcessorCount, p.device) + pairs - 1) / pairs;
   const std::int64_t most = p.keys / kSplitKeys;
   const std::int64_t s = want < most ? want : most;

@@ -6,8 +6,8 @@
 //
 // One block per (head, batch row, split of the keys). A key row of D values is read by kLanes lanes, kElems values
 // each (16-byte loads, interleaved so that a row's lanes read it contiguously); a warp holds
-// kGroups keys at a time and unrolls kUnroll of them, so that a block of 16 warps has 512 keys of K
-// and V in flight (decode is latency-bound: a handful of SMs must stream the cache). Each group
+// kGroups keys at a time and unrolls kUnroll of them, so that a block of 16 warps has up to 512 keys
+// of K and V in flight (fp16 with head size 64; 256 at 128) (decode is latency-bound: a handful of SMs must stream the cache). Each group
 // keeps its own maximum, sum and output slice; a warp merges its groups by shuffles, the block its
 // warps through shared memory. Masked keys
 // cost one byte read: their K and V rows are never loaded. A long cache with few (batch, head)

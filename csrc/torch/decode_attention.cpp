@@ -139,20 +139,22 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   p.kv_heads = k.size(1);
   p.keys = k.size(2);
   p.head_dim = dim;
-  p.q_stride_b = q.stride(0);
-  p.q_stride_h = q.stride(1);
-  p.k_stride_b = k.stride(0);
-  p.k_stride_h = k.stride(1);
-  p.k_stride_l = k.stride(2);
-  p.v_stride_b = v.stride(0);
-  p.v_stride_h = v.stride(1);
-  p.v_stride_l = v.stride(2);
+  // A dimension of size 1 is only ever read at index 0: its stride, whatever it is, is taken as 0
+  // (so that an odd stride there does not fail the kernel's alignment check).
+  const auto stride = [](const at::Tensor& t, int d) { return t.size(d) == 1 ? 0 : t.stride(d); };
+  p.q_stride_b = stride(q, 0);
+  p.q_stride_h = stride(q, 1);
+  p.k_stride_b = stride(k, 0);
+  p.k_stride_h = stride(k, 1);
+  p.k_stride_l = stride(k, 2);
+  p.v_stride_b = stride(v, 0);
+  p.v_stride_h = stride(v, 1);
+  p.v_stride_l = stride(v, 2);
   if (mask.has_value()) {
-    // A broadcast dimension (size 1) is read at index 0 whatever its stride says.
     p.mask = mask->const_data_ptr<bool>();
-    p.mask_stride_b = mask->size(0) == 1 ? 0 : mask->stride(0);
-    p.mask_stride_h = mask->size(1) == 1 ? 0 : mask->stride(1);
-    p.mask_stride_l = mask->stride(3);
+    p.mask_stride_b = stride(*mask, 0);
+    p.mask_stride_h = stride(*mask, 1);
+    p.mask_stride_l = stride(*mask, 3);
   }
   p.scale = static_cast<float>(scale_of(q, scale));
   p.device = q.device().index();

@@ -1,17 +1,18 @@
 """gpuopt's decode attention inside Hugging Face models.
 
 A decode step attends one query token per head to the KV cache. Through ``torch.nn.functional.
-scaled_dot_product_attention`` that is a general kernel launched per layer (cuDNN's took 6.3 us per
-layer of OPT-1.3B on an H100, for about 100 KB of cache), plus, under ``torch.compile``, a kernel per
-layer that turns the boolean mask into an additive one. gpuopt's operator
-(``torch.ops.gpuopt.decode_attention``) reads the boolean mask as it is and the cache rows the mask
-lets through, in one kernel.
+scaled_dot_product_attention`` that is a general kernel launched per layer (cuDNN's took 6.2-6.3 us
+per layer of OPT-1.3B on an H100, for about 100 KB of cache). gpuopt's operator
+(``torch.ops.gpuopt.decode_attention``) reads the boolean mask as transformers builds it and only the
+cache rows the mask lets through, in one kernel (5.4-5.6 us per layer there; 1.1-1.9x SDPA per call on
+small batches, see the README for where it loses and SDPA runs instead).
 
 It enters a model through transformers' attention interface (``AttentionInterface``, the documented
 way to plug an attention function in): :func:`use` registers it under the name ``"gpuopt"``, with
 SDPA's mask function (the same boolean mask SDPA gets), and switches the model to it. The function
-runs gpuopt's operator for one query token (on the CPU its float32 reference, for tests) and hands everything else (the prefill, dropout,
-softcapping, attention sinks, float masks) to transformers' SDPA function unchanged. Models that do
+runs gpuopt's operator for one query token (on the CPU its float32 reference, for tests) and hands
+everything else (the prefill, dropout, softcapping, attention sinks, float masks, autograd, shapes the
+operator does not take) to transformers' SDPA function unchanged. Models that do
 not dispatch through the interface keep their attention; :func:`use` then says so.
 """
 
@@ -41,17 +42,26 @@ def kernel_wins(batch: int, heads: int, kv_heads: int, keys: int) -> bool:
     """Whether gpuopt's CUDA kernel is expected to beat SDPA on this decode shape (``keys``: the cache
     length). Measured on an H100 (``benchmarks/llm_decode.py --parts attention``, head size 64, fp16,
     batch 1-32, caches of 384-4,096 keys): with one KV head per query head it was 1.13-1.83x SDPA on
-    every shape; with 4 query heads per KV head (each query head reads its KV rows again) 1.13-1.88x
-    up to batch x cache = 8,192 and 0.55-0.65x beyond, where SDPA runs."""
-    return heads == kv_heads or batch * keys <= 8192
+    every shape. Grouped KV heads stay with SDPA: that run compared them with SDPA's ``enable_gqa``,
+    which with a mask falls back to its math kernel, not with the path transformers takes (K and V
+    copied per query head, then SDPA), and the kernel lost at larger batch x cache (0.55-0.65x)."""
+    return heads == kv_heads and batch >= 1 and keys >= 1
 
 
 def takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
           dropout: float = 0.0, **kwargs: Any) -> bool:
     """Whether :func:`attention` runs gpuopt's operator for these arguments (else SDPA): one query
     token, and on CUDA a head size the kernel takes and a shape where it wins (:func:`kernel_wins`)."""
-    if query.dim() != 4 or key.dim() != 4:
+    if query.dim() != 4 or key.dim() != 4 or value.shape != key.shape:
         return False
+    b, h, _, d = query.shape
+    if key.shape[0] != b or key.shape[3] != d or key.shape[1] < 1 or h % key.shape[1]:
+        return False
+    if isinstance(attention_mask, torch.Tensor) and (attention_mask.dim() != 4
+                                                     or attention_mask.shape[-1] != key.shape[2]):
+        return False
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        return False  # the operator has no backward
     if query.is_cuda and not (query.shape[-1] in DIMS and
                               kernel_wins(query.shape[0], query.shape[1], key.shape[1], key.shape[2])):
         return False
@@ -109,7 +119,8 @@ def use(model: torch.nn.Module) -> str | None:
 
 
 def restore(model: torch.nn.Module, before: str | None) -> None:
-    """Undoes :func:`use` (``before`` is what it returned)."""
+    """Undoes :func:`use` (``before`` is what it returned). Only the top-level setting is kept and
+    restored: a multimodal model's sub-configs come back with it too."""
     if before is not None and model.config._attn_implementation != before:
         model.set_attn_implementation(before)
 

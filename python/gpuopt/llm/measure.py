@@ -276,8 +276,8 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
     (:mod:`gpuopt.llm.fuse`); by default on for gpuopt's static paths, and never for the ``hf-*``
     baselines, which run the model as transformers ships it. ``attention``: ``"gpuopt"`` runs the decode
     step's attention through gpuopt's operator (:mod:`gpuopt.llm.attention`), ``"model"`` keeps the
-    model's own; by default ``"gpuopt"`` for the static paths on CUDA where the model dispatches
-    through transformers' attention interface, else ``"model"``. ``ceilings`` (``gpuopt.ceilings()``) gives the HBM read bandwidth;
+    model's own; by default ``"gpuopt"`` for the static paths on CUDA where it applies
+    (:func:`default_attention`), else ``"model"``. ``ceilings`` (``gpuopt.ceilings()``) gives the HBM read bandwidth;
     without it the cached measurement, else the datasheet, is used. Other keywords are
     :func:`gpuopt.measure` options (defaults :data:`MEASURE_DEFAULTS`).
 
@@ -321,13 +321,18 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
     kv_per_token = models.shape.kv_bytes_per_token(element)
     _check_fits(kv_per_token * batch_size * (prompt_len + new_tokens), index, models.name, batch_size)
 
-    t0 = time.perf_counter()
-    candidate = models.candidate(precision, fused=fuse)
     prompt = models.prompt(batch_size, prompt_len)
+    reference_error = None
     if parity and attention != "model":
         # The fp32 reference first: the candidate may be the reference model itself (fp32, unfused),
-        # whose attention the Decoder switches for its life.
-        models.reference_run(prompt, min(parity_tokens, new_tokens))
+        # whose attention the Decoder switches for its life. A failure is the parity check's, recorded
+        # with the cell as any other.
+        try:
+            models.reference_run(prompt, min(parity_tokens, new_tokens))
+        except Exception as exc:
+            reference_error = f"{type(exc).__name__}: {exc}"
+    t0 = time.perf_counter()
+    candidate = models.candidate(precision, fused=fuse)
     clock = _C.StepClock(-1 if index is None else index, new_tokens)
     decoder = Decoder(candidate, path, prompt, new_tokens, clock, dtype, attention=attention)
     build_s = time.perf_counter() - t0
@@ -350,6 +355,8 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
             result.warnings.append(decoder.attention_note)
         if parity:
             try:
+                if reference_error is not None:
+                    raise RuntimeError(f"the fp32 reference run failed: {reference_error}")
                 result.parity = _check_parity(models, decoder, prompt, min(parity_tokens, new_tokens), precision)
             except Exception as exc:  # recorded with the cell: the timings stand
                 result.parity_error = f"{type(exc).__name__}: {exc}"
@@ -363,9 +370,12 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
 
 def default_attention(models: Models, path: str) -> str:
     """The attention measure_decode runs by default: gpuopt's (:mod:`gpuopt.llm.attention`) for the
-    static paths on CUDA where the model dispatches through transformers' attention interface, else
-    the model's own."""
-    use = models.device.type == "cuda" and not path.startswith("hf-") and _attention.can_use(models.reference)
+    static paths on CUDA where the model dispatches through transformers' attention interface with a
+    head size the kernel takes and one KV head per query head (:func:`~gpuopt.llm.attention.kernel_wins`),
+    else the model's own."""
+    shape = models.shape
+    use = (models.device.type == "cuda" and not path.startswith("hf-") and shape.head_dim in _attention.DIMS
+           and shape.heads == shape.kv_heads and _attention.can_use(models.reference))
     return "gpuopt" if use else "model"
 
 

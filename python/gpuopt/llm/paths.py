@@ -122,6 +122,9 @@ class Decoder:
         self.attention = check_attention(attention, path)
         self.attention_note = ""
         self._attention_before: str | None = None
+        if getattr(getattr(model, "config", None), "_attn_implementation", None) == _attention.NAME:
+            raise RuntimeError("the model runs gpuopt's decode attention for another Decoder that is still open "
+                               "(close it first): a Decoder sets the attention for its own life")
         try:
             if path.startswith("hf-"):
                 self._setup_generate()
