@@ -331,6 +331,21 @@ def test_cuda_kernel_reads_a_strided_cache_and_gives_zeros_to_a_fully_masked_que
 
 
 @pytest.mark.gpuopt_gpu
+def test_split_kv_runs_its_combine_kernel_and_gives_zeros_to_a_fully_masked_query(rng):
+    # 2 (batch, head) pairs over 4,096 keys: split over several blocks per pair, then combined.
+    q, k, v, m = _inputs(1, 2, 2, 4096, 64, torch.float16, rng, device="cuda", mask="heads")
+    m[0, 1] = False  # every split of head 1 sees no key
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        out = ops.decode_attention(q, k, v, m)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("decode_attention_combine<" in n for n in names), names
+    assert torch.equal(out[0, 0, 1], torch.zeros(64, device="cuda", dtype=torch.float16))
+    m[0, 1, 0, 4000] = True  # one key, in the last split
+    _check(ops.decode_attention(q, k, v, m), q, k, v, m)
+
+
+@pytest.mark.gpuopt_gpu
 @pytest.mark.parametrize("d", [16, 80])
 def test_other_head_sizes_and_strided_rows_take_the_reference_on_cuda(d, rng):
     q, k, v, m = _inputs(2, 4, 2, 30, d, torch.float16, rng, device="cuda")

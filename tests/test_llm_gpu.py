@@ -51,6 +51,7 @@ def test_static_graph_keeps_parity_with_the_fp32_reference(opt125, precision):
                               parity_tokens=32, max_time_s=1.0)
     assert r.parity is not None, r.parity_error
     assert r.parity.passed and r.parity.teacher_forced and r.parity.steps == 32, r.parity.summary()
+    assert r.attention == "gpuopt"  # the default for an MHA model with head size 64 on CUDA
     assert r.requests == r.measurement.n >= 5
     assert r.e2e_ms["mean"] == pytest.approx(r.ttft_ms["mean"] + 31 * r.tpot_ms["mean"], rel=1e-6)
     # the engine's whole-request samples and the token clock's end-to-end times are the same requests
