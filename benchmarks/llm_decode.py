@@ -263,7 +263,7 @@ def part_attention(args, ceilings, results: dict, targets: list[Target]) -> None
             out["shapes"][name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
         read = 2 * b * hkv * keys * 64 * 2  # K and V rows attended, fp16
-        picks = kernel_wins(b, h, hkv, cache)
+        picks = kernel_wins(h, hkv)
         out["shapes"][name] = {"batch": b, "heads": h, "kv_heads": hkv, "cache": cache, "keys": keys,
                                "sdpa_ms": cmp.baseline_ms, "gpuopt_ms": cmp.candidate_ms, "speedup": cmp.speedup,
                                "ci": list(cmp.ci), "verdict": cmp.verdict, "max_abs_diff": err,
@@ -303,34 +303,26 @@ class _AttentionStub(torch.nn.Module):
 
 def _attention_in_graph(b, h, hkv, cache, keys, g, quick, layers=24) -> dict:
     """The attention of a whole decode step as it runs in gpuopt's fast path: ``layers`` calls, each on
-    a KV cache of its own (together larger than the L2, as a model's are), captured in one CUDA graph;
-    SDPA's graph against gpuopt's, interleaved; time per call."""
+    a KV cache of its own (together larger than the L2, as a model's are), captured in one CUDA graph
+    (gpuopt's graph mode); SDPA's against gpuopt's, interleaved; time per call."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     ops = torch.ops.gpuopt
     q = torch.randn(b, 1, h, 64, device="cuda", generator=g).half().transpose(1, 2)
     caches = [(torch.randn(b, hkv, cache, 64, device="cuda", generator=g).half(),
                torch.randn(b, hkv, cache, 64, device="cuda", generator=g).half()) for _ in range(layers)]
     mask = (torch.arange(cache, device="cuda") < keys)[None, None, None, :].expand(b, 1, 1, cache)
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     module = _AttentionStub(h // hkv)
-    graphs = {}
-    for label in ("sdpa", "gpuopt"):
-        def step(label=label):
-            for k, v in caches:
-                if label == "sdpa":
-                    sdpa_attention_forward(module, q, k, v, mask, scaling=None)
-                else:
-                    ops.decode_attention(q, k, v, mask)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        graphs[label] = graph
-    cmp = gpuopt.compare(graphs["sdpa"].replay, graphs["gpuopt"].replay, labels=("sdpa", "gpuopt"),
+
+    def sdpa():
+        for k, v in caches:
+            sdpa_attention_forward(module, q, k, v, mask, scaling=None)
+
+    def ours():
+        for k, v in caches:
+            ops.decode_attention(q, k, v, mask)
+
+    cmp = gpuopt.compare(sdpa, ours, labels=("sdpa", "gpuopt"), mode="graph", calls_per_sample=1,
                          max_time_s=0.5 if quick else 1.5)
     return {"layers": layers, "sdpa_us_per_call": cmp.baseline_ms * 1e3 / layers,
             "gpuopt_us_per_call": cmp.candidate_ms * 1e3 / layers, "speedup": cmp.speedup, "ci": list(cmp.ci),

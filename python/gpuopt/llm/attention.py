@@ -38,20 +38,20 @@ def _sdpa() -> Any:
     return sdpa_attention_forward
 
 
-def kernel_wins(batch: int, heads: int, kv_heads: int, keys: int) -> bool:
-    """Whether gpuopt's CUDA kernel is expected to beat SDPA on this decode shape (``keys``: the cache
-    length). Measured on an H100 (``benchmarks/llm_decode.py --parts attention``, head size 64, fp16,
+def kernel_wins(heads: int, kv_heads: int) -> bool:
+    """Whether gpuopt's CUDA kernel is expected to beat SDPA on a decode step of a model with these
+    heads. Measured on an H100 (``benchmarks/llm_decode.py --parts attention``, head size 64, fp16,
     batch 1-32, caches of 384-4,096 keys): with one KV head per query head it was 1.13-1.83x SDPA on
     every shape. Grouped KV heads stay with SDPA: that run compared them with SDPA's ``enable_gqa``,
     which with a mask falls back to its math kernel, not with the path transformers takes (K and V
     copied per query head, then SDPA), and the kernel lost at larger batch x cache (0.55-0.65x)."""
-    return heads == kv_heads and batch >= 1 and keys >= 1
+    return heads == kv_heads
 
 
 def takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
           dropout: float = 0.0, **kwargs: Any) -> bool:
     """Whether :func:`attention` runs gpuopt's operator for these arguments (else SDPA): one query
-    token, and on CUDA a head size the kernel takes and a shape where it wins (:func:`kernel_wins`)."""
+    token, and on CUDA a head size the kernel takes and heads where it wins (:func:`kernel_wins`)."""
     if query.dim() != 4 or key.dim() != 4 or value.shape != key.shape:
         return False
     b, h, _, d = query.shape
@@ -62,8 +62,7 @@ def takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention
         return False
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
         return False  # the operator has no backward
-    if query.is_cuda and not (query.shape[-1] in DIMS and
-                              kernel_wins(query.shape[0], query.shape[1], key.shape[1], key.shape[2])):
+    if query.is_cuda and not (d in DIMS and kernel_wins(h, key.shape[1])):
         return False
     return (query.shape[2] == 1
             and query.dtype == key.dtype == value.dtype
@@ -71,7 +70,7 @@ def takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention
             and not dropout and not kwargs.get("output_attentions")
             and all(kwargs.get(k) is None for k in _SDPA_ONLY)
             and (attention_mask is None or (isinstance(attention_mask, torch.Tensor)
-                                            and attention_mask.dtype == torch.bool and attention_mask.dim() == 4)))
+                                            and attention_mask.dtype == torch.bool)))
 
 
 def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

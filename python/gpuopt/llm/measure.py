@@ -375,7 +375,7 @@ def default_attention(models: Models, path: str) -> str:
     else the model's own."""
     shape = models.shape
     use = (models.device.type == "cuda" and not path.startswith("hf-") and shape.head_dim in _attention.DIMS
-           and shape.heads == shape.kv_heads and _attention.can_use(models.reference))
+           and _attention.kernel_wins(shape.heads, shape.kv_heads) and _attention.can_use(models.reference))
     return "gpuopt" if use else "model"
 
 
