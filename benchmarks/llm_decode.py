@@ -11,7 +11,7 @@ transformers' generate, in one run on one device (issue 14 targets):
   replays.
 
 Parts (``--parts``): ``opt`` (hf-generate, static-graph fp16 and int8wo at batch 1, token identity and
-the timer check), ``gemv`` (the int8 operator's two CUDA kernels, SIMT and tensor-core, against each
+the timer check), ``gemv`` (the int8 operator's kernel settings in a CUDA graph of 24 layers' calls, against each
 other and fp16 cuBLAS on the model's decode-step matrices, interleaved), ``attention`` (gpuopt's decode
 attention operator against torch's SDPA on decode-step shapes, interleaved), ``paths`` (the other paths
 at batch 1), ``batch`` (batch sizes), ``sweep`` (a Results
@@ -170,53 +170,82 @@ GEMV_SHAPES = {  # (N, K) of a decode step's linear layers: OPT-1.3B's, q/k/v fu
     "lm_head": (50272, 2048)}
 
 
+GEMV_VARIANTS = {  # int8 kernel settings compared (gpuopt._C.int8_linear_kernel, int8_linear_warps)
+    "simt": ("simt", 0), "simt-global": ("simt-global", 0), "tc-4": ("tensor-core", 4), "tc-8": ("tensor-core", 8),
+    "tc-16": ("tensor-core", 16), "tc-32": ("tensor-core", 32)}
+
+
 def part_gemv(args, ceilings, results: dict, targets: list[Target]) -> None:
-    """The int8 weight-only operator at decode rows on each matrix of a decode step: its SIMT kernel and
-    its tensor-core kernel (``gpuopt._C.int8_linear_kernel``) interleaved (the C++ bootstrap), and fp16
-    ``F.linear`` (cuBLAS) on the same shape; the L2 flushed before each call, as in a decode step, where
-    the other layers' weights evict it. GB/s = the weight's bytes / median time."""
+    """The int8 weight-only operator on each matrix of OPT-1.3B's decode step as the step runs it: 24
+    layers' calls, each with a weight of its own (2.4 GB in all for the LM head, beyond the L2), captured
+    in one CUDA graph (gpuopt's graph mode), per kernel setting (``gpuopt._C.int8_linear_kernel``:
+    SIMT with x staged in shared memory or read from global memory; the tensor-core kernel with 4, 8,
+    16 or 32 warps per block), each interleaved with the auto choice (the C++ bootstrap); and fp16
+    ``F.linear`` (cuBLAS), also against auto. GB/s = the weight's bytes / time per call."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    layers = 24
+    out = results["gemv"] = {"shapes": {}, "rows": [1, 4], "layers": layers, "variants": list(GEMV_VARIANTS)}
+    for name, (n, k) in GEMV_SHAPES.items():
+        try:
+            w8 = [torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g) for _ in range(layers)]
+            sc = [torch.rand(n, device="cuda", generator=g) * 0.01 for _ in range(layers)]
+            w16 = [(w.half() * s.half()[:, None]).contiguous() for w, s in zip(w8, sc)]
+            for m in out["rows"]:
+                x = torch.randn(m, k, device="cuda", generator=g).half()
+                row = out["shapes"][f"{name} m{m}"] = _gemv_in_graph(x, w8, sc, w16, args.quick)
+                us = row["us"]
+                print(f"GEMV {name} {n}x{k} m={m}, {layers} layers in a graph, us per call: "
+                      + ", ".join(f"{lbl} {v:.2f}" for lbl, v in us.items())
+                      + (f"; best int8 {row['best']} ({n * k / us[row['best']] / 1e3:.0f} GB/s)" if "best" in row
+                         else ""), flush=True)
+                write(args, results, targets, final=False)
+        except Exception as exc:  # noqa: BLE001 - recorded; the other shapes still run
+            traceback.print_exc()
+            out["shapes"].setdefault(name, {})["error"] = f"{type(exc).__name__}: {exc}"
+        w8 = sc = w16 = None
+        _release()
+
+
+def _gemv_in_graph(x, w8, sc, w16, quick) -> dict:
+    """One shape of :func:`part_gemv`: each setting of GEMV_VARIANTS and fp16 cuBLAS against auto."""
     from gpuopt import _C
 
     ops = torch.ops.gpuopt
-    g = torch.Generator(device="cuda").manual_seed(0)
-    opts = {"flush_l2": True, "max_time_s": 0.5 if args.quick else 1.5}
-    out = results["gemv"] = {"shapes": {}, "rows": [1, 2, 4, 8, 16]}
-    for name, (n, k) in GEMV_SHAPES.items():
-        w8 = torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8, generator=g)
-        s = torch.rand(n, device="cuda", generator=g) * 0.01
-        w16 = (w8.half() * s.half()[:, None]).contiguous()
-        for m in out["rows"]:
-            x = torch.randn(m, k, device="cuda", generator=g).half()
+    n, k = w8[0].shape
+    layers = len(w8)
+    opts = {"mode": "graph", "calls_per_sample": 1, "max_time_s": 0.4 if quick else 1.0}
 
-            def with_kernel(kernel, x=x, w8=w8, s=s):
-                def call():
-                    _C.int8_linear_kernel(kernel)
-                    ops.int8_weight_only_linear(x, w8, s)
-                return call
+    def setting(kernel="auto", warps=0):
+        def call():  # read at capture: the graph keeps the kernel it captured
+            _C.int8_linear_kernel(kernel)
+            _C.int8_linear_warps(warps)
+            for w, s in zip(w8, sc):
+                ops.int8_weight_only_linear(x, w, s)
+        return call
 
-            try:
-                cmp = gpuopt.compare(with_kernel("simt"), with_kernel("tensor-core"), labels=("simt", "tensor-core"),
-                                     **opts)
-                fp16 = gpuopt.measure(lambda x=x, w16=w16: torch.nn.functional.linear(x, w16), **opts)
-            except Exception as exc:  # noqa: BLE001 - recorded; the other shapes still run
-                traceback.print_exc()
-                out["shapes"][f"{name} m{m}"] = {"n": n, "k": k, "rows": m, "error": f"{type(exc).__name__}: {exc}"}
-                continue
-            finally:
-                _C.int8_linear_kernel("auto")
-            row = {"n": n, "k": k, "rows": m, "simt_ms": cmp.baseline_ms, "tensor_core_ms": cmp.candidate_ms,
-                   "tensor_core_speedup": cmp.speedup, "ci": list(cmp.ci), "verdict": cmp.verdict,
-                   "fp16_cublas_ms": fp16.p50,
-                   "int8_gbps": {"simt": n * k / cmp.baseline_ms / 1e6, "tensor_core": n * k / cmp.candidate_ms / 1e6},
-                   "fp16_gbps": 2 * n * k / fp16.p50 / 1e6}
-            out["shapes"][f"{name} m{m}"] = row
-            print(f"GEMV {name} {n}x{k} m={m}: simt {cmp.baseline_ms * 1e3:.1f} us "
-                  f"({row['int8_gbps']['simt']:.0f} GB/s), tensor-core {cmp.candidate_ms * 1e3:.1f} us "
-                  f"({row['int8_gbps']['tensor_core']:.0f} GB/s; {cmp.speedup:.2f}x [{cmp.ci[0]:.2f}, "
-                  f"{cmp.ci[1]:.2f}]), fp16 cuBLAS {fp16.p50 * 1e3:.1f} us ({row['fp16_gbps']:.0f} GB/s)", flush=True)
-            write(args, results, targets, final=False)
-        del w8, w16
-        _release()
+    def fp16():
+        for w in w16:
+            torch.nn.functional.linear(x, w)
+
+    row: dict = {"n": n, "k": k, "rows": x.shape[0], "us": {}, "vs_auto": {}}
+    for label, fn in [*((lbl, setting(*v)) for lbl, v in GEMV_VARIANTS.items()), ("fp16-cublas", fp16)]:
+        try:
+            cmp = gpuopt.compare(setting(), fn, labels=("auto", label), **opts)
+        except Exception as exc:  # noqa: BLE001 - recorded; the other settings still run
+            traceback.print_exc()
+            row.setdefault("errors", {})[label] = f"{type(exc).__name__}: {exc}"
+            continue
+        finally:
+            _C.int8_linear_kernel("auto")
+            _C.int8_linear_warps(0)
+        row["us"]["auto"] = cmp.baseline_ms * 1e3 / layers
+        row["us"][label] = cmp.candidate_ms * 1e3 / layers
+        row["vs_auto"][label] = {"speedup": cmp.speedup, "ci": list(cmp.ci), "verdict": cmp.verdict}
+    int8 = {lbl: v for lbl, v in row["us"].items() if lbl != "fp16-cublas"}
+    if int8:
+        row["best"] = min(int8, key=int8.get)
+        row["best_gbps"] = n * k / int8[row["best"]] / 1e3
+    return row
 
 
 # (batch, heads, kv heads, cache length): decode steps of OPT-1.3B-like (32 heads) and Llama-1B-like

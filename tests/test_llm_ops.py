@@ -157,24 +157,43 @@ def test_torch_compile_fullgraph_on_cpu(rng):
         torch.testing.assert_close(compiled(x), fn(x))
 
 
-def test_the_kernel_setting_takes_the_three_names_and_refuses_others():
+def test_the_kernel_setting_takes_the_four_names_and_refuses_others():
     from gpuopt import _C
 
     assert _C.int8_linear_kernel() == "auto"
     try:
         assert _C.int8_linear_kernel("simt") == "auto" and _C.int8_linear_kernel() == "simt"
-        assert _C.int8_linear_kernel("tensor-core") == "simt"
-        with pytest.raises(ValueError, match="kernel must be one of 'auto', 'simt', 'tensor-core', got 'mma'"):
+        assert _C.int8_linear_kernel("simt-global") == "simt"
+        assert _C.int8_linear_kernel("tensor-core") == "simt-global"
+        with pytest.raises(ValueError, match="kernel must be one of 'auto', 'simt', 'tensor-core', 'simt-global', "
+                                             "got 'mma'"):
             _C.int8_linear_kernel("mma")
         assert _C.int8_linear_kernel() == "tensor-core"  # a refused name changes nothing
     finally:
         _C.int8_linear_kernel("auto")
 
 
+def test_the_warps_setting_takes_the_kernels_block_sizes_and_refuses_others():
+    from gpuopt import _C
+
+    assert _C.int8_linear_warps() == 0
+    try:
+        for warps in (4, 8, 16, 32):
+            _C.int8_linear_warps(warps)
+            assert _C.int8_linear_warps() == warps
+        assert _C.int8_linear_warps(0) == 32
+        for bad in (1, 12, 64, -4):
+            with pytest.raises(ValueError, match=f"warps must be 0 \\(chosen from K\\), 4, 8, 16 or 32, got {bad}"):
+                _C.int8_linear_warps(bad)
+        assert _C.int8_linear_warps() == 0  # a refused value changes nothing
+    finally:
+        _C.int8_linear_warps(0)
+
+
 # ---- CUDA ------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["simt", "tensor-core"])
+@pytest.fixture(params=["simt", "tensor-core", "simt-global"])
 def kernel(request):
     """Each CUDA kernel of the operator in turn (the process-wide setting, restored after the test)."""
     from gpuopt import _C
@@ -204,6 +223,48 @@ def test_cuda_matches_the_reference_and_the_cpu_operator(m, k, n, dtype, kernel,
     want = _reference(x, w, s, b)
     diff = float((got.cpu().double() - cpu.double()).abs().max())
     assert diff <= 2 * _allowed_error(x, w, s, b, want)
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("simt", ["simt", "simt-global"])
+@pytest.mark.parametrize("m,k", [(1, 528), (2, 528), (4, 528), (1, 12304), (2, 6160), (3, 4096), (1, 16)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_the_simt_kernel_with_x_staged_or_not_matches_the_reference(simt, m, k, dtype, rng):
+    # K % 64 != 0 (528, 12304, 6160): only the SIMT kernel runs them. Its x is staged in shared memory
+    # up to 48 KB (rows x K rounded up to 512 x 4 bytes): 528 is staged with a partial last 512-wide step,
+    # 12304 for one row and 6160 for two are not (and with 'simt-global' nothing is).
+    from gpuopt import _C
+
+    before = _C.int8_linear_kernel(simt)
+    try:
+        x, w, s, b = _inputs((m,), 300, k, dtype, rng, bias=m != 2, scales_fp32=k != 528, device="cuda")
+        got = ops.int8_weight_only_linear(x, w, s, b)
+        assert "int8_linear<" in _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b))[0]
+    finally:
+        _C.int8_linear_kernel(before)
+    _check(got, x, w, s, b)
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("warps", [4, 8, 16, 32])
+@pytest.mark.parametrize("m,n,k", [(1, 2048, 8192), (12, 1000, 2048), (3, 40, 64), (1, 3, 4096)])
+def test_the_tensor_core_kernel_with_each_block_size_matches_the_reference(warps, m, n, k, rng):
+    # The warps split K into 64-wide chunks: 4 warps over 128 chunks take 8 batches each, 32 warps over one
+    # chunk leave 31 idle.
+    from gpuopt import _C
+
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("the tensor-core kernel needs compute capability 8.0+")
+    before = (_C.int8_linear_kernel("tensor-core"), _C.int8_linear_warps(warps))
+    try:
+        x, w, s, b = _inputs((m,), n, k, torch.float16, rng, bias=m % 2 == 1, device="cuda")
+        got = ops.int8_weight_only_linear(x, w, s, b)
+        names = _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b))
+        assert len(names) == 1 and "int8_linear_mma" in names[0] and f", {warps}>" in names[0], names
+    finally:
+        _C.int8_linear_kernel(before[0])
+        _C.int8_linear_warps(before[1])
+    _check(got, x, w, s, b)
 
 
 @pytest.mark.gpuopt_gpu

@@ -9,30 +9,38 @@ namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-template <typename T, int kRows>
+// Shared memory the SIMT kernel needs to stage x as fp32.
+std::int64_t staged_bytes(const Int8LinearParams& p) {
+  return p.rows * kernels::int8_simt_row_floats(p.k) * static_cast<std::int64_t>(sizeof(float));
+}
+
+template <typename T, int kRows, bool kStaged>
 void launch(const Int8LinearParams& p, cudaStream_t stream) {
   constexpr int kWarps = kernels::kInt8LinearWarps;
   const auto blocks = static_cast<unsigned>((p.n + kWarps - 1) / kWarps);
-  kernels::int8_linear<T, kRows><<<blocks, kWarps * 32, 0, stream>>>(
+  const std::size_t shared = kStaged ? static_cast<std::size_t>(staged_bytes(p)) : 0;
+  kernels::int8_linear<T, kRows, kStaged><<<blocks, kWarps * 32, shared, stream>>>(
       static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32, static_cast<const T*>(p.bias),
       static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
   GPUOPT_CHECK_LAUNCH();
 }
 
-// The smallest row tile that holds p.rows: five instantiations per type instead of sixteen.
+// The smallest row tile that holds p.rows: five instantiations per type instead of sixteen. Up to
+// four rows, x is staged in shared memory where it fits (k <= 12288 for one row, 3072 for four).
 template <typename T>
 void launch_rows(const Int8LinearParams& p, cudaStream_t stream) {
+  const bool staged = p.kernel != Int8Kernel::kSimtGlobal && staged_bytes(p) <= kernels::kInt8SimtSharedBytes;
   if (p.rows <= 1) {
-    launch<T, 1>(p, stream);
+    staged ? launch<T, 1, true>(p, stream) : launch<T, 1, false>(p, stream);
   } else if (p.rows <= 2) {
-    launch<T, 2>(p, stream);
+    staged ? launch<T, 2, true>(p, stream) : launch<T, 2, false>(p, stream);
   } else if (p.rows <= 4) {
-    launch<T, 4>(p, stream);
+    staged ? launch<T, 4, true>(p, stream) : launch<T, 4, false>(p, stream);
   } else if (p.rows <= 8) {
-    launch<T, 8>(p, stream);
+    launch<T, 8, false>(p, stream);
   } else {
     static_assert(kInt8LinearMaxRows == 16, "the largest tile must hold kInt8LinearMaxRows rows");
-    launch<T, 16>(p, stream);
+    launch<T, 16, false>(p, stream);
   }
 }
 
@@ -49,6 +57,14 @@ void launch_mma(const Int8LinearParams& p, cudaStream_t stream) {
 template <typename T, int kTiles>
 void launch_mma_warps(const Int8LinearParams& p, cudaStream_t stream) {
   const std::int64_t chunks = p.k / kernels::kInt8MmaChunk;
+  if (p.mma_warps != 0) {  // forced (int8_linear checked the value)
+    switch (p.mma_warps) {
+      case 4: launch_mma<T, kTiles, 4>(p, stream); return;
+      case 8: launch_mma<T, kTiles, 8>(p, stream); return;
+      case 16: launch_mma<T, kTiles, 16>(p, stream); return;
+      default: launch_mma<T, kTiles, 32>(p, stream); return;
+    }
+  }
   if (chunks >= 32) {
     launch_mma<T, kTiles, 32>(p, stream);
   } else if (chunks >= 16) {
@@ -124,6 +140,9 @@ void int8_linear(const Int8LinearParams& p, cudaStream_t stream) {
       int8_linear_supported(p), "int8_linear: needs 1 <= rows <= ", kInt8LinearMaxRows,
       ", n >= 1, k a positive multiple of 16 and 16-byte aligned x and weight; got rows=", p.rows,
       ", n=", p.n, ", k=", p.k, ", x at ", p.x, ", weight at ", static_cast<const void*>(p.weight));
+  GPUOPT_CHECK_VALUE(p.mma_warps == 0 || p.mma_warps == 4 || p.mma_warps == 8 || p.mma_warps == 16 ||
+                         p.mma_warps == 32,
+                     "int8_linear: mma_warps must be 0 (chosen from k), 4, 8, 16 or 32; got ", p.mma_warps);
   GPUOPT_CHECK_VALUE(p.scales != nullptr && p.out != nullptr,
                      "int8_linear: scales and out must not be null");
   const bool can_mma = int8_linear_tensor_cores(p);

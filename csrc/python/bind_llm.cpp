@@ -92,8 +92,19 @@ void bind_llm(py::module_& m) {
       "The CUDA kernel torch.ops.gpuopt.int8_weight_only_linear runs for 1 to 16 rows: 'auto' (tensor cores "
       "where they apply -- float16/bfloat16 x, K % 64 == 0, compute capability 8.0+ -- from two rows on (four "
       "for N > 16384), for K >= 4096 or N <= 2048; else 'simt', faster for one row of a wide, short matrix), "
-      "'simt' or 'tensor-core'. With a name, sets it process-wide and returns the previous one; without, "
+      "'simt', 'tensor-core' or 'simt-global' (SIMT with x read from global memory instead of staged in shared "
+      "memory). With a name, sets it process-wide and returns the previous one; without, "
       "returns it. For tests and benchmarks.");
+
+  m.def(
+      "int8_linear_warps",
+      [](const std::optional<int>& warps) {
+        return warps.has_value() ? torch_ext::set_int8_linear_warps(*warps) : torch_ext::int8_linear_warps();
+      },
+      py::arg("warps") = py::none(),
+      "Warps per block of int8_weight_only_linear's tensor-core kernel (they split K): 0 (the default: "
+      "chosen from K), 4, 8, 16 or 32. With a value, sets it process-wide and returns the previous one; "
+      "without, returns it. For tests and benchmarks.");
 }
 
 }  // namespace gpuopt::python

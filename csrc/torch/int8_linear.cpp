@@ -41,8 +41,9 @@ namespace {
 constexpr const char* kOp = "int8_weight_only_linear";
 
 // The names of int8_linear_kernel(), in the order of cuda::Int8Kernel.
-constexpr std::array<const char*, 3> kKernels = {"auto", "simt", "tensor-core"};
+constexpr std::array<const char*, 4> kKernels = {"auto", "simt", "tensor-core", "simt-global"};
 std::atomic<int> g_kernel{0};
+std::atomic<int> g_warps{0};
 
 void check_device(const char* name, const at::Tensor& t, const at::Tensor& x) {
   TORCH_CHECK_VALUE(t.device() == x.device(), kOp, ": ", name, " must be on x's device (",
@@ -122,6 +123,7 @@ at::Tensor int8_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const
   p.k = k;
   p.device = x.device().index();
   p.kernel = static_cast<cuda::Int8Kernel>(g_kernel.load(std::memory_order_relaxed));
+  p.mma_warps = g_warps.load(std::memory_order_relaxed);
   TORCH_CHECK_VALUE(p.kernel != cuda::Int8Kernel::kTensorCore || !cuda::int8_linear_supported(p) ||
                         cuda::int8_linear_tensor_cores(p),
                     kOp, ": int8_linear_kernel is 'tensor-core', which needs float16 or bfloat16 x (got ",
@@ -162,9 +164,17 @@ std::string set_int8_linear_kernel(const std::string& name) {
   for (std::size_t i = 0; i < kKernels.size(); ++i) {
     if (name == kKernels[i]) return kKernels[g_kernel.exchange(static_cast<int>(i))];
   }
-  TORCH_CHECK_VALUE(false, "int8_linear_kernel: kernel must be one of 'auto', 'simt', 'tensor-core', got '",
+  TORCH_CHECK_VALUE(false, "int8_linear_kernel: kernel must be one of 'auto', 'simt', 'tensor-core', 'simt-global', got '",
                     name, "'");
   return {};
+}
+
+int int8_linear_warps() { return g_warps.load(); }
+
+int set_int8_linear_warps(int warps) {
+  TORCH_CHECK_VALUE(warps == 0 || warps == 4 || warps == 8 || warps == 16 || warps == 32,
+                    "int8_linear_warps: warps must be 0 (chosen from K), 4, 8, 16 or 32, got ", warps);
+  return g_warps.exchange(warps);
 }
 
 }  // namespace gpuopt::torch_ext

@@ -161,8 +161,9 @@ enum class ActivationType { kFloat32, kFloat16, kBFloat16 };
 // Which kernel int8_linear runs: kAuto the tensor-core kernel where it applies (int8_linear_tensor_cores)
 // for two rows or more (four where n > kInt8LinearWideN), k >= kInt8LinearLongK or n <=
 // kInt8LinearNarrowN, else SIMT; the others force one (kTensorCore refuses a case it cannot run), for
-// tests and benchmarks.
-enum class Int8Kernel { kAuto, kSimt, kTensorCore };
+// tests and benchmarks. kSimtGlobal is SIMT with x read from global memory even where it could be staged
+// in shared memory (to measure the staging).
+enum class Int8Kernel { kAuto, kSimt, kTensorCore, kSimtGlobal };
 constexpr std::int64_t kInt8LinearLongK = 4096;
 constexpr std::int64_t kInt8LinearNarrowN = 2048;
 constexpr std::int64_t kInt8LinearWideN = 16384;
@@ -178,6 +179,7 @@ struct Int8LinearParams {
   std::int64_t rows = 0, n = 0, k = 0;
   int device = 0;                                  // the CUDA device of every pointer
   Int8Kernel kernel = Int8Kernel::kAuto;
+  int mma_warps = 0;  // the tensor-core kernel's warps per block (splitting K): 0 chosen from k, or 4, 8, 16, 32
 };
 
 // The most rows int8_linear takes: past that the GEMM is no longer bandwidth-bound, and a
