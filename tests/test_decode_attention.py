@@ -191,7 +191,7 @@ def test_shapes_the_operator_would_refuse_go_to_sdpa(rng):
         assert llm_attention.takes(q, k, v, m)
 
 
-def test_the_default_attention_is_gpuopts_on_cuda_for_one_kv_head_per_query_head(tiny_models):
+def test_the_default_attention_is_gpuopts_on_cuda_for_the_head_sizes_it_takes(tiny_models):
     from types import SimpleNamespace
 
     from gpuopt.llm.measure import default_attention
@@ -204,7 +204,7 @@ def test_the_default_attention_is_gpuopts_on_cuda_for_one_kv_head_per_query_head
                                shape=Shape(2, heads * head_dim, heads, kv_heads, head_dim, 512))
 
     assert default_attention(models(32, 32), "static-graph") == "gpuopt"
-    assert default_attention(models(32, 8), "static-graph") == "model"  # grouped KV heads: SDPA
+    assert default_attention(models(32, 8), "static-graph") == "gpuopt"  # grouped KV heads too
     assert default_attention(models(4, 4, head_dim=16), "static-graph") == "model"  # a head size it lacks
     assert default_attention(models(32, 32), "hf-generate") == "model"
     assert default_attention(models(32, 32, device="cpu"), "static") == "model"

@@ -76,6 +76,29 @@ def test_compile_paths_run_and_keep_parity(tiny, path):
     assert r.parity is not None and r.parity.passed, (r.parity_error, r.parity and r.parity.summary())
 
 
+@pytest.fixture(scope="module")
+def gqa32():
+    """A small Llama with grouped KV heads (8 query heads over 2 KV heads) of head size 32, one the
+    decode attention kernel takes."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(hidden_size=256, num_hidden_layers=2, intermediate_size=512,
+                                             num_attention_heads=8, num_key_value_heads=2, vocab_size=1024,
+                                             max_position_embeddings=512))
+    return Models(model, "cuda", seed=0)
+
+
+@pytest.mark.parametrize("path", ["static-graph", "static-graph-compile"])
+def test_grouped_kv_heads_run_gpuopts_attention_and_keep_parity(gqa32, path):
+    r = gpuopt.measure_decode(gqa32, path=path, precision="fp16", prompt_len=40, new_tokens=24, parity_tokens=24,
+                              max_time_s=0.5)
+    assert r.attention == "gpuopt", r.warnings
+    assert r.parity is not None and r.parity.passed and r.parity.steps == 24, (r.parity_error,
+                                                                                r.parity and r.parity.summary())
+
+
 def test_int8_operator_matches_the_dequantized_matmul_in_the_model(opt125):
     from gpuopt.quant import Int8WeightOnlyLinear
 

@@ -53,26 +53,25 @@ void launch_mma(const Int8LinearParams& p, cudaStream_t stream) {
   GPUOPT_CHECK_LAUNCH();
 }
 
-// Warps per block: one 64-wide chunk of K each, up to 32 (k = 2048 and longer: 32).
+// Warps per block (they split K, in 64-wide chunks): forced by p.mma_warps, else one batch of
+// kInt8MmaBatch chunks per warp (4 to 32 warps), or, where the matrix has no more blocks than an H100 has
+// SMs (n <= 2048: n / 16 blocks), one chunk per warp, up to 32. Measured on the H100 with 24 layers' calls
+// in one CUDA graph (--parts gemv): 6144 x 2048 7.3 us with 8 warps against 8.4 with 16 and 9.9 with 32;
+// 2048 x 2048 4.4 us with 32 or 16 against 5.2 with 8; 2048 x 8192 9.0 with 32 against 9.8 with 16.
+int mma_warps(const Int8LinearParams& p) {
+  if (p.mma_warps != 0) return p.mma_warps;
+  const std::int64_t chunks = p.k / kernels::kInt8MmaChunk;
+  const std::int64_t want = p.n <= kInt8LinearNarrowN ? chunks : chunks / kernels::kInt8MmaBatch;
+  return want >= 32 ? 32 : want >= 16 ? 16 : want >= 8 ? 8 : 4;
+}
+
 template <typename T, int kTiles>
 void launch_mma_warps(const Int8LinearParams& p, cudaStream_t stream) {
-  const std::int64_t chunks = p.k / kernels::kInt8MmaChunk;
-  if (p.mma_warps != 0) {  // forced (int8_linear checked the value)
-    switch (p.mma_warps) {
-      case 4: launch_mma<T, kTiles, 4>(p, stream); return;
-      case 8: launch_mma<T, kTiles, 8>(p, stream); return;
-      case 16: launch_mma<T, kTiles, 16>(p, stream); return;
-      default: launch_mma<T, kTiles, 32>(p, stream); return;
-    }
-  }
-  if (chunks >= 32) {
-    launch_mma<T, kTiles, 32>(p, stream);
-  } else if (chunks >= 16) {
-    launch_mma<T, kTiles, 16>(p, stream);
-  } else if (chunks >= 8) {
-    launch_mma<T, kTiles, 8>(p, stream);
-  } else {
-    launch_mma<T, kTiles, 4>(p, stream);
+  switch (mma_warps(p)) {
+    case 4: launch_mma<T, kTiles, 4>(p, stream); return;
+    case 8: launch_mma<T, kTiles, 8>(p, stream); return;
+    case 16: launch_mma<T, kTiles, 16>(p, stream); return;
+    default: launch_mma<T, kTiles, 32>(p, stream); return;
   }
 }
 
@@ -150,16 +149,11 @@ void int8_linear(const Int8LinearParams& p, cudaStream_t stream) {
                      "int8_linear: the tensor-core kernel needs float16 or bfloat16 x, k a multiple of ",
                      kernels::kInt8MmaChunk, " and compute capability 8.0 or newer; got k=", p.k,
                      ", compute capability ", cc_major(p.device), ".x");
-  // Auto: one row of x with k < 4096 and n > 2048 streams faster through the SIMT kernel (a warp per
-  // column, its weight row in flight at once: 1.2-2.2 TB/s against the tensor-core kernel's 0.9-1.5 on
-  // OPT-1.3B's 6144, 8192 and 50272 x 2048 matrices on an H100), and so do two rows of a matrix wider
-  // than 16384 (50272 x 2048: 59 us against 69); from two rows on (four for those), longer rows or
-  // n <= 2048 (2048 x 2048: 1.03-1.15x; the SIMT kernel has only n / 8 blocks there), the tensor cores
-  // win (2.0-4.7x at 8 rows: the SIMT kernel's work grows with the rows, theirs hardly does).
-  const std::int64_t mma_rows = p.n > kInt8LinearWideN ? 4 : 2;
-  const bool mma = p.kernel == Int8Kernel::kTensorCore ||
-                   (p.kernel == Int8Kernel::kAuto && can_mma &&
-                    (p.rows >= mma_rows || p.k >= kInt8LinearLongK || p.n <= kInt8LinearNarrowN));
+  // Auto: the tensor cores wherever they run. With the warps per block of launch_mma_warps they were
+  // as fast as or faster than the SIMT kernel on each of OPT-1.3B's decode matrices at 1 and 4 rows,
+  // 24 layers' calls in one CUDA graph on an H100 (benchmarks/llm_decode.py --parts gemv): one row of
+  // 6144 x 2048 7.3 us against 8.6, 8192 x 2048 8.7 against 10.0, 50272 x 2048 40.7 against 39.4.
+  const bool mma = p.kernel == Int8Kernel::kTensorCore || (p.kernel == Int8Kernel::kAuto && can_mma);
   if (mma) {
     if (p.type == ActivationType::kFloat16) {
       launch_mma_rows<__half>(p, stream);

@@ -4,8 +4,8 @@ A decode step attends one query token per head to the KV cache. Through ``torch.
 scaled_dot_product_attention`` that is a general kernel launched per layer (cuDNN's took 6.2-6.3 us
 per layer of OPT-1.3B on an H100, for about 100 KB of cache). gpuopt's operator
 (``torch.ops.gpuopt.decode_attention``) reads the boolean mask as transformers builds it and only the
-cache rows the mask lets through, in one kernel (5.4-5.6 us per layer there; 1.1-1.9x SDPA per call on
-small batches, see the README for where it loses and SDPA runs instead).
+cache rows the mask lets through, in one kernel (5.4-5.6 us per layer there; 1.15-7.6x transformers'
+SDPA function per call on the decode shapes measured, see the README).
 
 It enters a model through transformers' attention interface (``AttentionInterface``, the documented
 way to plug an attention function in): :func:`use` registers it under the name ``"gpuopt"``, with
@@ -38,20 +38,13 @@ def _sdpa() -> Any:
     return sdpa_attention_forward
 
 
-def kernel_wins(heads: int, kv_heads: int) -> bool:
-    """Whether gpuopt's CUDA kernel is expected to beat SDPA on a decode step of a model with these
-    heads. Measured on an H100 (``benchmarks/llm_decode.py --parts attention``, head size 64, fp16,
-    batch 1-32, caches of 384-4,096 keys): with one KV head per query head it was 1.13-1.83x SDPA on
-    every shape. Grouped KV heads stay with SDPA: that run compared them with SDPA's ``enable_gqa``,
-    which with a mask falls back to its math kernel, not with the path transformers takes (K and V
-    copied per query head, then SDPA), and the kernel lost at larger batch x cache (0.55-0.65x)."""
-    return heads == kv_heads
-
-
 def takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any,
           dropout: float = 0.0, **kwargs: Any) -> bool:
     """Whether :func:`attention` runs gpuopt's operator for these arguments (else SDPA): one query
-    token, and on CUDA a head size the kernel takes and heads where it wins (:func:`kernel_wins`)."""
+    token, and on CUDA a head size the kernel takes. On an H100 the kernel beat transformers' SDPA
+    function (as models call it, with a mask: grouped KV heads copied per query head first) on every
+    decode shape measured, batch 1-32, caches of 384-4,096 keys, 32 or 8 KV heads for 32 query heads
+    (1.15-7.6x; ``benchmarks/llm_decode.py --parts attention``)."""
     if query.dim() != 4 or key.dim() != 4 or value.shape != key.shape:
         return False
     b, h, _, d = query.shape
@@ -62,7 +55,7 @@ def takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention
         return False
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
         return False  # the operator has no backward
-    if query.is_cuda and not (d in DIMS and kernel_wins(h, key.shape[1])):
+    if query.is_cuda and d not in DIMS:
         return False
     return (query.shape[2] == 1
             and query.dtype == key.dtype == value.dtype
@@ -124,4 +117,4 @@ def restore(model: torch.nn.Module, before: str | None) -> None:
         model.set_attn_implementation(before)
 
 
-__all__ = ["DIMS", "NAME", "attention", "can_use", "kernel_wins", "register", "restore", "takes", "use"]
+__all__ = ["DIMS", "NAME", "attention", "can_use", "register", "restore", "takes", "use"]

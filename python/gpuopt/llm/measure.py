@@ -371,11 +371,10 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
 def default_attention(models: Models, path: str) -> str:
     """The attention measure_decode runs by default: gpuopt's (:mod:`gpuopt.llm.attention`) for the
     static paths on CUDA where the model dispatches through transformers' attention interface with a
-    head size the kernel takes and one KV head per query head (:func:`~gpuopt.llm.attention.kernel_wins`),
-    else the model's own."""
+    head size the kernel takes, else the model's own."""
     shape = models.shape
     use = (models.device.type == "cuda" and not path.startswith("hf-") and shape.head_dim in _attention.DIMS
-           and _attention.kernel_wins(shape.heads, shape.kv_heads) and _attention.can_use(models.reference))
+           and _attention.can_use(models.reference))
     return "gpuopt" if use else "model"
 
 
