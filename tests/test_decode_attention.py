@@ -6,11 +6,14 @@ and logits as the model's own attention, and the model restored afterwards."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 import gpuopt
 from gpuopt.llm import attention as llm_attention
+from gpuopt.llm import cache as llm_cache
 
 ops = torch.ops.gpuopt
 
@@ -128,6 +131,73 @@ def test_torch_compile_fullgraph_on_cpu(rng):
     torch.testing.assert_close(compiled(q), fn(q))
 
 
+# ---- decode_attention_append: the cache update and the attention in one call -------------------------------
+
+
+def _append_inputs(b, h, hkv, keys, d, dtype, g, position, *, device="cpu"):
+    """q, caches k and v [b, hkv, keys, d], the new token's key and value [b, hkv, 1, d] (views of a
+    projection's output, as a model hands them over), position (int64, one element) and the decode
+    step's mask: every row attends to positions <= position."""
+    q, k, v, _ = _inputs(b, h, hkv, keys, d, dtype, g)
+    kv = torch.randn(b, 1, 2 * hkv * d, generator=g).to(dtype)
+    k_new = kv[..., :hkv * d].view(b, 1, hkv, d).transpose(1, 2)
+    v_new = kv[..., hkv * d:].view(b, 1, hkv, d).transpose(1, 2)
+    pos = torch.tensor([position])
+    m = (torch.arange(keys) <= position)[None, None, None, :].expand(b, 1, 1, keys)
+    return tuple(t.to(device) for t in (q, k, v, k_new, v_new, pos, m))
+
+
+def _check_append(q, k, v, k_new, v_new, pos, m, dtype):
+    want_k, want_v = k.clone(), v.clone()
+    want_k[:, :, int(pos)] = k_new[:, :, 0]
+    want_v[:, :, int(pos)] = v_new[:, :, 0]
+    got = ops.decode_attention_append(q, k, v, k_new, v_new, pos, m)
+    assert torch.equal(k.cpu(), want_k.cpu()) and torch.equal(v.cpu(), want_v.cpu())  # the row, nothing else
+    _check(got, q, want_k, want_v, m)
+
+
+@pytest.mark.parametrize("b,h,hkv,keys,d,position", [(1, 4, 4, 9, 16, 4), (2, 8, 2, 33, 64, 32), (3, 6, 3, 1, 32, 0),
+                                                     (1, 2, 1, 70, 80, 0)])
+def test_append_writes_the_row_and_attends_to_it_on_cpu(b, h, hkv, keys, d, position, rng):
+    _check_append(*_append_inputs(b, h, hkv, keys, d, torch.float32, rng, position), torch.float32)
+
+
+def test_append_checks_its_new_rows_and_position(rng):
+    q, k, v, kn, vn, pos, m = _append_inputs(2, 4, 2, 8, 16, torch.float32, rng, 3)
+    with pytest.raises(TypeError, match=r"k and v must have the caches' dtype \(float32\), got float16 and float32"):
+        ops.decode_attention_append(q, k, v, kn.half(), vn, pos, m)
+    with pytest.raises(ValueError, match=r"k and v must have shape \[batch, kv_heads, 1, head_dim\] = \[2, 2, 1, 16\] "
+                                         r"\(one new token\), got sizes \[2, 2, 2, 16\]"):
+        ops.decode_attention_append(q, k, v, kn.expand(2, 2, 2, 16), vn.expand(2, 2, 2, 16), pos, m)
+    with pytest.raises(TypeError, match="position must be int64, got int32"):
+        ops.decode_attention_append(q, k, v, kn, vn, pos.int(), m)
+    with pytest.raises(ValueError, match=r"position must hold one element, got sizes \[2\]"):
+        ops.decode_attention_append(q, k, v, kn, vn, torch.tensor([1, 2]), m)
+    with pytest.raises(IndexError):  # on the CPU, index_copy_'s check
+        ops.decode_attention_append(q, k, v, kn, vn, torch.tensor([8]), m)
+    with pytest.raises(ValueError, match="q's heads must be a multiple of k's kv_heads"):  # decode_attention's checks
+        ops.decode_attention_append(q[:, :3], k, v, kn, vn, pos, m)
+    meta = [t.to("meta") for t in (q, k, v, kn, vn, pos, m)]
+    assert ops.decode_attention_append(*meta).shape == (2, 1, 4, 16)
+    with pytest.raises(TypeError, match="position must be int64"):
+        ops.decode_attention_append(*meta[:5], meta[5].int(), meta[6])
+
+
+def test_append_opcheck_and_compile_on_cpu(rng):
+    args = _append_inputs(2, 4, 2, 10, 32, torch.float32, rng, 6)
+    torch.library.opcheck(ops.decode_attention_append.default, (*args, None))
+    q, k, v, kn, vn, pos, m = args
+    k2, v2 = k.clone(), v.clone()
+
+    def fn(q, k, v):
+        return ops.decode_attention_append(q * 2, k, v, kn, vn, pos, m).sum(-1)
+
+    torch._dynamo.reset()
+    got = torch.compile(fn, fullgraph=True)(q, k, v)
+    torch.testing.assert_close(got, fn(q, k2, v2))
+    assert torch.equal(k, k2) and torch.equal(v, v2)  # the compiled call wrote the caches in place too
+
+
 # ---- the attention function inside transformers' models ------------------------------------------------
 
 pytest.importorskip("transformers")
@@ -154,19 +224,79 @@ def test_the_static_step_with_gpuopts_attention_matches_the_model_and_restores_i
     ref_tokens, ref_logits = models.reference_run(prompt, n)
     calls = llm_attention.calls
     d = Decoder(model, "static", prompt, n, gpuopt._C.StepClock(-1, n), torch.float32, attention="gpuopt")
+    layers = models.config.num_hidden_layers
     try:
         assert d.attention == "gpuopt" and not d.attention_note
         assert model.config._attn_implementation == "gpuopt"
+        # every layer's cache update is the kernel's (decode_attention_append), from one shared fill level
+        assert d.deferred_writes == layers
+        assert len({id(layer.cumulative_length) for layer in d.cache.layers}) == 1
         tokens, logits = d.forced_logits(ref_tokens, n)
-        layers = models.config.num_hidden_layers
         # the check step, the two warm-up steps, then n - 1 teacher-forced steps, each through every layer
         # (the prefills run SDPA)
         assert llm_attention.calls - calls == (1 + 2 + n - 1) * layers
     finally:
         d.close()
     assert model.config._attn_implementation == before
+    assert not any(hasattr(m, llm_cache.ATTRIBUTE) for m in model.modules())  # the writes handed back
     assert torch.equal(tokens, ref_tokens)
     assert float((logits - ref_logits).abs().max() / ref_logits.abs().max()) < 1e-5
+
+
+def test_a_deferred_write_reaches_the_cache_whichever_attention_runs(rng):
+    """A DecodeLayer with ``defer`` keeps a one-token update for the attention function: one query token
+    goes to decode_attention_append (the kernel writes it), anything else (two query tokens here) to SDPA
+    after the write."""
+    layer = llm_cache.layer_class()(max_cache_len=8, length=torch.tensor(3))
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 2, False  # what transformers' SDPA function reads
+    module.__dict__[llm_cache.ATTRIBUTE] = layer
+    first = torch.randn(1, 2, 3, 16, generator=rng)
+    layer.update(first, first + 1)  # the prefill: written at once, rows 3..5 (the fill level is the owner's)
+    assert torch.equal(layer.keys[:, :, 3:6], first) and layer.pending is None
+    layer.defer = True
+    mask = (torch.arange(8) <= 3)[None, None, None, :]
+    for queries in (1, 2):
+        kn, vn = torch.randn(1, 2, 1, 16, generator=rng), torch.randn(1, 2, 1, 16, generator=rng)
+        keys, values = layer.update(kn, vn)
+        assert layer.pending is not None and not torch.equal(keys[:, :, 3:4], kn)  # not written yet
+        q = torch.randn(1, 4, queries, 16, generator=rng)
+        m = mask.expand(1, 1, queries, 8)
+        out, _ = llm_attention.attention(module, q, keys, values, m, scaling=0.25)
+        assert layer.pending is None and llm_cache.pending_layers(SimpleNamespace(layers=[layer])) == 0
+        assert torch.equal(layer.keys[:, :, 3:4], kn) and torch.equal(layer.values[:, :, 3:4], vn)
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q, keys.repeat_interleave(2, 1), values.repeat_interleave(2, 1), attn_mask=m, scale=0.25)
+        torch.testing.assert_close(out, want.transpose(1, 2))
+
+
+def test_the_compiled_step_writes_the_cache_only_through_the_kernel(tiny_models):
+    """torch.compile of a decode step with gpuopt's attention: one decode_attention_append per layer on the
+    cache tensors themselves (inductor re-inplaces the mutation: no copy of a cache), no index_copy_ into
+    them, and the same logits as the eager step."""
+    from torch._inductor.utils import run_and_get_code
+
+    models = tiny_models["tiny-opt"]
+    prompt = models.prompt(1, 6)
+    d = Decoder(models.reference, "static", prompt, 5, gpuopt._C.StepClock(-1, 5), torch.float32, attention="gpuopt")
+    try:
+        with torch.inference_mode():
+            d._prefill()
+            eager = d._decode_step().clone()
+            d._prefill()
+            torch._dynamo.reset()
+            compiled, codes = run_and_get_code(torch.compile(d._decode_step, fullgraph=True, dynamic=False))
+    finally:
+        d.close()
+    code = "\n".join(codes)
+    layers = models.config.num_hidden_layers
+    calls = [line for line in code.splitlines() if "torch.ops.gpuopt.decode_attention_append.default(" in line]
+    assert len(calls) == layers, calls
+    assert "clone" not in code
+    # the only index_copy left is the Decoder's own token record
+    assert code.count("index_copy") == sum(line.count("index_copy") for line in code.splitlines()
+                                           if "argmax" in line), [ln for ln in code.splitlines() if "index_copy" in ln]
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
 
 
 def test_the_prefill_and_everything_else_go_to_sdpa(rng):
@@ -399,3 +529,58 @@ def test_bad_inputs_on_cuda_are_typed_errors(rng):
         ops.decode_attention(q, k.cpu(), v, m)
     with pytest.raises(ValueError, match=r"mask must be on q's device \(cuda:0\), got cpu"):
         ops.decode_attention(q, k, v, m.cpu())
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("b,h,hkv,keys,d,position", [(1, 32, 32, 384, 64, 200), (2, 32, 8, 100, 128, 0),
+                                                     (1, 8, 2, 5000, 64, 3000),  # split-KV: a later split writes
+                                                     (1, 8, 2, 5000, 64, 1250), (3, 4, 4, 64, 32, 63),
+                                                     (1, 16, 16, 300, 256, 299), (2, 4, 2, 40, 80, 7)])  # 80: reference
+def test_cuda_append_writes_the_row_and_attends_to_it(dtype, b, h, hkv, keys, d, position, rng):
+    _check_append(*_append_inputs(b, h, hkv, keys, d, dtype, rng, position, device="cuda"), dtype)
+
+
+@pytest.mark.gpuopt_gpu
+def test_cuda_append_runs_the_kernel_and_a_position_outside_the_cache_writes_nothing(rng):
+    q, k, v, kn, vn, pos, m = _append_inputs(1, 8, 2, 64, 64, torch.float16, rng, 10, device="cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        ops.decode_attention_append(q, k, v, kn, vn, pos, m)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if "decode_attention" in e.name]
+    assert names and all("kernels::decode_attention<" in n for n in names), names  # no index_copy, no reference
+    before = (k.clone(), v.clone())
+    out = ops.decode_attention_append(q, k, v, kn, vn, torch.tensor([64], device="cuda"), m)
+    torch.cuda.synchronize()
+    assert torch.equal(k, before[0]) and torch.equal(v, before[1])
+    _check(out, q, k, v, m)  # the cache as it is: the new row takes no part
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("keys", [256, 4096])  # one block per head; split-KV
+def test_cuda_append_captured_in_a_graph_follows_the_position_in_place(keys, rng):
+    q, k, v, kn, vn, pos, _ = _append_inputs(1, 32, 8, keys, 64, torch.float16, rng, 0, device="cuda")
+    mask = (torch.arange(keys, device="cuda") <= pos)[None, None, None, :]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        ops.decode_attention_append(q, k, v, kn, vn, pos, mask)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.decode_attention_append(q, k, v, kn, vn, pos, mask)
+    for position in (1, 2, 1500 % keys, keys - 1):
+        pos.fill_(position)
+        mask.copy_((torch.arange(keys, device="cuda") <= position)[None, None, None, :])
+        kn.normal_()
+        vn.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(k[:, :, position], kn[:, :, 0]) and torch.equal(v[:, :, position], vn[:, :, 0])
+        _check(out, q, k, v, mask)
+
+
+@pytest.mark.gpuopt_gpu
+def test_cuda_append_opcheck(rng):
+    args = _append_inputs(2, 8, 2, 100, 64, torch.float16, rng, 50, device="cuda")
+    torch.library.opcheck(ops.decode_attention_append.default, (*args, None))

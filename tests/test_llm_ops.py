@@ -293,21 +293,26 @@ def _kernels_run(fn) -> list[str]:
 
 
 @pytest.mark.gpuopt_gpu
-@pytest.mark.parametrize("m,n,k,dtype,which", [(1, 4000, 512, torch.float16, "int8_linear_mma<__half, 1, 4>"),
+@pytest.mark.parametrize("m,n,k,dtype,which", [(1, 4000, 512, torch.float16, "int8_linear<__half, 1, true>"),
                                                (1, 2048, 2048, torch.float16, "int8_linear_mma<__half, 1, 32>"),
                                                (1, 2048, 512, torch.bfloat16, "int8_linear_mma<__nv_bfloat16, 1, 8>"),
-                                               (1, 6144, 2048, torch.float16, "int8_linear_mma<__half, 1, 8>"),
+                                               (1, 6144, 2048, torch.float16, "int8_linear<__half, 1, true>"),
+                                               (2, 6144, 2048, torch.float16, "int8_linear_mma<__half, 1, 8>"),
+                                               (2, 50272, 2048, torch.float16, "int8_linear<__half, 2, true>"),
                                                (4, 50272, 2048, torch.float16, "int8_linear_mma<__half, 1, 8>"),
                                                (1, 2048, 8192, torch.bfloat16, "int8_linear_mma<__nv_bfloat16, 1, 32>"),
+                                               (1, 4000, 4096, torch.bfloat16, "int8_linear_mma<__nv_bfloat16, 1, 16>"),
                                                (9, 4000, 4096, torch.float16, "int8_linear_mma<__half, 2, 16>"),
                                                (16, 256, 528, torch.float16, "int8_linear<__half, 16, false>"),
                                                (1, 256, 528, torch.bfloat16, "int8_linear<__nv_bfloat16, 1, true>"),
                                                (3, 256, 512, torch.float32, "int8_linear<float, 4, true>"),
                                                (17, 256, 512, torch.float16, None)])  # the dequantized GEMM
 def test_decode_rows_run_the_int8_kernel(m, n, k, dtype, which, rng):
-    # "auto" on this GPU (compute capability 8.0+): tensor cores wherever they run (float16/bfloat16 with
-    # K % 64 == 0), with one 4-chunk batch of K per warp (K / 256 warps, 4 to 32), or for N <= 2048 one
-    # chunk per warp (K / 64, up to 32); SIMT otherwise, x staged in shared memory where it fits.
+    # "auto" on this GPU (compute capability 8.0+): tensor cores for float16/bfloat16 with K % 64 == 0 from
+    # two rows on (four for N > 16384), or K >= 4096, or N <= 2048, with one 4-chunk batch of K per warp
+    # (K / 256 warps, 4 to 32) or, for N <= 2048, one chunk per warp (K / 64, up to 32); one row of a wider,
+    # shorter matrix (two of one wider than 16384) streams faster through the SIMT kernel, x staged in
+    # shared memory where it fits.
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the tensor-core kernel needs compute capability 8.0+")
     x, w, s, b = _inputs((m,), n, k, dtype, rng, device="cuda")

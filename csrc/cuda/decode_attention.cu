@@ -60,6 +60,13 @@ void launch(const DecodeAttentionParams& p, cudaStream_t stream) {
   a.mh = p.mask_stride_h;
   a.ml = p.mask_stride_l;
   a.scale_log2 = p.scale * 1.4426950408889634f;  // log2(e): the kernel works in base 2
+  a.k_new = static_cast<const T*>(p.k_new);
+  a.v_new = static_cast<const T*>(p.v_new);
+  a.nkb = p.k_new_stride_b;
+  a.nkh = p.k_new_stride_h;
+  a.nvb = p.v_new_stride_b;
+  a.nvh = p.v_new_stride_h;
+  a.position = reinterpret_cast<const long long*>(p.position);
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch), static_cast<unsigned>(splits));
   kernels::decode_attention<T, D><<<grid, warps_for<T, D>(a.split_keys) * 32, 0, stream>>>(a);
   GPUOPT_CHECK_LAUNCH();
@@ -92,7 +99,11 @@ bool decode_attention_supported(const DecodeAttentionParams& p) {
                         p.heads <= std::numeric_limits<int>::max() && p.kv_heads >= 1 &&
                         p.heads % p.kv_heads == 0 && p.keys >= 1 &&
                         p.keys <= std::numeric_limits<int>::max();
-  return dim_ok && sizes_ok && aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.out) &&
+  const bool append_ok = p.k_new == nullptr ||
+                         (p.v_new != nullptr && p.position != nullptr && aligned16(p.k_new) && aligned16(p.v_new) &&
+                          rows_aligned(p.k_new_stride_b) && rows_aligned(p.k_new_stride_h) &&
+                          rows_aligned(p.v_new_stride_b) && rows_aligned(p.v_new_stride_h));
+  return dim_ok && sizes_ok && append_ok && aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.out) &&
          rows_aligned(p.q_stride_b) && rows_aligned(p.q_stride_h) && rows_aligned(p.k_stride_b) &&
          rows_aligned(p.k_stride_h) && rows_aligned(p.k_stride_l) && rows_aligned(p.v_stride_b) &&
          rows_aligned(p.v_stride_h) && rows_aligned(p.v_stride_l);

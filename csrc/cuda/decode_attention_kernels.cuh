@@ -58,6 +58,13 @@ struct DecodeAttentionArgs {
   long long kb, kh, kl, vb, vh, vl;
   long long mb, mh, ml;       // element strides of mask (0 where broadcast)
   float scale_log2;           // softmax scale * log2(e): scores are kept in base 2
+  // Appending: the new token's key and value rows ([batch, kv_heads, 1, D], strides nkb/nkh, nvb/nvh)
+  // go to row *position of k and v (a position outside [0, keys) writes nothing); the kernel reads
+  // that row from them, so no block waits for the write. k_new == nullptr: nothing appended.
+  const T* k_new;
+  const T* v_new;
+  long long nkb, nkh, nvb, nvh;
+  const long long* position;
 };
 
 // Value e of load i of lane `lane` sits at (i * kLanes + lane) * kVec + e of the row.
@@ -128,6 +135,24 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAtt
   const T* kbase = a.k + b * a.kb + hk * a.kh;
   const T* vbase = a.v + b * a.vb + hk * a.vh;
   const bool* mrow = a.mask != nullptr ? a.mask + b * a.mb + h * a.mh : nullptr;
+  int pos = -1;  // the appended row, or -1
+  const T* knew = nullptr;
+  const T* vnew = nullptr;
+  if (a.k_new != nullptr) {
+    const long long p = *a.position;
+    pos = p >= 0 && p < a.keys ? static_cast<int>(p) : -1;
+    knew = a.k_new + b * a.nkb + hk * a.nkh;
+    vnew = a.v_new + b * a.nvb + hk * a.nvh;
+    // The first query head of the KV head writes the row, in the split that holds it.
+    if (pos >= first && pos < end && h % a.group == 0) {
+      T* krow = const_cast<T*>(kbase) + pos * a.kl;
+      T* vrow = const_cast<T*>(vbase) + pos * a.vl;
+      for (int d = static_cast<int>(threadIdx.x); d < D; d += static_cast<int>(blockDim.x)) {
+        krow[d] = knew[d];
+        vrow[d] = vnew[d];
+      }
+    }
+  }
 
   float run_max = -INFINITY, run_sum = 0.0f;
   float acc[R::kElems];
@@ -147,8 +172,8 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAtt
       const int j = base + sub + u * groups;
       ok[u] = j < end && (mrow == nullptr || mrow[j * a.ml]);
       if (ok[u]) {
-        load_row<T, D>(kbase + j * a.kl, l, kraw[u]);
-        load_row<T, D>(vbase + j * a.vl, l, vraw[u]);
+        load_row<T, D>(j == pos ? knew : kbase + j * a.kl, l, kraw[u]);
+        load_row<T, D>(j == pos ? vnew : vbase + j * a.vl, l, vraw[u]);
       }
     }
     float score[kU];

@@ -149,11 +149,17 @@ void int8_linear(const Int8LinearParams& p, cudaStream_t stream) {
                      "int8_linear: the tensor-core kernel needs float16 or bfloat16 x, k a multiple of ",
                      kernels::kInt8MmaChunk, " and compute capability 8.0 or newer; got k=", p.k,
                      ", compute capability ", cc_major(p.device), ".x");
-  // Auto: the tensor cores wherever they run. With the warps per block of launch_mma_warps they were
-  // as fast as or faster than the SIMT kernel on each of OPT-1.3B's decode matrices at 1 and 4 rows,
-  // 24 layers' calls in one CUDA graph on an H100 (benchmarks/llm_decode.py --parts gemv): one row of
-  // 6144 x 2048 7.3 us against 8.6, 8192 x 2048 8.7 against 10.0, 50272 x 2048 40.7 against 39.4.
-  const bool mma = p.kernel == Int8Kernel::kTensorCore || (p.kernel == Int8Kernel::kAuto && can_mma);
+  // Auto: one row of x with k < 4096 and n > 2048 streams faster through the SIMT kernel in a decode
+  // step (OPT-1.3B on an H100, int8 static-graph-compile: its q/k/v, fc1 and LM head took 389 us per
+  // step in SIMT kernels, 400 us in tensor-core ones with 8 warps -- though 24 layers' calls of one
+  // shape alone in a CUDA graph ran 15% faster on tensor cores), and so do two rows of a matrix wider
+  // than 16384; from two rows on (four for those), longer rows or n <= 2048 (the SIMT kernel has only
+  // n / 8 blocks there), the tensor cores win (2.0-4.7x at 8 rows: the SIMT kernel's work grows with
+  // the rows, theirs hardly does).
+  const std::int64_t mma_rows = p.n > kInt8LinearWideN ? 4 : 2;
+  const bool mma = p.kernel == Int8Kernel::kTensorCore ||
+                   (p.kernel == Int8Kernel::kAuto && can_mma &&
+                    (p.rows >= mma_rows || p.k >= kInt8LinearLongK || p.n <= kInt8LinearNarrowN));
   if (mma) {
     if (p.type == ActivationType::kFloat16) {
       launch_mma_rows<__half>(p, stream);

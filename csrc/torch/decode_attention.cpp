@@ -10,6 +10,14 @@
 //       dtype -- the layout a Hugging Face attention function returns -- with a query that no key
 //       may attend to given zeros.
 //
+//   gpuopt::decode_attention_append(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k,
+//       Tensor v, Tensor position, Tensor? mask=None, float? scale=None) -> Tensor
+//       The same attention after writing the new token's key and value (k and v [B, Hkv, 1, D]) into
+//       the caches at row `position` (an int64 tensor of one element on their device) -- a static KV
+//       cache's update and the decode step's attention in one kernel. The mask must let the new row
+//       through. On the CPU a position outside the cache is an IndexError; on CUDA (where checking
+//       it would synchronize) it writes nothing.
+//
 // CUDA: gpuopt's decode kernel (gpuopt/cuda.h, decode_attention; a long cache split over several
 // blocks per head, their parts in a workspace from torch's allocator) where it applies (D 32, 64, 128
 // or 256, aligned rows), else the same float32 reference as the CPU kernel. Capturable in a CUDA
@@ -113,15 +121,59 @@ at::Tensor reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   return at::matmul(probs, vf).transpose(1, 2).contiguous().to(q.scalar_type());
 }
 
+// decode_attention_append's new rows and position, checked against the caches (after check_args).
+struct Append {
+  const at::Tensor& k;
+  const at::Tensor& v;
+  const at::Tensor& position;
+};
+
+void check_append(const at::Tensor& k_cache, const Append& a) {
+  constexpr const char* op = "decode_attention_append";
+  TORCH_CHECK_TYPE(a.k.scalar_type() == k_cache.scalar_type() && a.v.scalar_type() == k_cache.scalar_type(), op,
+                   ": k and v must have the caches' dtype (", dtype_name(k_cache.scalar_type()), "), got ",
+                   dtype_name(a.k.scalar_type()), " and ", dtype_name(a.v.scalar_type()));
+  const bool shape_ok = a.k.dim() == 4 && a.v.sym_sizes() == a.k.sym_sizes() &&
+                        a.k.sym_size(0) == k_cache.sym_size(0) && a.k.sym_size(1) == k_cache.sym_size(1) &&
+                        a.k.sym_size(2) == 1 && a.k.sym_size(3) == k_cache.sym_size(3);
+  TORCH_CHECK_VALUE(shape_ok, op, ": k and v must have shape [batch, kv_heads, 1, head_dim] = [",
+                    k_cache.sym_size(0), ", ", k_cache.sym_size(1), ", 1, ", k_cache.sym_size(3),
+                    "] (one new token), got sizes ", a.k.sym_sizes(), " and ", a.v.sym_sizes());
+  TORCH_CHECK_TYPE(a.position.scalar_type() == at::kLong, op, ": position must be int64, got ",
+                   dtype_name(a.position.scalar_type()));
+  TORCH_CHECK_VALUE(a.position.sym_numel() == 1, op, ": position must hold one element, got sizes ",
+                    a.position.sym_sizes());
+  TORCH_CHECK_VALUE(a.k.device() == k_cache.device() && a.v.device() == k_cache.device() &&
+                        a.position.device() == k_cache.device(),
+                    op, ": k, v and position must be on the caches' device (", k_cache.device(), "), got ",
+                    a.k.device(), ", ", a.v.device(), " and ", a.position.device());
+}
+
+// The update without the kernel: the rows written by index_copy_ (which checks the position).
+void write_rows(const at::Tensor& k_cache, const at::Tensor& v_cache, const Append& a) {
+  const at::Tensor index = a.position.reshape({1});
+  k_cache.index_copy_(2, index, a.k);
+  v_cache.index_copy_(2, index, a.v);
+}
+
 at::Tensor decode_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const std::optional<at::Tensor>& mask, std::optional<double> scale) {
   check_args(q, k, v, mask, scale);
   return reference(q, k, v, mask, scale_of(q, scale));
 }
 
-at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const std::optional<at::Tensor>& mask, std::optional<double> scale) {
-  check_args(q, k, v, mask, scale);
+at::Tensor decode_attention_append_cpu(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
+                                       const at::Tensor& k, const at::Tensor& v, const at::Tensor& position,
+                                       const std::optional<at::Tensor>& mask, std::optional<double> scale) {
+  check_args(q, k_cache, v_cache, mask, scale);
+  const Append a{k, v, position};
+  check_append(k_cache, a);
+  write_rows(k_cache, v_cache, a);
+  return reference(q, k_cache, v_cache, mask, scale_of(q, scale));
+}
+
+at::Tensor run_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const std::optional<at::Tensor>& mask, std::optional<double> scale, const Append* append) {
 #ifdef GPUOPT_WITH_CUDA
   const c10::cuda::CUDAGuard guard(q.device());
   const std::int64_t batch = q.size(0), heads = q.size(1), dim = q.size(3);
@@ -158,8 +210,18 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
   }
   p.scale = static_cast<float>(scale_of(q, scale));
   p.device = q.device().index();
+  bool contiguous_rows = q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1;
+  if (append != nullptr) {
+    p.k_new = append->k.const_data_ptr();
+    p.v_new = append->v.const_data_ptr();
+    p.k_new_stride_b = stride(append->k, 0);
+    p.k_new_stride_h = stride(append->k, 1);
+    p.v_new_stride_b = stride(append->v, 0);
+    p.v_new_stride_h = stride(append->v, 1);
+    p.position = append->position.const_data_ptr<std::int64_t>();
+    contiguous_rows = contiguous_rows && append->k.stride(3) == 1 && append->v.stride(3) == 1;
+  }
   // A strided head_dim (or unaligned rows, another head_dim) takes the reference.
-  const bool contiguous_rows = q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1;
   if (contiguous_rows && cuda::decode_attention_supported(p)) {
     // Split-KV's workspace from torch's caching allocator: capturable, and reused across calls.
     const std::int64_t floats = cuda::decode_attention_workspace(p);
@@ -171,11 +233,30 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
     cuda::decode_attention(p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
     return out;
   }
+  if (append != nullptr) write_rows(k, v, *append);
   return reference(q, k, v, mask, scale_of(q, scale));
 #else
+  (void)mask;
+  (void)scale;
+  (void)append;
   require_cuda("gpuopt::decode_attention on a CUDA tensor");
   return {};
 #endif
+}
+
+at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const std::optional<at::Tensor>& mask, std::optional<double> scale) {
+  check_args(q, k, v, mask, scale);
+  return run_cuda(q, k, v, mask, scale, nullptr);
+}
+
+at::Tensor decode_attention_append_cuda(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
+                                        const at::Tensor& k, const at::Tensor& v, const at::Tensor& position,
+                                        const std::optional<at::Tensor>& mask, std::optional<double> scale) {
+  check_args(q, k_cache, v_cache, mask, scale);
+  const Append a{k, v, position};
+  check_append(k_cache, a);
+  return run_cuda(q, k_cache, v_cache, mask, scale, &a);
 }
 
 at::Tensor decode_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -184,21 +265,35 @@ at::Tensor decode_attention_meta(const at::Tensor& q, const at::Tensor& k, const
   return at::empty_symint({q.sym_size(0), 1, q.sym_size(1), q.sym_size(3)}, q.options());
 }
 
+at::Tensor decode_attention_append_meta(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
+                                        const at::Tensor& k, const at::Tensor& v, const at::Tensor& position,
+                                        const std::optional<at::Tensor>& mask, std::optional<double> scale) {
+  check_args(q, k_cache, v_cache, mask, scale);
+  check_append(k_cache, Append{k, v, position});
+  return at::empty_symint({q.sym_size(0), 1, q.sym_size(1), q.sym_size(3)}, q.options());
+}
+
 }  // namespace
 }  // namespace gpuopt::torch_ext
 
 TORCH_LIBRARY_FRAGMENT(gpuopt, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask=None, float? scale=None) -> Tensor");
+  m.def(
+      "decode_attention_append(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, "
+      "Tensor position, Tensor? mask=None, float? scale=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {
   m.impl("decode_attention", &gpuopt::torch_ext::decode_attention_cpu);
+  m.impl("decode_attention_append", &gpuopt::torch_ext::decode_attention_append_cpu);
 }
 
 TORCH_LIBRARY_IMPL(gpuopt, CUDA, m) {
   m.impl("decode_attention", &gpuopt::torch_ext::decode_attention_cuda);
+  m.impl("decode_attention_append", &gpuopt::torch_ext::decode_attention_append_cuda);
 }
 
 TORCH_LIBRARY_IMPL(gpuopt, Meta, m) {
   m.impl("decode_attention", &gpuopt::torch_ext::decode_attention_meta);
+  m.impl("decode_attention_append", &gpuopt::torch_ext::decode_attention_append_meta);
 }

@@ -159,14 +159,18 @@ void fill_pattern(std::uint32_t* out, std::int64_t n, std::uint32_t seed, cudaSt
 // Capturable (no allocation, no synchronization).
 enum class ActivationType { kFloat32, kFloat16, kBFloat16 };
 
-// Which kernel int8_linear runs: kAuto the tensor-core kernel wherever it applies
-// (int8_linear_tensor_cores), else SIMT; the others force one (kTensorCore refuses a case it cannot
-// run), for tests and benchmarks. kSimtGlobal is SIMT with x read from global memory even where it
-// could be staged in shared memory (to measure the staging).
+// Which kernel int8_linear runs: kAuto the tensor-core kernel where it applies (int8_linear_tensor_cores)
+// for two rows or more (four where n > kInt8LinearWideN), k >= kInt8LinearLongK or n <=
+// kInt8LinearNarrowN, else SIMT; the others force one (kTensorCore refuses a case it cannot run), for
+// tests and benchmarks. kSimtGlobal is SIMT with x read from global memory even where it could be
+// staged in shared memory (to measure the staging).
 enum class Int8Kernel { kAuto, kSimt, kTensorCore, kSimtGlobal };
-// Up to this many output columns (n / 16 blocks, no more than an H100's SMs) the tensor-core kernel
-// gives each warp one chunk of K (more warps per block); wider matrices one batch of chunks per warp.
+constexpr std::int64_t kInt8LinearLongK = 4096;
+// Up to this many output columns (n / 16 tensor-core blocks, no more than an H100's SMs) the tensor
+// cores also take one row, giving each warp one chunk of K (more warps per block); wider matrices get
+// one batch of chunks per warp.
 constexpr std::int64_t kInt8LinearNarrowN = 2048;
+constexpr std::int64_t kInt8LinearWideN = 16384;
 
 struct Int8LinearParams {
   ActivationType type = ActivationType::kFloat32;  // of x, bias and out
@@ -241,11 +245,18 @@ struct DecodeAttentionParams {
   int device = 0;      // the CUDA device of every pointer
   // Split-KV workspace, decode_attention_workspace(p) floats (nullptr where that is 0).
   float* workspace = nullptr;
+  // Appending (decode_attention_append): the new token's key and value, [batch, kv_heads, 1, head_dim]
+  // with head_dim contiguous, written into k and v at row *position (an int64 on the device; a row
+  // outside [0, keys) writes nothing) and attended from there. k_new == nullptr: nothing appended.
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  std::int64_t k_new_stride_b = 0, k_new_stride_h = 0, v_new_stride_b = 0, v_new_stride_h = 0;
+  const std::int64_t* position = nullptr;
 };
 
 // Whether decode_attention takes p: head_dim 32, 64, 128 or 256; batch, heads, kv_heads and keys >= 1
 // with heads a multiple of kv_heads (and within a grid: heads < 2^31, batch <= 65535, keys < 2^31);
-// q, k, v and out 16-byte aligned with every row stride a multiple of 16 bytes.
+// q, k, v, out (and k_new, v_new) 16-byte aligned with every row stride a multiple of 16 bytes.
 bool decode_attention_supported(const DecodeAttentionParams& p);
 // Floats of workspace decode_attention needs for p: 0 unless the cache is long (over 1024 keys) and
 // the (batch, head) pairs too few to fill the device, when the keys are split over several blocks

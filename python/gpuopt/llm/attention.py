@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from . import cache as _cache
+
 NAME = "gpuopt"
 DIMS = (32, 64, 128, 256)  # head sizes the CUDA kernel takes; others run SDPA (the CPU reference takes any)
 # Keywords that change what attention computes: with any of them set, SDPA runs.
@@ -72,10 +74,21 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     """A transformers attention function (query [B, H, q, D], key and value [B, Hkv, L, D]; returns
     [B, q, H, D] and no weights): gpuopt's operator for one query token, SDPA otherwise."""
     global calls
+    # A gpuopt cache layer may have left this step's key and value to write (gpuopt.llm.cache).
+    layer = getattr(module, _cache.ATTRIBUTE, None)
+    pending = layer.take() if layer is not None else None
+    if pending is not None and key is not layer.keys:  # not this layer's cache after all: written as usual
+        layer.write(*pending)
+        pending = None
     if takes(query, key, value, attention_mask, dropout, **kwargs):
         if not torch.compiler.is_compiling():
             calls += 1
+        if pending is not None:  # written by the kernel, which reads the new row from them
+            return torch.ops.gpuopt.decode_attention_append(query, key, value, pending[0], pending[1],
+                                                            layer.cumulative_length, attention_mask, scaling), None
         return torch.ops.gpuopt.decode_attention(query, key, value, attention_mask, scaling), None
+    if pending is not None:
+        layer.write(*pending)
     return _sdpa()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                    is_causal=is_causal, **kwargs)
 

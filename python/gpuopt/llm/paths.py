@@ -29,6 +29,7 @@ from .._ext import _C
 from ..prepare.config import reset_compile_caches
 from ..timing.graphs import capture as capture_graph
 from . import attention as _attention
+from . import cache as _cache
 
 PATHS: tuple[str, ...] = ("hf-generate", "hf-static-compile", "static", "static-graph", "static-graph-compile")
 GRAPH_PATHS = ("static-graph", "static-graph-compile")
@@ -122,6 +123,7 @@ class Decoder:
         self.attention = check_attention(attention, path)
         self.attention_note = ""
         self._attention_before: str | None = None
+        self.deferred_writes = 0  # attention modules whose kernel writes their new key and value
         if getattr(getattr(model, "config", None), "_attn_implementation", None) == _attention.NAME:
             raise RuntimeError("the model runs gpuopt's decode attention for another Decoder that is still open "
                                "(close it first): a Decoder sets the attention for its own life")
@@ -200,9 +202,12 @@ class Decoder:
     def _setup_static(self) -> None:
         b, p, n, dev = self.batch_size, self.prompt_len, self.new_tokens, self.device
         self.cache = static_cache(self.model, b, p + n, dev, self.dtype)
+        # The cache's layers share one fill level where transformers allows it (gpuopt.llm.cache): the
+        # step's position, advanced once per step here instead of once per layer by the cache.
+        length = _cache.share_fill_level(self.cache, dev)
         self._prefill_pos = torch.arange(p, device=dev)
         self._ids = torch.zeros(b, 1, dtype=torch.long, device=dev)
-        self._pos = torch.full((1,), p, dtype=torch.long, device=dev)
+        self._pos = length.view(1) if length is not None else torch.full((1,), p, dtype=torch.long, device=dev)
         self._col = torch.ones(1, dtype=torch.long, device=dev)
         self._tokens = torch.zeros(b, n, dtype=torch.long, device=dev)
         # Positions and an all-ones padding mask over the whole cache, passed explicitly: a model that
@@ -217,6 +222,8 @@ class Decoder:
         side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         if self.attention == "gpuopt":
             self._attention_before = _attention.use(self.model)
+            # gpuopt's kernel writes each step's key and value into the cache (no index_copy_ per layer).
+            self.deferred_writes = _cache.defer_writes(self.model, self.cache)
         with torch.inference_mode():
             # First one eager prefill: transformers >= 5 creates the cache's tensors (and each layer's
             # fill level) on their first update. From then on every prefill zeroes the fill levels, so
@@ -225,8 +232,9 @@ class Decoder:
                 self._prefill_step()
                 if self.attention == "gpuopt":
                     self._check_attention()
-            self._fill_levels = [t for layer in getattr(self.cache, "layers", None) or []
-                                 if isinstance(t := getattr(layer, "cumulative_length", None), torch.Tensor)]
+            levels = [t for layer in getattr(self.cache, "layers", None) or []
+                      if isinstance(t := getattr(layer, "cumulative_length", None), torch.Tensor)]
+            self._fill_levels = list({id(t): t for t in levels}.values())  # a shared one once
             prefill, decode = self._prefill_step, self._decode_step
             if compiled:
                 # Every Decoder compiles the same bound methods: without a reset, dynamo's recompile
@@ -251,6 +259,9 @@ class Decoder:
         compile, which would trace the function once instead of running it.)"""
         before = _attention.calls
         self._decode_step()
+        if _cache.pending_layers(self.cache):  # some layer's attention did not take its write: none defer
+            _cache.undefer_writes(self.model, self.cache)
+            self.deferred_writes = 0
         if _attention.calls == before:
             self.attention = "model"
             self.attention_note = (f"gpuopt's decode attention did not apply to {type(self.model).__name__} "
@@ -258,6 +269,8 @@ class Decoder:
                                    "CUDA the shapes where it beats SDPA are taken); its own attention ran")
             _attention.restore(self.model, self._attention_before)
             self._attention_before = None
+            _cache.undefer_writes(self.model, self.cache)
+            self.deferred_writes = 0
 
     def _on(self, side: Any) -> Any:
         """A context running work on ``side`` (a CUDA stream ordered after the current one, and the
@@ -407,6 +420,9 @@ class Decoder:
         self.loop = None
         self._graphs = []
         _attention.restore(self.model, self.__dict__.pop("_attention_before", None))
+        if self.deferred_writes:
+            _cache.undefer_writes(self.model, getattr(self, "cache", None))
+            self.deferred_writes = 0
         for name in ("cache", "_prefill", "_decode", "_prefill_logits", "_decode_logits", "_cache", "_last",
                      "_fill_levels"):
             self.__dict__.pop(name, None)
