@@ -171,7 +171,7 @@ GEMV_SHAPES = {  # (N, K) of a decode step's linear layers: OPT-1.3B's, q/k/v fu
 
 
 GEMV_VARIANTS = {  # int8 kernel settings compared (gpuopt._C.int8_linear_kernel, int8_linear_warps)
-    "simt": ("simt", 0), "simt-global": ("simt-global", 0), "tc-4": ("tensor-core", 4), "tc-8": ("tensor-core", 8),
+    "simt": ("simt", 0), "tc-4": ("tensor-core", 4), "tc-8": ("tensor-core", 8),
     "tc-16": ("tensor-core", 16), "tc-32": ("tensor-core", 32)}
 
 
@@ -179,8 +179,8 @@ def part_gemv(args, ceilings, results: dict, targets: list[Target]) -> None:
     """The int8 weight-only operator on each matrix of OPT-1.3B's decode step as the step runs it: 24
     layers' calls, each with a weight of its own (2.4 GB in all for the LM head, beyond the L2), captured
     in one CUDA graph (gpuopt's graph mode), per kernel setting (``gpuopt._C.int8_linear_kernel``:
-    SIMT with x staged in shared memory or read from global memory; the tensor-core kernel with 4, 8,
-    16 or 32 warps per block), each interleaved with the auto choice (the C++ bootstrap); and fp16
+    SIMT; the tensor-core kernel with 4, 8, 16 or 32 warps per block, ``gpuopt._C.int8_linear_warps``),
+    each interleaved with the auto choice (the C++ bootstrap); and fp16
     ``F.linear`` (cuBLAS), also against auto. GB/s = the weight's bytes / time per call."""
     g = torch.Generator(device="cuda").manual_seed(0)
     layers = 24

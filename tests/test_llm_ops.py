@@ -157,16 +157,14 @@ def test_torch_compile_fullgraph_on_cpu(rng):
         torch.testing.assert_close(compiled(x), fn(x))
 
 
-def test_the_kernel_setting_takes_the_four_names_and_refuses_others():
+def test_the_kernel_setting_takes_the_three_names_and_refuses_others():
     from gpuopt import _C
 
     assert _C.int8_linear_kernel() == "auto"
     try:
         assert _C.int8_linear_kernel("simt") == "auto" and _C.int8_linear_kernel() == "simt"
-        assert _C.int8_linear_kernel("simt-global") == "simt"
-        assert _C.int8_linear_kernel("tensor-core") == "simt-global"
-        with pytest.raises(ValueError, match="kernel must be one of 'auto', 'simt', 'tensor-core', 'simt-global', "
-                                             "got 'mma'"):
+        assert _C.int8_linear_kernel("tensor-core") == "simt"
+        with pytest.raises(ValueError, match="kernel must be one of 'auto', 'simt', 'tensor-core', got 'mma'"):
             _C.int8_linear_kernel("mma")
         assert _C.int8_linear_kernel() == "tensor-core"  # a refused name changes nothing
     finally:
@@ -193,7 +191,7 @@ def test_the_warps_setting_takes_the_kernels_block_sizes_and_refuses_others():
 # ---- CUDA ------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["simt", "tensor-core", "simt-global"])
+@pytest.fixture(params=["simt", "tensor-core"])
 def kernel(request):
     """Each CUDA kernel of the operator in turn (the process-wide setting, restored after the test)."""
     from gpuopt import _C
@@ -226,23 +224,13 @@ def test_cuda_matches_the_reference_and_the_cpu_operator(m, k, n, dtype, kernel,
 
 
 @pytest.mark.gpuopt_gpu
-@pytest.mark.parametrize("simt", ["simt", "simt-global"])
-@pytest.mark.parametrize("m,k", [(1, 528), (2, 528), (4, 528), (1, 12304), (2, 6160), (3, 4096), (1, 16)])
+@pytest.mark.parametrize("m,k", [(1, 528), (4, 528), (2, 12304), (1, 16)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_the_simt_kernel_with_x_staged_or_not_matches_the_reference(simt, m, k, dtype, rng):
-    # K % 64 != 0 (528, 12304, 6160): only the SIMT kernel runs them. Its x is staged in shared memory
-    # up to 48 KB (rows x K rounded up to 512 x 4 bytes): 528 is staged with a partial last 512-wide step,
-    # 12304 for one row and 6160 for two are not (and with 'simt-global' nothing is).
-    from gpuopt import _C
-
-    before = _C.int8_linear_kernel(simt)
-    try:
-        x, w, s, b = _inputs((m,), 300, k, dtype, rng, bias=m != 2, scales_fp32=k != 528, device="cuda")
-        got = ops.int8_weight_only_linear(x, w, s, b)
-        assert "int8_linear<" in _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b))[0]
-    finally:
-        _C.int8_linear_kernel(before)
-    _check(got, x, w, s, b)
+def test_the_simt_kernel_takes_k_not_a_multiple_of_64(m, k, dtype, rng):
+    # Only the SIMT kernel runs these (the tensor cores take 64-wide chunks): a partial last 512-wide step.
+    x, w, s, b = _inputs((m,), 300, k, dtype, rng, bias=m != 2, scales_fp32=k != 528, device="cuda")
+    assert "int8_linear<" in _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b))[0]
+    _check(ops.int8_weight_only_linear(x, w, s, b), x, w, s, b)
 
 
 @pytest.mark.gpuopt_gpu
@@ -293,26 +281,25 @@ def _kernels_run(fn) -> list[str]:
 
 
 @pytest.mark.gpuopt_gpu
-@pytest.mark.parametrize("m,n,k,dtype,which", [(1, 4000, 512, torch.float16, "int8_linear<__half, 1, true>"),
+@pytest.mark.parametrize("m,n,k,dtype,which", [(1, 4000, 512, torch.float16, "int8_linear<__half, 1>"),
                                                (1, 2048, 2048, torch.float16, "int8_linear_mma<__half, 1, 32>"),
                                                (1, 2048, 512, torch.bfloat16, "int8_linear_mma<__nv_bfloat16, 1, 8>"),
-                                               (1, 6144, 2048, torch.float16, "int8_linear<__half, 1, true>"),
+                                               (1, 6144, 2048, torch.float16, "int8_linear<__half, 1>"),
                                                (2, 6144, 2048, torch.float16, "int8_linear_mma<__half, 1, 8>"),
-                                               (2, 50272, 2048, torch.float16, "int8_linear<__half, 2, true>"),
+                                               (2, 50272, 2048, torch.float16, "int8_linear<__half, 2>"),
                                                (4, 50272, 2048, torch.float16, "int8_linear_mma<__half, 1, 8>"),
                                                (1, 2048, 8192, torch.bfloat16, "int8_linear_mma<__nv_bfloat16, 1, 32>"),
                                                (1, 4000, 4096, torch.bfloat16, "int8_linear_mma<__nv_bfloat16, 1, 16>"),
                                                (9, 4000, 4096, torch.float16, "int8_linear_mma<__half, 2, 16>"),
-                                               (16, 256, 528, torch.float16, "int8_linear<__half, 16, false>"),
-                                               (1, 256, 528, torch.bfloat16, "int8_linear<__nv_bfloat16, 1, true>"),
-                                               (3, 256, 512, torch.float32, "int8_linear<float, 4, true>"),
+                                               (16, 256, 528, torch.float16, "int8_linear<__half, 16>"),
+                                               (1, 256, 528, torch.bfloat16, "int8_linear<__nv_bfloat16, 1>"),
+                                               (3, 256, 512, torch.float32, "int8_linear<float, 4>"),
                                                (17, 256, 512, torch.float16, None)])  # the dequantized GEMM
 def test_decode_rows_run_the_int8_kernel(m, n, k, dtype, which, rng):
     # "auto" on this GPU (compute capability 8.0+): tensor cores for float16/bfloat16 with K % 64 == 0 from
     # two rows on (four for N > 16384), or K >= 4096, or N <= 2048, with one 4-chunk batch of K per warp
     # (K / 256 warps, 4 to 32) or, for N <= 2048, one chunk per warp (K / 64, up to 32); one row of a wider,
-    # shorter matrix (two of one wider than 16384) streams faster through the SIMT kernel, x staged in
-    # shared memory where it fits.
+    # shorter matrix (two of one wider than 16384) streams faster through the SIMT kernel.
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the tensor-core kernel needs compute capability 8.0+")
     x, w, s, b = _inputs((m,), n, k, dtype, rng, device="cuda")

@@ -9,38 +9,30 @@ namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-// Shared memory the SIMT kernel needs to stage x as fp32.
-std::int64_t staged_bytes(const Int8LinearParams& p) {
-  return p.rows * kernels::int8_simt_row_floats(p.k) * static_cast<std::int64_t>(sizeof(float));
-}
-
-template <typename T, int kRows, bool kStaged>
+template <typename T, int kRows>
 void launch(const Int8LinearParams& p, cudaStream_t stream) {
   constexpr int kWarps = kernels::kInt8LinearWarps;
   const auto blocks = static_cast<unsigned>((p.n + kWarps - 1) / kWarps);
-  const std::size_t shared = kStaged ? static_cast<std::size_t>(staged_bytes(p)) : 0;
-  kernels::int8_linear<T, kRows, kStaged><<<blocks, kWarps * 32, shared, stream>>>(
+  kernels::int8_linear<T, kRows><<<blocks, kWarps * 32, 0, stream>>>(
       static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32, static_cast<const T*>(p.bias),
       static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
   GPUOPT_CHECK_LAUNCH();
 }
 
-// The smallest row tile that holds p.rows: five instantiations per type instead of sixteen. Up to
-// four rows, x is staged in shared memory where it fits (k <= 12288 for one row, 3072 for four).
+// The smallest row tile that holds p.rows: five instantiations per type instead of sixteen.
 template <typename T>
 void launch_rows(const Int8LinearParams& p, cudaStream_t stream) {
-  const bool staged = p.kernel != Int8Kernel::kSimtGlobal && staged_bytes(p) <= kernels::kInt8SimtSharedBytes;
   if (p.rows <= 1) {
-    staged ? launch<T, 1, true>(p, stream) : launch<T, 1, false>(p, stream);
+    launch<T, 1>(p, stream);
   } else if (p.rows <= 2) {
-    staged ? launch<T, 2, true>(p, stream) : launch<T, 2, false>(p, stream);
+    launch<T, 2>(p, stream);
   } else if (p.rows <= 4) {
-    staged ? launch<T, 4, true>(p, stream) : launch<T, 4, false>(p, stream);
+    launch<T, 4>(p, stream);
   } else if (p.rows <= 8) {
-    launch<T, 8, false>(p, stream);
+    launch<T, 8>(p, stream);
   } else {
     static_assert(kInt8LinearMaxRows == 16, "the largest tile must hold kInt8LinearMaxRows rows");
-    launch<T, 16, false>(p, stream);
+    launch<T, 16>(p, stream);
   }
 }
 
@@ -151,11 +143,11 @@ void int8_linear(const Int8LinearParams& p, cudaStream_t stream) {
                      ", compute capability ", cc_major(p.device), ".x");
   // Auto: one row of x with k < 4096 and n > 2048 streams faster through the SIMT kernel in a decode
   // step (OPT-1.3B on an H100, int8 static-graph-compile: its q/k/v, fc1 and LM head took 389 us per
-  // step in SIMT kernels, 400 us in tensor-core ones with 8 warps -- though 24 layers' calls of one
-  // shape alone in a CUDA graph ran 15% faster on tensor cores), and so do two rows of a matrix wider
-  // than 16384; from two rows on (four for those), longer rows or n <= 2048 (the SIMT kernel has only
-  // n / 8 blocks there), the tensor cores win (2.0-4.7x at 8 rows: the SIMT kernel's work grows with
-  // the rows, theirs hardly does).
+  // step in SIMT kernels, 400 us in tensor-core ones with 8 warps, 464 us in a SIMT variant staging x
+  // in shared memory -- though 24 layers' calls of one shape alone in a CUDA graph ranked them the
+  // other way round), and so do two rows of a matrix wider than 16384; from two rows on (four for
+  // those), longer rows or n <= 2048 (the SIMT kernel has only n / 8 blocks there), the tensor cores
+  // win (2.0-4.7x at 8 rows: the SIMT kernel's work grows with the rows, theirs hardly does).
   const std::int64_t mma_rows = p.n > kInt8LinearWideN ? 4 : 2;
   const bool mma = p.kernel == Int8Kernel::kTensorCore ||
                    (p.kernel == Int8Kernel::kAuto && can_mma &&

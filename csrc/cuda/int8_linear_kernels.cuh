@@ -70,118 +70,53 @@ __device__ __forceinline__ void load16(const T* p, float (&v)[16]) {
   }
 }
 
-// The 16 int8 values of a 16-byte word (the lower address first), as exact floats, with no
-// int-to-float conversion (a quarter of the FMA rate on sm_80/90, which capped the kernel at about
-// 2.2 TB/s on an H100): byte XOR 0x80 is value + 128, 0x4B0000XX is the float 2^23 + XX, and less
-// 2^23 + 128 leaves the value (two full-rate instructions per weight).
+// The 16 int8 values of a 16-byte word (the lower address first), as floats.
 __device__ __forceinline__ void unpack_int8(const uint4 u, float (&w)[16]) {
-  const std::uint32_t words[4] = {u.x ^ 0x80808080u, u.y ^ 0x80808080u, u.z ^ 0x80808080u, u.w ^ 0x80808080u};
+  const std::uint32_t words[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
-      w[4 * i + b] = __uint_as_float(__byte_perm(words[i], 0x4B000000u, 0x7440u + b)) - 8388736.0f;
+      w[4 * i + b] = static_cast<float>(static_cast<std::int8_t>((words[i] >> (8 * b)) & 0xffu));
     }
   }
-}
-
-// x staged in shared memory as fp32, once per block instead of once per column: a lane's 16 values
-// at k = 512 i + 16 lane + 4 q + e sit at float4 slot (4 i + q) * 32 + lane, so a warp's 16-byte
-// reads of one q are consecutive (no bank conflicts). Row m starts at m * int8_simt_row_floats(k).
-__host__ __device__ constexpr std::int64_t int8_simt_row_floats(std::int64_t k) { return (k + 511) / 512 * 512; }
-constexpr std::int64_t kInt8SimtSharedBytes = 48 * 1024;  // staged x at most (no opt-in needed)
-
-template <typename T>
-__device__ __forceinline__ float4 load4(const T* p);
-template <>
-__device__ __forceinline__ float4 load4<float>(const float* p) {
-  return *reinterpret_cast<const float4*>(p);
-}
-template <typename T>
-__device__ __forceinline__ float4 load4(const T* p) {  // __half or __nv_bfloat16, 8-byte aligned
-  const uint2 u = *reinterpret_cast<const uint2*>(p);
-  const float2 a = unpack2(u.x, T{});
-  const float2 b = unpack2(u.y, T{});
-  return make_float4(a.x, a.y, b.x, b.y);
 }
 
 // out[m, n] = (sum_k x[m, k] * weight[n, k]) * scale[n] + bias[n] for m < rows <= kRows.
 // One warp per output column n: its lanes stride over weight row n 16 int8 at a time (one 16-byte
 // load per lane per step, 512 bytes per warp), multiply with the matching 16 values of every row of
-// x, accumulate in fp32, then reduce across the warp with shuffles. kStaged: x is first copied to
-// shared memory as fp32 (rows * int8_simt_row_floats(k) * 4 <= kInt8SimtSharedBytes, passed as the
-// dynamic shared memory), so the inner loop has no conversion of x either; else x is read from
-// global memory (L1/L2) and converted per use. Needs k % 16 == 0 and 16-byte aligned x and weight
-// (int8_linear_supported checks).
-template <typename T, int kRows, bool kStaged>
+// x (small, served from L1/L2), accumulate in fp32, then reduce across the warp with shuffles.
+// Needs k % 16 == 0 and 16-byte aligned x and weight (int8_linear_supported checks).
+template <typename T, int kRows>
 __global__ void __launch_bounds__(kInt8LinearWarps * 32)
     int8_linear(const T* __restrict__ x, const std::int8_t* __restrict__ weight,
                 const void* __restrict__ scales, bool scales_fp32, const T* __restrict__ bias,
                 T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k) {
-  extern __shared__ float4 staged[];
   const int lane = static_cast<int>(threadIdx.x % 32);
   const std::int64_t n =
       static_cast<std::int64_t>(blockIdx.x) * kInt8LinearWarps + static_cast<int>(threadIdx.x / 32);
-  const bool active = n < n_cols;  // the same for every lane of a warp
-  const std::int8_t* w_row = weight + (active ? n : 0) * k;
+  if (n >= n_cols) return;  // n is the same for every lane of a warp: whole warps leave
 
-  // The first weight bytes are asked for before x is staged, so that their latency overlaps it.
-  constexpr int kBatch = 4;  // 16-byte weight loads per lane in flight
-  constexpr std::int64_t kStep = 32 * 16;
-  uint4 wv[kBatch];
-#pragma unroll
-  for (int j = 0; j < kBatch; ++j) {
-    const std::int64_t k0 = lane * 16 + j * kStep;
-    wv[j] = active && k0 < k ? __ldg(reinterpret_cast<const uint4*>(w_row + k0)) : make_uint4(0, 0, 0, 0);
-  }
-  const std::int64_t row_slots = int8_simt_row_floats(k) / 4;
-  if constexpr (kStaged) {
-    const std::int64_t quads = static_cast<std::int64_t>(rows) * (k / 4);
-    for (std::int64_t i = threadIdx.x; i < quads; i += blockDim.x) {
-      const std::int64_t m = i / (k / 4);
-      const std::int64_t kk = (i - m * (k / 4)) * 4;  // 4 consecutive k: one float4 slot
-      const std::int64_t slot = (kk / 512 * 4 + kk / 4 % 4) * 32 + kk / 16 % 32;
-      staged[m * row_slots + slot] = load4(x + m * k + kk);
-    }
-    __syncthreads();
-  }
-  if (!active) return;  // after the block's barrier
-
+  const std::int8_t* w_row = weight + n * k;
   float acc[kRows];
 #pragma unroll
   for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
-  for (std::int64_t base = 0; base < k; base += kBatch * kStep) {
-    uint4 cur[kBatch];
+
+  // Unrolled so that several 16-byte weight loads per lane are in flight at once: a decode step's
+  // matrices give only a few hundred blocks, so latency, not occupancy, has to be hidden.
+#pragma unroll 4
+  for (std::int64_t k0 = static_cast<std::int64_t>(lane) * 16; k0 < k; k0 += 32 * 16) {
+    float w[16];
+    unpack_int8(__ldg(reinterpret_cast<const uint4*>(w_row + k0)), w);
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) cur[j] = wv[j];
-    if (base + kBatch * kStep < k) {  // the next batch in flight while this one is used
+    for (int m = 0; m < kRows; ++m) {
+      if (m < rows) {
+        float xv[16];
+        load16(x + m * k + k0, xv);
+        float s = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const std::int64_t k0 = base + kBatch * kStep + lane * 16 + j * kStep;
-        wv[j] = k0 < k ? __ldg(reinterpret_cast<const uint4*>(w_row + k0)) : make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const std::int64_t k0 = base + lane * 16 + j * kStep;
-      if (k0 >= k) break;
-      float w[16];
-      unpack_int8(cur[j], w);
-#pragma unroll
-      for (int m = 0; m < kRows; ++m) {
-        if (m < rows) {
-          float s = 0.0f;
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const float4 v = kStaged ? staged[m * row_slots + ((k0 / 512) * 4 + q) * 32 + lane]
-                                     : load4(x + m * k + k0 + 4 * q);
-            s = fmaf(v.x, w[4 * q], s);
-            s = fmaf(v.y, w[4 * q + 1], s);
-            s = fmaf(v.z, w[4 * q + 2], s);
-            s = fmaf(v.w, w[4 * q + 3], s);
-          }
-          acc[m] += s;
-        }
+        for (int j = 0; j < 16; ++j) s = fmaf(xv[j], w[j], s);
+        acc[m] += s;
       }
     }
   }

@@ -92,8 +92,7 @@ void bind_llm(py::module_& m) {
       "The CUDA kernel torch.ops.gpuopt.int8_weight_only_linear runs for 1 to 16 rows: 'auto' (tensor cores "
       "where they apply -- float16/bfloat16 x, K % 64 == 0, compute capability 8.0+ -- from two rows on (four "
       "for N > 16384), for K >= 4096 or N <= 2048; else 'simt', faster for one row of a wide, short matrix), "
-      "'simt', 'tensor-core' or 'simt-global' (SIMT with x read from global memory instead of staged in shared "
-      "memory). With a name, sets it process-wide and returns the previous one; without, "
+      "'simt' or 'tensor-core'. With a name, sets it process-wide and returns the previous one; without, "
       "returns it. For tests and benchmarks.");
 
   m.def(

@@ -41,7 +41,7 @@ namespace {
 constexpr const char* kOp = "int8_weight_only_linear";
 
 // The names of int8_linear_kernel(), in the order of cuda::Int8Kernel.
-constexpr std::array<const char*, 4> kKernels = {"auto", "simt", "tensor-core", "simt-global"};
+constexpr std::array<const char*, 3> kKernels = {"auto", "simt", "tensor-core"};
 std::atomic<int> g_kernel{0};
 std::atomic<int> g_warps{0};
 
@@ -164,7 +164,7 @@ std::string set_int8_linear_kernel(const std::string& name) {
   for (std::size_t i = 0; i < kKernels.size(); ++i) {
     if (name == kKernels[i]) return kKernels[g_kernel.exchange(static_cast<int>(i))];
   }
-  TORCH_CHECK_VALUE(false, "int8_linear_kernel: kernel must be one of 'auto', 'simt', 'tensor-core', 'simt-global', got '",
+  TORCH_CHECK_VALUE(false, "int8_linear_kernel: kernel must be one of 'auto', 'simt', 'tensor-core', got '",
                     name, "'");
   return {};
 }

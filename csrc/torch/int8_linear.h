@@ -7,9 +7,8 @@ namespace gpuopt::torch_ext {
 
 // "auto" (tensor cores where they apply -- float16/bfloat16 x, K % 64 == 0, compute capability 8.0
 // or newer -- from two rows on (four for N > 16384), for K >= 4096 or N <= 2048; else the SIMT kernel,
-// which streams one row of a wide, short matrix faster in a decode step), "simt", "tensor-core" (a case
-// it cannot run is a ValueError) or "simt-global" (SIMT with x read from global memory, not staged in
-// shared memory).
+// which streams one row of a wide, short matrix faster in a decode step), "simt" or "tensor-core" (a
+// case it cannot run is a ValueError).
 // Process-wide, read at each call (a captured graph keeps the kernel it captured); for tests and
 // benchmarks that compare the two. set_ returns the previous name; ValueError for any other name.
 std::string int8_linear_kernel();

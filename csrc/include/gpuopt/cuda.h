@@ -154,17 +154,15 @@ void fill_pattern(std::uint32_t* out, std::int64_t n, std::uint32_t seed, cudaSt
 //    per block, 4 to 32 warps splitting K; the int8 weights become 16-bit MMA operands with integer
 //    bit tricks (exact: |w| <= 128), so no int-to-float conversion instruction (a quarter of the
 //    FMA rate) runs per weight, and the activations stay 16-bit; fp32 accumulation.
-//  - SIMT (every other case): one warp per output column, x staged in shared memory as fp32 where it
-//    fits (rows x K up to 12288 values), int8 turned into fp32 by byte permutes.
+//  - SIMT (every other case): one warp per output column, int8 and activations converted to fp32.
 // Capturable (no allocation, no synchronization).
 enum class ActivationType { kFloat32, kFloat16, kBFloat16 };
 
 // Which kernel int8_linear runs: kAuto the tensor-core kernel where it applies (int8_linear_tensor_cores)
 // for two rows or more (four where n > kInt8LinearWideN), k >= kInt8LinearLongK or n <=
 // kInt8LinearNarrowN, else SIMT; the others force one (kTensorCore refuses a case it cannot run), for
-// tests and benchmarks. kSimtGlobal is SIMT with x read from global memory even where it could be
-// staged in shared memory (to measure the staging).
-enum class Int8Kernel { kAuto, kSimt, kTensorCore, kSimtGlobal };
+// tests and benchmarks.
+enum class Int8Kernel { kAuto, kSimt, kTensorCore };
 constexpr std::int64_t kInt8LinearLongK = 4096;
 // Up to this many output columns (n / 16 tensor-core blocks, no more than an H100's SMs) the tensor
 // cores also take one row, giving each warp one chunk of K (more warps per block); wider matrices get
