@@ -13,7 +13,7 @@ transformers' generate, in one run on one device (issue 14 targets):
 Parts (``--parts``): ``opt`` (hf-generate, static-graph fp16 and int8wo at batch 1, token identity and
 the timer check), ``gemv`` (the int8 operator's kernel settings in a CUDA graph of 24 layers' calls, against each
 other and fp16 cuBLAS on the model's decode-step matrices, interleaved), ``attention`` (gpuopt's decode
-attention operator against torch's SDPA on decode-step shapes, interleaved), ``paths`` (the other paths
+attention operator against transformers' SDPA function on decode-step shapes, interleaved), ``paths`` (the other paths
 at batch 1), ``batch`` (batch sizes), ``sweep`` (a Results
 sweep of the built-in models with plots). A part that fails is recorded with its reason and the others
 still run; the JSON is checkpointed after every cell (``"complete": false`` until the end).
@@ -256,8 +256,9 @@ ATTENTION_SHAPES = {f"b{b} h{h}/{hkv} L{cache}": (b, h, hkv, cache, cache - cach
 
 def part_attention(args, ceilings, results: dict, targets: list[Target]) -> None:
     """One decode step's attention of one layer (head size 64, fp16, a static cache with a bool mask
-    over its first keys, as a Hugging Face model hands it over): gpuopt's operator against torch's
-    SDPA with the same mask (the model's own attention), interleaved, the L2 flushed before each call;
+    over its first keys, as a Hugging Face model hands it over): gpuopt's operator against transformers'
+    SDPA function with the same mask (the model's own attention: grouped KV heads copied per query head,
+    then torch's SDPA), interleaved, the L2 flushed before each call;
     and on how many shapes gpuopt's was the faster (gpuopt.llm.attention runs it on every decode shape
     with a head size it takes)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward

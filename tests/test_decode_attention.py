@@ -148,6 +148,10 @@ def _append_inputs(b, h, hkv, keys, d, dtype, g, position, *, device="cpu"):
 
 
 def _check_append(q, k, v, k_new, v_new, pos, m, dtype):
+    # The row to be written holds NaN before the call: a block that read it instead of the new key and
+    # value (or before the write) would spread the NaN into its output.
+    k[:, :, int(pos)] = float("nan")
+    v[:, :, int(pos)] = float("nan")
     want_k, want_v = k.clone(), v.clone()
     want_k[:, :, int(pos)] = k_new[:, :, 0]
     want_v[:, :, int(pos)] = v_new[:, :, 0]
@@ -173,10 +177,15 @@ def test_append_checks_its_new_rows_and_position(rng):
         ops.decode_attention_append(q, k, v, kn, vn, pos.int(), m)
     with pytest.raises(ValueError, match=r"position must hold one element, got sizes \[2\]"):
         ops.decode_attention_append(q, k, v, kn, vn, torch.tensor([1, 2]), m)
-    with pytest.raises(IndexError):  # on the CPU, index_copy_'s check
+    with pytest.raises(IndexError, match=r"position must be in \[0, 8\) \(the caches' keys\), got 8"):
         ops.decode_attention_append(q, k, v, kn, vn, torch.tensor([8]), m)
-    with pytest.raises(ValueError, match="q's heads must be a multiple of k's kv_heads"):  # decode_attention's checks
+    with pytest.raises(IndexError, match=r"position must be in \[0, 8\) \(the caches' keys\), got -1"):
+        ops.decode_attention_append(q, k, v, kn, vn, torch.tensor([-1]), m)
+    # decode_attention's checks, naming this operator's arguments
+    with pytest.raises(ValueError, match="decode_attention_append: q's heads must be a multiple of k_cache's kv_heads"):
         ops.decode_attention_append(q[:, :3], k, v, kn, vn, pos, m)
+    with pytest.raises(TypeError, match=r"k_cache and v_cache must have q's dtype \(float32\), got float16"):
+        ops.decode_attention_append(q, k.half(), v, kn, vn, pos, m)
     meta = [t.to("meta") for t in (q, k, v, kn, vn, pos, m)]
     assert ops.decode_attention_append(*meta).shape == (2, 1, 4, 16)
     with pytest.raises(TypeError, match="position must be int64"):
@@ -383,6 +392,7 @@ def test_the_fp32_reference_itself_as_candidate_keeps_a_pristine_reference(tiny_
     r = gpuopt.measure_decode(models, path="static", precision="fp32", fuse=False, prompt_len=5, new_tokens=4,
                               attention="gpuopt", max_time_s=0.2)
     assert r.attention == "gpuopt" and r.parity is not None and r.parity.passed, r.parity
+    assert r.kv_writes_in_attention == models.config.num_hidden_layers
     assert models.reference.config._attn_implementation == "sdpa"
 
 
@@ -547,8 +557,8 @@ def test_cuda_append_runs_the_kernel_and_a_position_outside_the_cache_writes_not
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         ops.decode_attention_append(q, k, v, kn, vn, pos, m)
         torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if "decode_attention" in e.name]
-    assert names and all("kernels::decode_attention<" in n for n in names), names  # no index_copy, no reference
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(names) == 1 and "kernels::decode_attention<" in names[0], names  # no index_copy, no reference
     before = (k.clone(), v.clone())
     out = ops.decode_attention_append(q, k, v, kn, vn, torch.tensor([64], device="cuda"), m)
     torch.cuda.synchronize()
@@ -581,6 +591,11 @@ def test_cuda_append_captured_in_a_graph_follows_the_position_in_place(keys, rng
 
 
 @pytest.mark.gpuopt_gpu
-def test_cuda_append_opcheck(rng):
+def test_cuda_append_opcheck_and_bad_inputs(rng):
     args = _append_inputs(2, 8, 2, 100, 64, torch.float16, rng, 50, device="cuda")
     torch.library.opcheck(ops.decode_attention_append.default, (*args, None))
+    q, k, v, kn, vn, pos, m = args
+    with pytest.raises(ValueError, match="k, v and position must be on the caches' device"):
+        ops.decode_attention_append(q, k, v, kn, vn, pos.cpu(), m)
+    with pytest.raises(RuntimeError, match="unsupported operation"):  # an expanded cache: its rows overlap
+        ops.decode_attention_append(q, k[:1].expand(2, -1, -1, -1), v, kn, vn, pos, m)

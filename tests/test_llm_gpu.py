@@ -52,6 +52,7 @@ def test_static_graph_keeps_parity_with_the_fp32_reference(opt125, precision):
     assert r.parity is not None, r.parity_error
     assert r.parity.passed and r.parity.teacher_forced and r.parity.steps == 32, r.parity.summary()
     assert r.attention == "gpuopt"  # the default for an MHA model with head size 64 on CUDA
+    assert r.kv_writes_in_attention == 12  # every layer's cache update in gpuopt's kernel
     assert r.requests == r.measurement.n >= 5
     assert r.e2e_ms["mean"] == pytest.approx(r.ttft_ms["mean"] + 31 * r.tpot_ms["mean"], rel=1e-6)
     # the engine's whole-request samples and the token clock's end-to-end times are the same requests
@@ -94,7 +95,7 @@ def gqa32():
 def test_grouped_kv_heads_run_gpuopts_attention_and_keep_parity(gqa32, path):
     r = gpuopt.measure_decode(gqa32, path=path, precision="fp16", prompt_len=40, new_tokens=24, parity_tokens=24,
                               max_time_s=0.5)
-    assert r.attention == "gpuopt", r.warnings
+    assert r.attention == "gpuopt" and r.kv_writes_in_attention == 2, r.warnings
     assert r.parity is not None and r.parity.passed and r.parity.steps == 24, (r.parity_error,
                                                                                 r.parity and r.parity.summary())
 

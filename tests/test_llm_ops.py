@@ -181,7 +181,7 @@ def test_the_warps_setting_takes_the_kernels_block_sizes_and_refuses_others():
             assert _C.int8_linear_warps() == warps
         assert _C.int8_linear_warps(0) == 32
         for bad in (1, 12, 64, -4):
-            with pytest.raises(ValueError, match=f"warps must be 0 \\(chosen from K\\), 4, 8, 16 or 32, got {bad}"):
+            with pytest.raises(ValueError, match=f"warps must be 0 \\(chosen from N and K\\), 4, 8, 16 or 32, got {bad}"):
                 _C.int8_linear_warps(bad)
         assert _C.int8_linear_warps() == 0  # a refused value changes nothing
     finally:

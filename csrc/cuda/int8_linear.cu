@@ -133,7 +133,7 @@ void int8_linear(const Int8LinearParams& p, cudaStream_t stream) {
       ", n=", p.n, ", k=", p.k, ", x at ", p.x, ", weight at ", static_cast<const void*>(p.weight));
   GPUOPT_CHECK_VALUE(p.mma_warps == 0 || p.mma_warps == 4 || p.mma_warps == 8 || p.mma_warps == 16 ||
                          p.mma_warps == 32,
-                     "int8_linear: mma_warps must be 0 (chosen from k), 4, 8, 16 or 32; got ", p.mma_warps);
+                     "int8_linear: mma_warps must be 0 (chosen from n and k), 4, 8, 16 or 32; got ", p.mma_warps);
   GPUOPT_CHECK_VALUE(p.scales != nullptr && p.out != nullptr,
                      "int8_linear: scales and out must not be null");
   const bool can_mma = int8_linear_tensor_cores(p);
@@ -142,7 +142,7 @@ void int8_linear(const Int8LinearParams& p, cudaStream_t stream) {
                      kernels::kInt8MmaChunk, " and compute capability 8.0 or newer; got k=", p.k,
                      ", compute capability ", cc_major(p.device), ".x");
   // Auto: one row of x with k < 4096 and n > 2048 streams faster through the SIMT kernel in a decode
-  // step (OPT-1.3B on an H100, int8 static-graph-compile: its q/k/v, fc1 and LM head took 389 us per
+  // step (OPT-1.3B on an H100, int8 static-graph-compile: its q/k/v, fc1 and LM head took 387 us per
   // step in SIMT kernels, 400 us in tensor-core ones with 8 warps, 464 us in a SIMT variant staging x
   // in shared memory -- though 24 layers' calls of one shape alone in a CUDA graph ranked them the
   // other way round), and so do two rows of a matrix wider than 16384; from two rows on (four for

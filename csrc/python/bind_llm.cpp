@@ -102,7 +102,7 @@ void bind_llm(py::module_& m) {
       },
       py::arg("warps") = py::none(),
       "Warps per block of int8_weight_only_linear's tensor-core kernel (they split K): 0 (the default: "
-      "chosen from K), 4, 8, 16 or 32. With a value, sets it process-wide and returns the previous one; "
+      "chosen from N and K), 4, 8, 16 or 32. With a value, sets it process-wide and returns the previous one; "
       "without, returns it. For tests and benchmarks.");
 }
 

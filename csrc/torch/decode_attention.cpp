@@ -16,12 +16,14 @@
 //       the caches at row `position` (an int64 tensor of one element on their device) -- a static KV
 //       cache's update and the decode step's attention in one kernel. The mask must let the new row
 //       through. On the CPU a position outside the cache is an IndexError; on CUDA (where checking
-//       it would synchronize) it writes nothing.
+//       it would synchronize) the kernel writes nothing, and the reference path (other head sizes,
+//       strided rows) stops at index_copy_'s device-side assertion.
 //
 // CUDA: gpuopt's decode kernel (gpuopt/cuda.h, decode_attention; a long cache split over several
 // blocks per head, their parts in a workspace from torch's allocator) where it applies (D 32, 64, 128
 // or 256, aligned rows), else the same float32 reference as the CPU kernel. Capturable in a CUDA
 // graph. Meta: shapes only.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/matmul.h>
@@ -49,48 +51,53 @@
 namespace gpuopt::torch_ext {
 namespace {
 
-constexpr const char* kOp = "decode_attention";
+// The operator and its cache arguments, as the messages name them.
+struct Names {
+  const char* op;
+  const char* k;
+  const char* v;
+};
+constexpr Names kAttention{"decode_attention", "k", "v"};
+constexpr Names kAppend{"decode_attention_append", "k_cache", "v_cache"};
 
 // Every kernel checks the same (Meta included, so that tracing raises what running would).
 void check_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                const std::optional<at::Tensor>& mask, std::optional<double> scale) {
+                const std::optional<at::Tensor>& mask, std::optional<double> scale, const Names& n = kAttention) {
   const at::ScalarType dtype = q.scalar_type();
-  TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, kOp,
+  TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, n.op,
                    ": q must be float16, bfloat16 or float32, got ", dtype_name(dtype));
-  TORCH_CHECK_TYPE(k.scalar_type() == dtype && v.scalar_type() == dtype, kOp,
-                   ": k and v must have q's dtype (", dtype_name(dtype), "), got ",
-                   dtype_name(k.scalar_type()), " and ", dtype_name(v.scalar_type()));
-  TORCH_CHECK_VALUE(q.dim() == 4 && q.sym_size(2) == 1, kOp,
+  TORCH_CHECK_TYPE(k.scalar_type() == dtype && v.scalar_type() == dtype, n.op, ": ", n.k, " and ", n.v,
+                   " must have q's dtype (", dtype_name(dtype), "), got ", dtype_name(k.scalar_type()), " and ",
+                   dtype_name(v.scalar_type()));
+  TORCH_CHECK_VALUE(q.dim() == 4 && q.sym_size(2) == 1, n.op,
                     ": q must have shape [batch, heads, 1, head_dim] (one query token), got sizes ",
                     q.sym_sizes());
-  TORCH_CHECK_VALUE(k.dim() == 4 && v.sym_sizes() == k.sym_sizes(), kOp,
-                    ": k and v must have one shape [batch, kv_heads, keys, head_dim], got sizes ",
-                    k.sym_sizes(), " and ", v.sym_sizes());
-  TORCH_CHECK_VALUE(k.sym_size(0) == q.sym_size(0) && k.sym_size(3) == q.sym_size(3), kOp,
-                    ": k's batch and head_dim must equal q's, got q sizes ", q.sym_sizes(),
-                    " and k sizes ", k.sym_sizes());
-  TORCH_CHECK_VALUE(k.sym_size(1) >= 1 && q.sym_size(1) % k.sym_size(1) == 0, kOp,
-                    ": q's heads must be a multiple of k's kv_heads, got ", q.sym_size(1), " and ",
-                    k.sym_size(1));
-  TORCH_CHECK_VALUE(k.sym_size(2) >= 1, kOp, ": k must hold at least one key, got sizes ", k.sym_sizes());
-  TORCH_CHECK_VALUE(k.device() == q.device() && v.device() == q.device(), kOp,
-                    ": k and v must be on q's device (", q.device(), "), got ", k.device(), " and ",
-                    v.device());
+  TORCH_CHECK_VALUE(k.dim() == 4 && v.sym_sizes() == k.sym_sizes(), n.op, ": ", n.k, " and ", n.v,
+                    " must have one shape [batch, kv_heads, keys, head_dim], got sizes ", k.sym_sizes(), " and ",
+                    v.sym_sizes());
+  TORCH_CHECK_VALUE(k.sym_size(0) == q.sym_size(0) && k.sym_size(3) == q.sym_size(3), n.op, ": ", n.k,
+                    "'s batch and head_dim must equal q's, got q sizes ", q.sym_sizes(), " and ", n.k,
+                    " sizes ", k.sym_sizes());
+  TORCH_CHECK_VALUE(k.sym_size(1) >= 1 && q.sym_size(1) % k.sym_size(1) == 0, n.op, ": q's heads must be a multiple of ",
+                    n.k, "'s kv_heads, got ", q.sym_size(1), " and ", k.sym_size(1));
+  TORCH_CHECK_VALUE(k.sym_size(2) >= 1, n.op, ": ", n.k, " must hold at least one key, got sizes ", k.sym_sizes());
+  TORCH_CHECK_VALUE(k.device() == q.device() && v.device() == q.device(), n.op, ": ", n.k, " and ", n.v,
+                    " must be on q's device (", q.device(), "), got ", k.device(), " and ", v.device());
   if (mask.has_value()) {
-    TORCH_CHECK_TYPE(mask->scalar_type() == at::kBool, kOp,
+    TORCH_CHECK_TYPE(mask->scalar_type() == at::kBool, n.op,
                      ": mask must be bool (True: attend), got ", dtype_name(mask->scalar_type()));
-    TORCH_CHECK_VALUE(mask->device() == q.device(), kOp, ": mask must be on q's device (", q.device(),
+    TORCH_CHECK_VALUE(mask->device() == q.device(), n.op, ": mask must be on q's device (", q.device(),
                       "), got ", mask->device());
     const bool shape_ok = mask->dim() == 4 &&
                           (mask->sym_size(0) == 1 || mask->sym_size(0) == q.sym_size(0)) &&
                           (mask->sym_size(1) == 1 || mask->sym_size(1) == q.sym_size(1)) &&
                           mask->sym_size(2) == 1 && mask->sym_size(3) == k.sym_size(2);
-    TORCH_CHECK_VALUE(shape_ok, kOp, ": mask must be broadcastable to [batch, heads, 1, keys] = [",
+    TORCH_CHECK_VALUE(shape_ok, n.op, ": mask must be broadcastable to [batch, heads, 1, keys] = [",
                       q.sym_size(0), ", ", q.sym_size(1), ", 1, ", k.sym_size(2), "], got sizes ",
                       mask->sym_sizes());
   }
   if (scale.has_value()) {
-    TORCH_CHECK_VALUE(std::isfinite(*scale), kOp, ": scale must be finite, got ", *scale);
+    TORCH_CHECK_VALUE(std::isfinite(*scale), n.op, ": scale must be finite, got ", *scale);
   }
 }
 
@@ -129,7 +136,7 @@ struct Append {
 };
 
 void check_append(const at::Tensor& k_cache, const Append& a) {
-  constexpr const char* op = "decode_attention_append";
+  const char* op = kAppend.op;
   TORCH_CHECK_TYPE(a.k.scalar_type() == k_cache.scalar_type() && a.v.scalar_type() == k_cache.scalar_type(), op,
                    ": k and v must have the caches' dtype (", dtype_name(k_cache.scalar_type()), "), got ",
                    dtype_name(a.k.scalar_type()), " and ", dtype_name(a.v.scalar_type()));
@@ -149,7 +156,8 @@ void check_append(const at::Tensor& k_cache, const Append& a) {
                     a.k.device(), ", ", a.v.device(), " and ", a.position.device());
 }
 
-// The update without the kernel: the rows written by index_copy_ (which checks the position).
+// The update without the kernel: the rows written by index_copy_ (on CUDA a position outside the
+// cache is its device-side assertion; the kernel path writes nothing).
 void write_rows(const at::Tensor& k_cache, const at::Tensor& v_cache, const Append& a) {
   const at::Tensor index = a.position.reshape({1});
   k_cache.index_copy_(2, index, a.k);
@@ -165,9 +173,12 @@ at::Tensor decode_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
 at::Tensor decode_attention_append_cpu(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
                                        const at::Tensor& k, const at::Tensor& v, const at::Tensor& position,
                                        const std::optional<at::Tensor>& mask, std::optional<double> scale) {
-  check_args(q, k_cache, v_cache, mask, scale);
+  check_args(q, k_cache, v_cache, mask, scale, kAppend);
   const Append a{k, v, position};
   check_append(k_cache, a);
+  const std::int64_t row = position.item<std::int64_t>();  // a host value on the CPU
+  TORCH_CHECK_INDEX(row >= 0 && row < k_cache.size(2), kAppend.op, ": position must be in [0, ", k_cache.size(2),
+                    ") (the caches' keys), got ", row);
   write_rows(k_cache, v_cache, a);
   return reference(q, k_cache, v_cache, mask, scale_of(q, scale));
 }
@@ -253,9 +264,15 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
 at::Tensor decode_attention_append_cuda(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
                                         const at::Tensor& k, const at::Tensor& v, const at::Tensor& position,
                                         const std::optional<at::Tensor>& mask, std::optional<double> scale) {
-  check_args(q, k_cache, v_cache, mask, scale);
+  check_args(q, k_cache, v_cache, mask, scale, kAppend);
   const Append a{k, v, position};
   check_append(k_cache, a);
+  // Several blocks write the caches: rows that overlap in memory (an expanded cache) would race.
+  at::assert_no_internal_overlap(k_cache);
+  at::assert_no_internal_overlap(v_cache);
+  at::assert_no_overlap(k_cache, v_cache);
+  at::assert_no_overlap(k_cache, k);
+  at::assert_no_overlap(v_cache, v);
   return run_cuda(q, k_cache, v_cache, mask, scale, &a);
 }
 
@@ -268,7 +285,7 @@ at::Tensor decode_attention_meta(const at::Tensor& q, const at::Tensor& k, const
 at::Tensor decode_attention_append_meta(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
                                         const at::Tensor& k, const at::Tensor& v, const at::Tensor& position,
                                         const std::optional<at::Tensor>& mask, std::optional<double> scale) {
-  check_args(q, k_cache, v_cache, mask, scale);
+  check_args(q, k_cache, v_cache, mask, scale, kAppend);
   check_append(k_cache, Append{k, v, position});
   return at::empty_symint({q.sym_size(0), 1, q.sym_size(1), q.sym_size(3)}, q.options());
 }

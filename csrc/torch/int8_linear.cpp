@@ -173,7 +173,7 @@ int int8_linear_warps() { return g_warps.load(); }
 
 int set_int8_linear_warps(int warps) {
   TORCH_CHECK_VALUE(warps == 0 || warps == 4 || warps == 8 || warps == 16 || warps == 32,
-                    "int8_linear_warps: warps must be 0 (chosen from K), 4, 8, 16 or 32, got ", warps);
+                    "int8_linear_warps: warps must be 0 (chosen from N and K), 4, 8, 16 or 32, got ", warps);
   return g_warps.exchange(warps);
 }
 

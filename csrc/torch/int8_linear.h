@@ -13,7 +13,7 @@ namespace gpuopt::torch_ext {
 // benchmarks that compare the two. set_ returns the previous name; ValueError for any other name.
 std::string int8_linear_kernel();
 std::string set_int8_linear_kernel(const std::string& name);
-// The tensor-core kernel's warps per block (they split K): 0 (chosen from K), 4, 8, 16 or 32.
+// The tensor-core kernel's warps per block (they split K): 0 (chosen from N and K), 4, 8, 16 or 32.
 // Process-wide like the kernel; set_ returns the previous value; ValueError for any other.
 int int8_linear_warps();
 int set_int8_linear_warps(int warps);

@@ -181,7 +181,7 @@ struct Int8LinearParams {
   std::int64_t rows = 0, n = 0, k = 0;
   int device = 0;                                  // the CUDA device of every pointer
   Int8Kernel kernel = Int8Kernel::kAuto;
-  int mma_warps = 0;  // the tensor-core kernel's warps per block (splitting K): 0 chosen from k, or 4, 8, 16, 32
+  int mma_warps = 0;  // the tensor-core kernel's warps per block (splitting K): 0 chosen from n and k, or 4, 8, 16, 32
 };
 
 // The most rows int8_linear takes: past that the GEMM is no longer bandwidth-bound, and a

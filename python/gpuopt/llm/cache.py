@@ -11,7 +11,8 @@ position), and, where gpuopt's decode attention runs (:func:`defer_writes`), han
 key and value to the attention function instead of writing them: its kernel
 (``torch.ops.gpuopt.decode_attention_append``) writes them into the cache and attends in one launch.
 Anything else that attends (SDPA for a shape the kernel does not take) writes them first
-(:meth:`DecodeLayer.flush`), so the cache is never read stale.
+(:meth:`DecodeLayer.flush`), so the cache is never read stale; a write no attention takes is an error
+at the layer's next update (the Decoder checks on its first eager step and hands the writes back).
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ def layer_class() -> type | None:
         return _layer_class
     try:
         from transformers.cache_utils import StaticLayer
-    except ImportError:
+
+        probe = StaticLayer(max_cache_len=1)  # 4.54-4.55 take more arguments: no shared level there
+    except (ImportError, TypeError):
         return None
-    if not isinstance(getattr(StaticLayer(max_cache_len=1), "cumulative_length", None), torch.Tensor):
+    if not isinstance(getattr(probe, "cumulative_length", None), torch.Tensor):
         return None
 
     class DecodeLayer(StaticLayer):
@@ -52,7 +55,12 @@ def layer_class() -> type | None:
                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
-            self.flush()  # an earlier pending update no attention took (none in a model's forward)
+            if self.pending is not None:
+                # Its row's position has passed (the owner advanced the fill level): writing it now would
+                # land in the wrong row.
+                raise RuntimeError("gpuopt.llm.cache: the attention function did not take the previous step's "
+                                   "key and value (a model whose attention does not go through "
+                                   "gpuopt.llm.attention cannot defer its cache writes: undefer_writes())")
             if self.defer and key_states.shape[-2] == 1:
                 self.pending = (key_states, value_states)
             else:
@@ -70,7 +78,8 @@ def layer_class() -> type | None:
             return pending
 
         def flush(self) -> None:
-            """Writes the pending key and value, if any."""
+            """Writes the pending key and value, if any (within the step that deferred them: the row is
+            the fill level's)."""
             pending = self.take()
             if pending is not None:
                 self.write(*pending)
@@ -99,8 +108,9 @@ def share_fill_level(cache: Any, device: torch.device) -> torch.Tensor | None:
 
 
 def defer_writes(model: torch.nn.Module, cache: Any) -> int:
-    """Hands each attention module of ``model`` (a module with a ``layer_idx``) its cache layer's writes
-    of one-token updates (:data:`ATTRIBUTE`); returns how many modules took theirs."""
+    """Hands each module of ``model`` with a ``layer_idx`` (the attention modules of transformers' models)
+    its cache layer's writes of one-token updates (:data:`ATTRIBUTE`); returns how many modules took
+    theirs."""
     cls = layer_class()
     layers = getattr(cache, "layers", None) or []
     count = 0
@@ -114,11 +124,13 @@ def defer_writes(model: torch.nn.Module, cache: Any) -> int:
 
 
 def undefer_writes(model: torch.nn.Module, cache: Any = None) -> None:
-    """Undoes :func:`defer_writes` (pending writes of ``cache`` are written first)."""
+    """Undoes :func:`defer_writes`. A write of ``cache`` no attention took is dropped: its step is over
+    and the fill level has moved on, so its row is no longer known (the Decoder's next prefill rewrites
+    the cache)."""
     cls = layer_class()
     for layer in getattr(cache, "layers", None) or []:
         if cls is not None and isinstance(layer, cls):
-            layer.flush()
+            layer.take()
             layer.defer = False
     for module in model.modules():
         module.__dict__.pop(ATTRIBUTE, None)

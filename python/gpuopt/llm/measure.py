@@ -166,6 +166,7 @@ class DecodeResult:
     parity_error: str | None = None
     fused_projections: int = 0  # groups of sibling projections run as one linear layer (gpuopt.llm.fuse)
     attention: str = "model"  # the decode step's attention: the model's own or gpuopt's (gpuopt.llm.attention)
+    kv_writes_in_attention: int = 0  # attention modules whose kernel writes the step's key and value (llm.cache)
     build_s: float = 0.0
     warnings: list[str] = field(default_factory=list)
 
@@ -351,6 +352,7 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
                          kv_per_token=kv_per_token, ceilings=ceilings, build_s=build_s)
         result.fused_projections = models.fused_groups.get(precision, 0) if fuse else 0
         result.attention = decoder.attention
+        result.kv_writes_in_attention = decoder.deferred_writes
         if decoder.attention_note:
             result.warnings.append(decoder.attention_note)
         if parity:

@@ -265,8 +265,8 @@ class Decoder:
         if _attention.calls == before:
             self.attention = "model"
             self.attention_note = (f"gpuopt's decode attention did not apply to {type(self.model).__name__} "
-                                   f"(head sizes {', '.join(map(str, _attention.DIMS))}, a bool mask, and on "
-                                   "CUDA the shapes where it beats SDPA are taken); its own attention ran")
+                                   f"(head sizes {', '.join(map(str, _attention.DIMS))} and a bool mask are taken); "
+                                   "its own attention ran")
             _attention.restore(self.model, self._attention_before)
             self._attention_before = None
             _cache.undefer_writes(self.model, self.cache)
@@ -419,12 +419,16 @@ class Decoder:
         graphs' executables: it must not outlive them)."""
         self.loop = None
         self._graphs = []
-        _attention.restore(self.model, self.__dict__.pop("_attention_before", None))
-        if self.deferred_writes:
-            _cache.undefer_writes(self.model, getattr(self, "cache", None))
-            self.deferred_writes = 0
-        for name in ("cache", "_prefill", "_decode", "_prefill_logits", "_decode_logits", "_cache", "_last",
-                     "_fill_levels"):
-            self.__dict__.pop(name, None)
-        if self.path == "hf-static-compile":
-            self.model.__dict__.pop("_compiled_call", None)  # generate keeps its compiled step on the model
+        try:
+            try:
+                _attention.restore(self.model, self.__dict__.pop("_attention_before", None))
+            finally:
+                if self.deferred_writes:
+                    _cache.undefer_writes(self.model, getattr(self, "cache", None))
+                    self.deferred_writes = 0
+        finally:
+            for name in ("cache", "_prefill", "_decode", "_prefill_logits", "_decode_logits", "_cache", "_last",
+                         "_fill_levels"):
+                self.__dict__.pop(name, None)
+            if self.path == "hf-static-compile":
+                self.model.__dict__.pop("_compiled_call", None)  # generate keeps its compiled step on the model
