@@ -156,6 +156,16 @@ void check_append(const at::Tensor& k_cache, const Append& a) {
                     a.k.device(), ", ", a.v.device(), " and ", a.position.device());
 }
 
+// decode_attention_append's checks, the same for each of its kernels.
+Append checked_append(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k,
+                      const at::Tensor& v, const at::Tensor& position, const std::optional<at::Tensor>& mask,
+                      std::optional<double> scale) {
+  check_args(q, k_cache, v_cache, mask, scale, kAppend);
+  const Append a{k, v, position};
+  check_append(k_cache, a);
+  return a;
+}
+
 // The update without the kernel: the rows written by index_copy_ (on CUDA a position outside the
 // cache is its device-side assertion; the kernel path writes nothing).
 void write_rows(const at::Tensor& k_cache, const at::Tensor& v_cache, const Append& a) {
@@ -173,9 +183,7 @@ at::Tensor decode_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
 at::Tensor decode_attention_append_cpu(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
                                        const at::Tensor& k, const at::Tensor& v, const at::Tensor& position,
                                        const std::optional<at::Tensor>& mask, std::optional<double> scale) {
-  check_args(q, k_cache, v_cache, mask, scale, kAppend);
-  const Append a{k, v, position};
-  check_append(k_cache, a);
+  const Append a = checked_append(q, k_cache, v_cache, k, v, position, mask, scale);
   const std::int64_t row = position.item<std::int64_t>();  // a host value on the CPU
   TORCH_CHECK_INDEX(row >= 0 && row < k_cache.size(2), kAppend.op, ": position must be in [0, ", k_cache.size(2),
                     ") (the caches' keys), got ", row);
@@ -190,9 +198,7 @@ at::Tensor run_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const std::int64_t batch = q.size(0), heads = q.size(1), dim = q.size(3);
   at::Tensor out = at::empty({batch, 1, heads, dim}, q.options());
   cuda::DecodeAttentionParams p;
-  p.type = q.scalar_type() == at::kHalf       ? cuda::ActivationType::kFloat16
-           : q.scalar_type() == at::kBFloat16 ? cuda::ActivationType::kBFloat16
-                                              : cuda::ActivationType::kFloat32;
+  p.type = activation_type(q.scalar_type());
   p.q = q.const_data_ptr();
   p.k = k.const_data_ptr();
   p.v = v.const_data_ptr();
@@ -264,9 +270,7 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
 at::Tensor decode_attention_append_cuda(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
                                         const at::Tensor& k, const at::Tensor& v, const at::Tensor& position,
                                         const std::optional<at::Tensor>& mask, std::optional<double> scale) {
-  check_args(q, k_cache, v_cache, mask, scale, kAppend);
-  const Append a{k, v, position};
-  check_append(k_cache, a);
+  const Append a = checked_append(q, k_cache, v_cache, k, v, position, mask, scale);
   // Several blocks write the caches: rows that overlap in memory (an expanded cache) would race.
   at::assert_no_internal_overlap(k_cache);
   at::assert_no_internal_overlap(v_cache);
@@ -285,8 +289,7 @@ at::Tensor decode_attention_meta(const at::Tensor& q, const at::Tensor& k, const
 at::Tensor decode_attention_append_meta(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
                                         const at::Tensor& k, const at::Tensor& v, const at::Tensor& position,
                                         const std::optional<at::Tensor>& mask, std::optional<double> scale) {
-  check_args(q, k_cache, v_cache, mask, scale, kAppend);
-  check_append(k_cache, Append{k, v, position});
+  checked_append(q, k_cache, v_cache, k, v, position, mask, scale);
   return at::empty_symint({q.sym_size(0), 1, q.sym_size(1), q.sym_size(3)}, q.options());
 }
 

@@ -108,4 +108,12 @@ const char* dtype_name(c10::ScalarType t) {
   }
 }
 
+#ifdef GPUOPT_WITH_CUDA
+cuda::ActivationType activation_type(c10::ScalarType t) {
+  return t == c10::ScalarType::Half       ? cuda::ActivationType::kFloat16
+         : t == c10::ScalarType::BFloat16 ? cuda::ActivationType::kBFloat16
+                                          : cuda::ActivationType::kFloat32;
+}
+#endif
+
 }  // namespace gpuopt::torch_ext

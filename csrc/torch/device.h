@@ -8,6 +8,10 @@
 #include <cstdint>
 #include <string>
 
+#ifdef GPUOPT_WITH_CUDA
+#include "gpuopt/cuda.h"
+#endif
+
 namespace gpuopt::torch_ext {
 
 bool cuda_compiled();
@@ -34,5 +38,11 @@ std::int64_t l2_cache_bytes(std::int64_t device);
 const char* dtype_name(c10::ScalarType t);
 int cuda_runtime_version();
 int cuda_driver_version();
+
+#ifdef GPUOPT_WITH_CUDA
+// The CUDA layer's type for a float16, bfloat16 or float32 tensor (anything else: float32; the
+// operators check their dtypes first).
+cuda::ActivationType activation_type(c10::ScalarType t);
+#endif
 
 }  // namespace gpuopt::torch_ext

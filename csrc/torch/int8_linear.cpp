@@ -110,9 +110,7 @@ at::Tensor int8_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const
       bias.has_value() ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt;
 
   cuda::Int8LinearParams p;
-  p.type = x.scalar_type() == at::kHalf       ? cuda::ActivationType::kFloat16
-           : x.scalar_type() == at::kBFloat16 ? cuda::ActivationType::kBFloat16
-                                              : cuda::ActivationType::kFloat32;
+  p.type = activation_type(x.scalar_type());
   p.x = x2.const_data_ptr();
   p.weight = weight.const_data_ptr<std::int8_t>();
   p.scales = s.const_data_ptr();

@@ -85,9 +85,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_cuda(const at::Tensor& x, at::Scalar
   sshape.push_back(1);
   at::Tensor scales = at::empty(sshape, x.options().dtype(at::kFloat));
   cuda::QuantizeRowsParams p;
-  p.type = x.scalar_type() == at::kHalf       ? cuda::ActivationType::kFloat16
-           : x.scalar_type() == at::kBFloat16 ? cuda::ActivationType::kBFloat16
-                                              : cuda::ActivationType::kFloat32;
+  p.type = activation_type(x.scalar_type());
   p.qtype = dtype == at::kChar ? cuda::QuantType::kInt8 : cuda::QuantType::kFloat8E4M3;
   p.x = xc.const_data_ptr();
   p.q = q.mutable_data_ptr();
