@@ -12,7 +12,8 @@ transformers' generate, in one run on one device (issue 14 targets):
 
 Parts (``--parts``): ``opt`` (hf-generate, static-graph fp16 and int8wo at batch 1, token identity and
 the timer check), ``gemv`` (the int8 operator's kernel settings in a CUDA graph of 24 layers' calls, against each
-other and fp16 cuBLAS on the model's decode-step matrices, interleaved), ``attention`` (gpuopt's decode
+other and fp16 cuBLAS on the model's decode-step matrices, interleaved), ``linear`` (gpuopt's fp16 decode
+linear kernel, with and without its L2 prefetch, against cuBLAS on the same matrices), ``attention`` (gpuopt's decode
 attention operator against transformers' SDPA function on decode-step shapes, interleaved), ``paths`` (the other paths
 at batch 1), ``batch`` (batch sizes), ``sweep`` (a Results
 sweep of the built-in models with plots). A part that fails is recorded with its reason and the others
@@ -121,7 +122,28 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
     # with the model's own attention (SDPA), right after.
     own_attention = (run(best, "fp16", label=f"fp16+{best}+model-attention", attention="model")
                      if fast is not None and fast.attention == "gpuopt" else None)
+    # gpuopt's decode linear kernel (on by default in the fp16/bf16 static paths) and its L2 prefetch of the
+    # next layer's weight: the fast path with cuBLAS linear layers instead, and with the kernel but no
+    # prefetch, right after (the settings are read when the step is captured).
+    cublas_linears = no_prefetch = None
+    if fast is not None and fast.decode_linears:
+        before = gpuopt._C.decode_linear_kernel("cublas")
+        try:
+            cublas_linears = run(best, "fp16", label=f"fp16+{best}+cublas-linears")
+        finally:
+            gpuopt._C.decode_linear_kernel(before)
+        before = gpuopt._C.decode_linear_prefetch_bytes(0)
+        try:
+            no_prefetch = run(best, "fp16", label=f"fp16+{best}+no-prefetch")
+        finally:
+            gpuopt._C.decode_linear_prefetch_bytes(before)
     int8 = run(best, "int8wo") if best else None
+    for key, other, what in (("decode_linear_speedup", cublas_linears, "gpuopt's decode linear kernel (vs cuBLAS)"),
+                             ("prefetch_speedup", no_prefetch, "the L2 prefetch of the next weight (vs none)")):
+        if fast is not None and other is not None:
+            results["opt"][key] = other.tpot_ms["mean"] / fast.tpot_ms["mean"]
+            print(f"{what}: TPOT {other.tpot_ms['mean']:.3f} -> {fast.tpot_ms['mean']:.3f} ms "
+                  f"({results['opt'][key]:.3f}x)", flush=True)
     if fast is not None and unfused is not None:
         results["opt"]["fusion_speedup"] = unfused.tpot_ms["mean"] / fast.tpot_ms["mean"]
         print(f"fused projections: {fast.fused_projections} groups, TPOT {unfused.tpot_ms['mean']:.3f} -> "
@@ -248,6 +270,61 @@ def _gemv_in_graph(x, w8, sc, w16, quick) -> dict:
     return row
 
 
+def part_linear(args, ceilings, results: dict, targets: list[Target]) -> None:
+    """gpuopt's 16-bit decode linear kernel (``torch.ops.gpuopt.decode_linear``) on each matrix of OPT-1.3B's
+    decode step, 24 layers' calls with a weight each in one CUDA graph as in :func:`part_gemv`, without
+    and with each call prefetching the next call's weight into the L2, against fp16 cuBLAS, interleaved."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    layers = 24
+    out = results["linear"] = {"shapes": {}, "rows": [1, 4], "layers": layers}
+    for name, (n, k) in GEMV_SHAPES.items():
+        try:
+            w16 = [(torch.randn(n, k, device="cuda", generator=g) / k ** 0.5).half() for _ in range(layers)]
+            for m in out["rows"]:
+                x = torch.randn(m, k, device="cuda", generator=g).half()
+                row = out["shapes"][f"{name} m{m}"] = {"n": n, "k": k, "rows": m, **_fp16_gemv_in_graph(x, w16, args.quick)}
+                print(f"LINEAR fp16 {name} {n}x{k} m={m}, {layers} layers in a graph, us per call: "
+                      + ", ".join(f"{lbl} {v:.2f} ({n * k * 2 / v / 1e3:.0f} GB/s)" for lbl, v in row["us"].items()),
+                      flush=True)
+                write(args, results, targets, final=False)
+        except Exception as exc:  # noqa: BLE001 - recorded; the other shapes still run
+            traceback.print_exc()
+            out["shapes"].setdefault(name, {})["error"] = f"{type(exc).__name__}: {exc}"
+        w16 = None
+        _release()
+
+
+def _fp16_gemv_in_graph(x, w16, quick) -> dict:
+    """One shape of :func:`part_gemv` in fp16: gpuopt's decode_linear kernel, without and with each call
+    prefetching the next layer's weight into the L2, against cuBLAS (``F.linear``)."""
+    ops = torch.ops.gpuopt
+    layers = len(w16)
+    opts = {"mode": "graph", "calls_per_sample": 1, "max_time_s": 0.4 if quick else 1.0}
+
+    def cublas():
+        for w in w16:
+            torch.nn.functional.linear(x, w)
+
+    def ours(prefetch):
+        def call():
+            for i, w in enumerate(w16):
+                ops.decode_linear(x, w, None, "none", w16[(i + 1) % layers] if prefetch else None)
+        return call
+
+    row: dict = {"us": {}, "vs_cublas": {}}
+    for label, fn in (("gpuopt", ours(False)), ("gpuopt-prefetch", ours(True))):
+        try:
+            cmp = gpuopt.compare(cublas, fn, labels=("cublas", label), **opts)
+        except Exception as exc:  # noqa: BLE001 - recorded; the other setting still runs
+            traceback.print_exc()
+            row.setdefault("errors", {})[label] = f"{type(exc).__name__}: {exc}"
+            continue
+        row["us"]["cublas"] = cmp.baseline_ms * 1e3 / layers
+        row["us"][label] = cmp.candidate_ms * 1e3 / layers
+        row["vs_cublas"][label] = {"speedup": cmp.speedup, "ci": list(cmp.ci), "verdict": cmp.verdict}
+    return row
+
+
 # (batch, heads, kv heads, cache length): decode steps of OPT-1.3B-like (32 heads) and Llama-1B-like
 # (32 query, 8 KV heads) layers, two thirds of the cache attended.
 ATTENTION_SHAPES = {f"b{b} h{h}/{hkv} L{cache}": (b, h, hkv, cache, cache - cache // 3)
@@ -358,7 +435,8 @@ def _attention_in_graph(b, h, hkv, cache, keys, g, quick, layers=24) -> dict:
 
 def _kind(name: str) -> str:
     low = name.lower()
-    if any(k in low for k in ("gemm", "gemv", "xmma", "cutlass", "nvjet", "splitk", "kernels::int8_linear", "cublas")):
+    if any(k in low for k in ("gemm", "gemv", "xmma", "cutlass", "nvjet", "splitk", "kernels::int8_linear",
+                                       "kernels::decode_linear", "cublas")):
         return "gemm"
     if any(k in low for k in ("attention", "fmha", "flash", "softmax")):
         return "attention"
@@ -552,7 +630,7 @@ def main() -> int:
         results["errors"]["ceilings"] = f"{type(exc).__name__}: {exc}"
         ceilings = None
     results["hbm_read_gbps"] = (ceilings or {}).get("measured", {}).get("hbm_read_gbps")
-    parts = {"opt": part_opt, "gemv": part_gemv, "attention": part_attention, "paths": part_paths,
+    parts = {"opt": part_opt, "gemv": part_gemv, "linear": part_linear, "attention": part_attention, "paths": part_paths,
              "batch": part_batch, "sweep": part_sweep}
     unknown = sorted(set(args.parts.split(",")) - set(parts))
     if unknown:

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "../torch/decode.h"
+#include "../torch/decode_linear.h"
 #include "../torch/int8_linear.h"
 #include "../torch/timing.h"
 #include "bindings.h"
@@ -94,6 +95,28 @@ void bind_llm(py::module_& m) {
       "for N > 16384), for K >= 4096 or N <= 2048; else 'simt', faster for one row of a wide, short matrix), "
       "'simt' or 'tensor-core'. With a name, sets it process-wide and returns the previous one; without, "
       "returns it. For tests and benchmarks.");
+
+  m.def(
+      "decode_linear_kernel",
+      [](const std::optional<std::string>& kernel) {
+        return kernel.has_value() ? torch_ext::set_decode_linear_kernel(*kernel) : torch_ext::decode_linear_kernel();
+      },
+      py::arg("kernel") = py::none(),
+      "What torch.ops.gpuopt.decode_linear runs on CUDA: 'auto' (gpuopt's tensor-core kernel for 1 to 8 rows of "
+      "float16/bfloat16, K a multiple of 32, compute capability 8.0+; cuBLAS otherwise) or 'cublas' (always "
+      "ATen's linear). With a name, sets it process-wide and returns the previous one; without, returns it. "
+      "A captured graph keeps what it captured. For tests and benchmarks.");
+
+  m.def(
+      "decode_linear_prefetch_bytes",
+      [](const std::optional<std::int64_t>& bytes) {
+        return bytes.has_value() ? torch_ext::set_decode_linear_prefetch_bytes(*bytes)
+                                 : torch_ext::decode_linear_prefetch_bytes();
+      },
+      py::arg("bytes") = py::none(),
+      "The most bytes of its `prefetch` tensor torch.ops.gpuopt.decode_linear asks the L2 for after its outputs "
+      "(compute capability 9.0+; 0 turns it off; 32 MiB unless set). With a value, sets it process-wide and "
+      "returns the previous one; without, returns it.");
 
   m.def(
       "int8_linear_warps",

@@ -198,6 +198,42 @@ bool int8_linear_tensor_cores(const Int8LinearParams& p);
 // int8_linear_tensor_cores(p)).
 void int8_linear(const Int8LinearParams& p, cudaStream_t stream);
 
+// ---- 16-bit linear layer for decode-sized batches: out[m, n] = act(sum_k x[m, k] * w[n, k] + bias[n])
+// for fp16 or bf16 x and w of one type, accumulated in fp32 by tensor-core MMAs (the weight rows are
+// the MMA's M, x's rows its N, so 1 to 8 rows cost the same). Bandwidth-bound: the weight is streamed
+// once with 16-byte loads; 16 output columns per block, 4 to 32 warps splitting K in 32-wide chunks,
+// each lane with a batch of loads in flight. After its outputs, each block asks the L2 for its share of
+// `prefetch` (compute capability 9.0+, the bulk prefetch; a hint, never waited for): the next layer's
+// weight, so that it streams from memory while the kernels between the two layers run. Capturable.
+enum class LinearActivation { kNone, kRelu };
+
+struct DecodeLinearParams {
+  ActivationType type = ActivationType::kFloat16;  // of x, weight, bias and out: kFloat16 or kBFloat16
+  const void* x = nullptr;       // [rows, k], contiguous
+  const void* weight = nullptr;  // [n, k], contiguous
+  const void* bias = nullptr;    // [n], or nullptr
+  void* out = nullptr;           // [rows, n], contiguous
+  std::int64_t rows = 0, n = 0, k = 0;
+  LinearActivation activation = LinearActivation::kNone;
+  const void* prefetch = nullptr;  // bytes to ask the L2 for after the outputs, or nullptr
+  std::int64_t prefetch_bytes = 0;
+  int device = 0;  // the CUDA device of every pointer
+  int warps = 0;   // warps per block: 0 chosen from k (one batch of chunks per warp), or 4, 8, 16, 32
+};
+
+// The most rows decode_linear takes (one MMA tile): past that a cuBLAS GEMM is as fast.
+constexpr std::int64_t kDecodeLinearMaxRows = 8;
+// K per warp step: 16 bytes of each of a lane's two weight rows.
+constexpr std::int64_t kDecodeLinearChunk = 32;
+// Whether decode_linear takes these arguments: fp16/bf16, 1 <= rows <= kDecodeLinearMaxRows, n >= 1,
+// k a positive multiple of kDecodeLinearChunk, x and weight 16-byte aligned, and p.device of compute
+// capability 8.0+ with this binary's code for it built for 8.0+ (asked once per device).
+bool decode_linear_supported(const DecodeLinearParams& p);
+// Whether p.device runs the L2 bulk prefetch (compute capability 9.0+ and code built for it).
+bool decode_linear_prefetches(int device);
+// GPUOPT_CHECK_VALUE unless decode_linear_supported(p) and p.warps is 0, 4, 8, 16 or 32.
+void decode_linear(const DecodeLinearParams& p, cudaStream_t stream);
+
 // ---- row-wise quantization: for each row r of x [rows, k], amax = max |x[r, :]|, scale[r] =
 // amax / qmax (1 for an all-zero row) and q[r, i] = x[r, i] * (qmax / amax), rounded to the
 // nearest int8 (clamped to +-127) or saturated to float8 e4m3 (qmax 448). One block per row and

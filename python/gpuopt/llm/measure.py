@@ -30,6 +30,7 @@ from ..report.results import Row
 from ..timing.inputs import device_index
 from ..timing.measurement import Measurement, format_ms, measure
 from . import attention as _attention
+from . import linear as _linear
 from . import parity as _parity
 from .fuse import fuse_projections
 from .models import (
@@ -86,6 +87,7 @@ class Models:
         self.shape = Shape.of(self.config)
         self._by_precision: dict[tuple[str, bool], torch.nn.Module] = {("fp32", False): self.reference}
         self.fused_groups: dict[str, int] = {}  # precision -> projection groups fused in its fused copy
+        self.decode_linears: dict[str, int] = {}  # precision -> its fused copy's gpuopt decode linear layers
         self._references: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def candidate(self, precision: str, fused: bool = False) -> torch.nn.Module:
@@ -103,6 +105,8 @@ class Models:
                 m = quantize_int8_weight_only(m, torch.float16)
             else:
                 m = m.to(_DTYPES[precision])
+                if fused and _DTYPES[precision] in _linear.DTYPES:
+                    self.decode_linears[precision] = _decode_linears(m, self.device)
             self._by_precision[key] = m.eval()
         return self._by_precision[key]
 
@@ -126,6 +130,17 @@ class Models:
         for key in list(self._by_precision):
             if key != ("fp32", False) and (precision is None or key[0] == precision):
                 self._by_precision.pop(key)
+
+
+def _decode_linears(model: torch.nn.Module, device: torch.device) -> int:
+    """Puts gpuopt's decode linear layers into ``model`` (:func:`gpuopt.llm.linear.use_decode_linear`) and
+    chains their L2 prefetches in the order one single-token forward calls them; returns how many."""
+    count = _linear.use_decode_linear(model)
+    if count:
+        ids = torch.zeros(1, 1, dtype=torch.long, device=device)
+        with torch.inference_mode():
+            _linear.chain_prefetch(_linear.call_order(model, lambda: model(input_ids=ids, use_cache=False)))
+    return count
 
 
 @dataclass
@@ -165,6 +180,7 @@ class DecodeResult:
     parity: _parity.DecodeParity | None = None
     parity_error: str | None = None
     fused_projections: int = 0  # groups of sibling projections run as one linear layer (gpuopt.llm.fuse)
+    decode_linears: int = 0  # linear layers run by gpuopt's decode kernel, each prefetching the next (llm.linear)
     attention: str = "model"  # the decode step's attention: the model's own or gpuopt's (gpuopt.llm.attention)
     kv_writes_in_attention: int = 0  # attention modules whose kernel writes the step's key and value (llm.cache)
     build_s: float = 0.0
@@ -351,6 +367,7 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
         result = _result(models, decoder, m, got, path=path, precision=precision, index=index, element=element,
                          kv_per_token=kv_per_token, ceilings=ceilings, build_s=build_s)
         result.fused_projections = models.fused_groups.get(precision, 0) if fuse else 0
+        result.decode_linears = models.decode_linears.get(precision, 0) if fuse else 0
         result.attention = decoder.attention
         result.kv_writes_in_attention = decoder.deferred_writes
         if decoder.attention_note:

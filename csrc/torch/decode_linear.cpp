@@ -1,0 +1,181 @@
+// gpuopt::decode_linear, a torch operator registered like those of ops.cpp (a fragment of the `gpuopt`
+// library that ops.cpp defines):
+//
+//   gpuopt::decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation="none",
+//                         Tensor? prefetch=None) -> Tensor
+//       out = act(x @ weight.T + bias), shape [..., N], for x of float16/bfloat16/float32 [..., K], a
+//       weight [N, K] and an optional bias [N] of x's dtype; activation "none" or "relu". `prefetch`:
+//       a tensor on x's device (the next layer's weight) whose first bytes (up to
+//       decode_linear_prefetch_bytes()) the kernel asks the L2 for once its outputs are written.
+//
+// CPU: ATen's linear. CUDA: for decode batches (1 to 8 rows of fp16/bf16, K a multiple of 32, aligned
+// contiguous data, compute capability 8.0+) gpuopt's bandwidth-bound tensor-core kernel with the bias
+// and activation in its epilogue; otherwise ATen's linear (cuBLAS), and no prefetch. Both capturable in
+// a CUDA graph. Meta: shapes only.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/relu.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "decode_linear.h"
+#include "device.h"
+
+#ifdef GPUOPT_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "gpuopt/cuda.h"
+#endif
+
+namespace gpuopt::torch_ext {
+namespace {
+
+constexpr const char* kOp = "decode_linear";
+
+std::atomic<bool> g_cublas{false};  // decode_linear_kernel("cublas")
+std::atomic<std::int64_t> g_prefetch_bytes{kDefaultPrefetchBytes};
+
+bool relu(const std::string& activation) {
+  TORCH_CHECK_VALUE(activation == "none" || activation == "relu", kOp,
+                    ": activation must be 'none' or 'relu', got '", activation, "'");
+  return activation == "relu";
+}
+
+void check_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                const std::string& activation, const std::optional<at::Tensor>& prefetch) {
+  const at::ScalarType dtype = x.scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, kOp,
+                   ": x must be float16, bfloat16 or float32, got ", dtype_name(dtype));
+  TORCH_CHECK_VALUE(x.dim() >= 1, kOp, ": x must have shape [..., K], got a 0-dim tensor");
+  TORCH_CHECK_TYPE(weight.scalar_type() == dtype, kOp, ": weight must have x's dtype (", dtype_name(dtype),
+                   "), got ", dtype_name(weight.scalar_type()));
+  TORCH_CHECK_VALUE(weight.dim() == 2, kOp, ": weight must be 2-D [N, K], got sizes ", weight.sym_sizes());
+  TORCH_CHECK_VALUE(x.sym_size(-1) == weight.sym_size(1), kOp,
+                    ": x's last dimension must equal weight's K (weight is [N, K]), got x sizes ", x.sym_sizes(),
+                    " and weight sizes ", weight.sym_sizes());
+  TORCH_CHECK_VALUE(weight.device() == x.device(), kOp, ": weight must be on x's device (", x.device(),
+                    "), got ", weight.device());
+  if (bias.has_value()) {
+    TORCH_CHECK_TYPE(bias->scalar_type() == dtype, kOp, ": bias must have x's dtype (", dtype_name(dtype),
+                     "), got ", dtype_name(bias->scalar_type()));
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->sym_size(0) == weight.sym_size(0), kOp,
+                      ": bias must have shape [N] with N = weight.size(0) = ", weight.sym_size(0), ", got sizes ",
+                      bias->sym_sizes());
+    TORCH_CHECK_VALUE(bias->device() == x.device(), kOp, ": bias must be on x's device (", x.device(),
+                      "), got ", bias->device());
+  }
+  if (prefetch.has_value()) {
+    TORCH_CHECK_VALUE(prefetch->device() == x.device(), kOp, ": prefetch must be on x's device (", x.device(),
+                      "), got ", prefetch->device());
+  }
+  relu(activation);
+}
+
+at::Tensor reference(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                     bool apply_relu) {
+  at::Tensor y = at::linear(x, weight, bias);
+  if (apply_relu) y = at::relu(y);
+  return y;
+}
+
+at::Tensor decode_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                             const std::string& activation, const std::optional<at::Tensor>& prefetch) {
+  check_args(x, weight, bias, activation, prefetch);
+  return reference(x, weight, bias, relu(activation));
+}
+
+at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                              const std::string& activation, const std::optional<at::Tensor>& prefetch) {
+  check_args(x, weight, bias, activation, prefetch);
+  const bool apply_relu = relu(activation);
+#ifdef GPUOPT_WITH_CUDA
+  const c10::cuda::CUDAGuard guard(x.device());
+  const std::int64_t n = weight.size(0);
+  const std::int64_t k = weight.size(1);
+  std::int64_t rows = 1;
+  for (std::int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
+  if (g_cublas.load(std::memory_order_relaxed) || rows < 1 || rows > cuda::kDecodeLinearMaxRows ||
+      !weight.is_contiguous() || (bias.has_value() && !bias->is_contiguous())) {
+    return reference(x, weight, bias, apply_relu);
+  }
+  const at::Tensor x2 = x.reshape({rows, k}).contiguous();
+  cuda::DecodeLinearParams p;
+  p.type = activation_type(x.scalar_type());
+  p.x = x2.const_data_ptr();
+  p.weight = weight.const_data_ptr();
+  p.bias = bias.has_value() ? bias->const_data_ptr() : nullptr;
+  p.rows = rows;
+  p.n = n;
+  p.k = k;
+  p.device = x.device().index();
+  p.activation = apply_relu ? cuda::LinearActivation::kRelu : cuda::LinearActivation::kNone;
+  if (!cuda::decode_linear_supported(p)) return reference(x, weight, bias, apply_relu);
+  const std::int64_t cap = g_prefetch_bytes.load(std::memory_order_relaxed);
+  if (prefetch.has_value() && cap > 0 && prefetch->numel() > 0 && prefetch->is_contiguous()) {
+    const auto address = reinterpret_cast<std::uintptr_t>(prefetch->const_data_ptr());
+    if (address % 16 == 0) {
+      p.prefetch = prefetch->const_data_ptr();
+      p.prefetch_bytes = std::min<std::int64_t>(prefetch->nbytes(), cap) / 16 * 16;
+    }
+  }
+  at::Tensor out = at::empty({rows, n}, x.options());
+  p.out = out.mutable_data_ptr();
+  cuda::decode_linear(p, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  std::vector<std::int64_t> out_shape(x.sizes().begin(), x.sizes().end() - 1);  // [..., N]
+  out_shape.push_back(n);
+  return out.view(out_shape);
+#else
+  (void)apply_relu;
+  require_cuda("gpuopt::decode_linear on a CUDA tensor");
+  return {};
+#endif
+}
+
+at::Tensor decode_linear_meta(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                              const std::string& activation, const std::optional<at::Tensor>& prefetch) {
+  check_args(x, weight, bias, activation, prefetch);
+  std::vector<c10::SymInt> shape(x.sym_sizes().begin(), x.sym_sizes().end() - 1);
+  shape.push_back(weight.sym_size(0));
+  return at::empty_symint(shape, x.options());
+}
+
+}  // namespace
+
+std::string decode_linear_kernel() { return g_cublas.load() ? "cublas" : "auto"; }
+
+std::string set_decode_linear_kernel(const std::string& name) {
+  TORCH_CHECK_VALUE(name == "auto" || name == "cublas",
+                    "decode_linear_kernel: kernel must be 'auto' or 'cublas', got '", name, "'");
+  return g_cublas.exchange(name == "cublas") ? "cublas" : "auto";
+}
+
+std::int64_t decode_linear_prefetch_bytes() { return g_prefetch_bytes.load(); }
+
+std::int64_t set_decode_linear_prefetch_bytes(std::int64_t bytes) {
+  TORCH_CHECK_VALUE(bytes >= 0, "decode_linear_prefetch_bytes: bytes must be >= 0 (0 turns the prefetch off), got ",
+                    bytes);
+  return g_prefetch_bytes.exchange(bytes);
+}
+
+}  // namespace gpuopt::torch_ext
+
+TORCH_LIBRARY_FRAGMENT(gpuopt, m) {
+  m.def(
+      "decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation=\"none\", Tensor? prefetch=None) "
+      "-> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(gpuopt, CPU, m) { m.impl("decode_linear", &gpuopt::torch_ext::decode_linear_cpu); }
+
+TORCH_LIBRARY_IMPL(gpuopt, CUDA, m) { m.impl("decode_linear", &gpuopt::torch_ext::decode_linear_cuda); }
+
+TORCH_LIBRARY_IMPL(gpuopt, Meta, m) { m.impl("decode_linear", &gpuopt::torch_ext::decode_linear_meta); }

@@ -1,0 +1,301 @@
+"""gpuopt::decode_linear and gpuopt.llm.linear: values against a float64 reference, typed errors naming
+the argument, torch.library.opcheck, the process-wide settings, the module swap with its ReLU fusion and
+prefetch chain; on a GPU the tensor-core kernel (1 to 8 rows) and its cuBLAS fallback against the
+reference, the kernel that ran, a CUDA graph, torch.compile, and the prefetch leaving every value as is."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import gpuopt  # noqa: F401  (loading gpuopt._C registers the operators)
+from gpuopt import _C
+from gpuopt.llm import linear as L
+
+ops = torch.ops.gpuopt
+
+
+def _inputs(lead, n, k, dtype, g, *, bias=True, device="cpu"):
+    x = torch.randn(*lead, k, generator=g).to(dtype)
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype) if bias else None
+    return x.to(device), w.to(device), None if b is None else b.to(device)
+
+
+def _reference(x, w, b, relu=False) -> torch.Tensor:
+    y = x.double().cpu() @ w.double().cpu().t()
+    if b is not None:
+        y = y + b.double().cpu()
+    return y.clamp_min(0) if relu else y
+
+
+def _check(got, x, w, b, relu=False) -> None:
+    want = _reference(x, w, b, relu)
+    assert got.shape == want.shape and got.dtype == x.dtype
+    # fp32 sums of k products, rounded once to the output type: the output's rounding dominates.
+    eps = {torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7, torch.float32: 2 ** -20}[x.dtype]
+    tol = 2 * eps * (float(want.abs().max()) + 1.0)
+    err = float((got.cpu().double() - want).abs().max())
+    assert err <= tol, (err, tol)
+
+
+# ---- CPU -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lead", [(1,), (5,), (2, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("relu", [False, True])
+def test_cpu_matches_the_reference(lead, dtype, relu, rng):
+    x, w, b = _inputs(lead, 40, 64, dtype, rng, bias=lead != (5,))
+    _check(ops.decode_linear(x, w, b, "relu" if relu else "none"), x, w, b, relu)
+
+
+def test_cpu_ignores_prefetch(rng):
+    x, w, b = _inputs((2,), 8, 32, torch.float32, rng)
+    other = torch.randn(100, generator=rng)
+    assert torch.equal(ops.decode_linear(x, w, b, "none", other), ops.decode_linear(x, w, b))
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_opcheck(relu, rng):
+    x, w, b = _inputs((3,), 16, 32, torch.float32, rng)
+    torch.library.opcheck(ops.decode_linear.default, (x, w, b, "relu" if relu else "none", None))
+    torch.library.opcheck(ops.decode_linear.default, (x, w, None, "none", w))
+
+
+@pytest.mark.parametrize("case,exc,words", [
+    ("x int", TypeError, ["x must be float16, bfloat16 or float32", "int64"]),
+    ("weight dtype", TypeError, ["weight must have x's dtype (float32)", "float16"]),
+    ("weight 1-D", ValueError, ["weight must be 2-D [N, K]", "[32]"]),
+    ("k mismatch", ValueError, ["x's last dimension must equal weight's K", "[3, 32]", "[16, 31]"]),
+    ("bias dtype", TypeError, ["bias must have x's dtype", "float16"]),
+    ("bias shape", ValueError, ["bias must have shape [N] with N = weight.size(0) = 16", "[15]"]),
+    ("activation", ValueError, ["activation must be 'none' or 'relu'", "'gelu'"]),
+    ("x 0-dim", ValueError, ["x must have shape [..., K]"]),
+])
+def test_bad_arguments_name_the_argument(case, exc, words, rng):
+    x, w, b = _inputs((3,), 16, 32, torch.float32, rng)
+    args = {"x int": (x.long(), w, b), "weight dtype": (x, w.half(), b), "weight 1-D": (x, w[0], b),
+            "k mismatch": (x, w[:, :31], b), "bias dtype": (x, w, b.half()), "bias shape": (x, w, b[:15]),
+            "activation": (x, w, b, "gelu"), "x 0-dim": (x[0, 0], w, b)}[case]
+    for fn in (lambda a: ops.decode_linear(*a), lambda a: ops.decode_linear(*(t.to("meta") if isinstance(
+            t, torch.Tensor) else t for t in a))):
+        with pytest.raises(exc) as info:
+            fn(args)
+        for word in ("decode_linear", *words):
+            assert word in str(info.value), (word, str(info.value))
+
+
+def test_meta_gives_the_shape(rng):
+    x, w, b = _inputs((2, 5), 16, 32, torch.float32, rng)
+    out = ops.decode_linear(x.to("meta"), w.to("meta"), b.to("meta"))
+    assert out.shape == (2, 5, 16) and out.device.type == "meta"
+
+
+def test_settings_are_process_wide_and_checked():
+    assert _C.decode_linear_kernel() == "auto"
+    try:
+        assert _C.decode_linear_kernel("cublas") == "auto" and _C.decode_linear_kernel() == "cublas"
+        with pytest.raises(ValueError, match="'auto' or 'cublas', got 'simt'"):
+            _C.decode_linear_kernel("simt")
+        assert _C.decode_linear_kernel() == "cublas"  # a refused name changes nothing
+    finally:
+        _C.decode_linear_kernel("auto")
+    default = _C.decode_linear_prefetch_bytes()
+    assert default == 32 << 20
+    try:
+        assert _C.decode_linear_prefetch_bytes(0) == default and _C.decode_linear_prefetch_bytes() == 0
+        with pytest.raises(ValueError, match="bytes must be >= 0.*got -1"):
+            _C.decode_linear_prefetch_bytes(-1)
+        assert _C.decode_linear_prefetch_bytes() == 0
+    finally:
+        _C.decode_linear_prefetch_bytes(default)
+
+
+class _Layer(nn.Module):
+    """OPT's MLP shape: fc1, a ReLU, fc2; and an attention-like projection called first."""
+
+    def __init__(self, d: int, act: nn.Module):
+        super().__init__()
+        self.proj = nn.Linear(d, d)
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.activation_fn = act
+        self.fc2 = nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x):
+        return self.fc2(self.activation_fn(self.fc1(self.proj(x))))
+
+
+class _Net(nn.Module):
+    def __init__(self, d: int = 32, act: type = nn.ReLU):
+        super().__init__()
+        self.layers = nn.ModuleList([_Layer(d, act()) for _ in range(2)])
+        self.head = nn.Linear(d, 10, bias=False)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return self.head(x)
+
+
+@pytest.mark.parametrize("act,fused", [(nn.ReLU, True), (nn.GELU, False)])
+def test_use_decode_linear_swaps_fuses_relu_and_chains_the_prefetch(act, fused, rng):
+    torch.manual_seed(0)
+    net = _Net(act=act).to(torch.bfloat16).eval()
+    x = torch.randn(3, 32, generator=rng).to(torch.bfloat16)
+    with torch.inference_mode():
+        want = net(x)
+    weights = [net.layers[0].proj.weight, net.layers[0].fc1.weight]
+    assert L.use_decode_linear(net) == 7
+    assert all(type(m) is not nn.Linear for m in net.modules())
+    assert net.layers[0].proj.weight is weights[0] and net.layers[0].fc1.weight is weights[1]  # shared, not copied
+    assert (net.layers[0].fc1.activation == "relu") is fused
+    assert isinstance(net.layers[0].activation_fn, nn.Identity) is fused
+    order = L.call_order(net, lambda: net(x))
+    assert [m.out_features for m in order] == [32, 128, 32, 32, 128, 32, 10]
+    assert L.chain_prefetch(order) == 7
+    for i, m in enumerate(order):
+        nxt = order[(i + 1) % len(order)].weight
+        assert m.prefetch.data_ptr() == nxt.data_ptr() and not isinstance(m.prefetch, nn.Parameter)
+    assert len(list(net.parameters())) == len(set(map(id, net.parameters()))) == 7 * 2 - 3  # three without bias
+    assert "prefetch" not in "".join(net.state_dict())
+    with torch.inference_mode():
+        torch.testing.assert_close(net(x), want)
+    L.clear_prefetch(net)
+    assert all(m.prefetch is None for m in order)
+
+
+def test_use_decode_linear_leaves_float32_layers():
+    net = _Net().eval()
+    assert L.use_decode_linear(net) == 0
+    assert isinstance(net.layers[0].fc1, nn.Linear) and isinstance(net.layers[0].activation_fn, nn.ReLU)
+
+
+def test_decode_linear_module_refuses_an_unknown_activation():
+    with pytest.raises(ValueError, match="activation must be 'none' or 'relu', got 'tanh'"):
+        L.DecodeLinear(nn.Linear(4, 4), "tanh")
+
+
+def test_fused_llm_copies_run_decode_linears_with_the_same_logits(rng):
+    from gpuopt.llm.measure import Models
+
+    models = Models("opt-125m")
+    fused = models.candidate("bf16", fused=True)
+    plain = models.candidate("bf16")
+    # OPT-125m: q/k/v as one, out_proj, fc1 (with its ReLU), fc2 per layer, and the LM head.
+    assert models.decode_linears["bf16"] == 12 * 4 + 1
+    layer = fused.model.decoder.layers[0]
+    assert layer.fc1.activation == "relu" and layer.fc1.prefetch is not None
+    assert layer.fc1.prefetch.shape == layer.fc2.weight.shape
+    assert fused.lm_head.prefetch.shape == layer.self_attn.q_proj.linear.weight.shape  # the next step's first
+    assert isinstance(plain.model.decoder.layers[0].fc1, nn.Linear)
+    ids = torch.randint(0, 1000, (1, 6), generator=rng)
+    with torch.inference_mode():
+        a = fused(input_ids=ids, use_cache=False).logits.float()
+        b = plain(input_ids=ids, use_cache=False).logits.float()
+    torch.testing.assert_close(a, b, rtol=0.05, atol=0.05)
+
+
+# ---- CUDA ------------------------------------------------------------------------------------------------
+
+
+def _kernels_run(fn) -> list[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def _needs_mma():
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("gpuopt's decode linear kernel needs compute capability 8.0+")
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("n,k", [(3, 32), (1000, 2048), (2048, 8192), (40, 160), (6144, 2048)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_kernel_matches_the_reference(m, n, k, dtype, rng):
+    # n = 3, 1000 and 40 leave a partial 16-column tile; k = 32 is one chunk (3 idle warps of 4), 160 five
+    # (no whole batch), 8192 two 4-chunk batches per warp of 32; 8 rows fill the MMA's N.
+    _needs_mma()
+    lead = (m,) if k != 2048 else (1, m)
+    relu = n == 1000
+    x, w, b = _inputs(lead, n, k, dtype, rng, bias=m != 3, device="cuda")
+    act = "relu" if relu else "none"
+    names = _kernels_run(lambda: ops.decode_linear(x, w, b, act))
+    assert len(names) == 1 and "decode_linear_mma" in names[0], names
+    assert (", true>" in names[0]) is relu, names[0]
+    _check(ops.decode_linear(x, w, b, act), x, w, b, relu)
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("case", ["9 rows", "k % 32", "unaligned x", "float32", "cublas setting", "strided weight"])
+def test_cases_the_kernel_does_not_take_run_atens_linear(case, rng, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    dtype = torch.float32 if case == "float32" else torch.float16
+    m, k = (9, 64) if case == "9 rows" else (2, 48 if case == "k % 32" else 64)
+    x, w, b = _inputs((m,), 24, k, dtype, rng, device="cuda")
+    if case == "unaligned x":
+        base = torch.empty(m * k + 1, dtype=dtype, device="cuda")
+        x = base[1:].view(m, k).copy_(x)
+    if case == "strided weight":
+        w = torch.cat([w, w], dim=1)[:, ::2]
+    before = _C.decode_linear_kernel("cublas" if case == "cublas setting" else "auto")
+    try:
+        names = _kernels_run(lambda: ops.decode_linear(x, w, b, "relu"))
+        got = ops.decode_linear(x, w, b, "relu")
+    finally:
+        _C.decode_linear_kernel(before)
+    assert not any("decode_linear_mma" in n for n in names), names
+    _check(got, x, w, b, relu=True)
+
+
+@pytest.mark.gpuopt_gpu
+def test_the_prefetch_changes_no_value_and_a_graph_replays_it(rng):
+    _needs_mma()
+    x, w, b = _inputs((2,), 2048, 2048, torch.float16, rng, device="cuda")
+    nxt = torch.randn(8192, 2048, device="cuda", dtype=torch.float16)
+    plain = ops.decode_linear(x, w, b)
+    assert torch.equal(ops.decode_linear(x, w, b, "none", nxt), plain)
+    assert torch.equal(ops.decode_linear(x, w, b, "none", nxt[:, 1:]), plain)  # not contiguous: no prefetch
+    odd = torch.empty(1001, dtype=torch.uint8, device="cuda")[1:]  # 1000 bytes, not 16-byte aligned
+    assert torch.equal(ops.decode_linear(x, w, b, "none", odd), plain)
+    static_x = x.clone()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ops.decode_linear(static_x, w, b, "none", nxt)  # warm-up outside the capture
+        with torch.cuda.graph(graph, stream=stream):
+            out = ops.decode_linear(static_x, w, b, "none", nxt)
+    torch.cuda.current_stream().wait_stream(stream)
+    for _ in range(2):
+        static_x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ops.decode_linear(static_x, w, b))
+
+
+@pytest.mark.gpuopt_gpu
+def test_prefetch_on_another_device_is_refused(rng):
+    x, w, b = _inputs((1,), 16, 32, torch.float16, rng, device="cuda")
+    with pytest.raises(ValueError, match="decode_linear: prefetch must be on x's device"):
+        ops.decode_linear(x, w, b, "none", torch.zeros(4))
+
+
+@pytest.mark.gpuopt_gpu
+def test_compiled_module_runs_the_kernel(rng):
+    _needs_mma()
+    net = _Net(d=64).to("cuda", torch.float16).eval()
+    L.use_decode_linear(net)
+    x = torch.randn(1, 64, generator=rng).to("cuda", torch.float16)
+    L.chain_prefetch(L.call_order(net, lambda: net(x)))
+    with torch.inference_mode():
+        eager = net(x)
+        compiled = torch.compile(net, fullgraph=True)
+        got = compiled(x)
+        names = _kernels_run(lambda: compiled(x))
+    assert sum("decode_linear_mma" in n for n in names) == 7, names
+    torch.testing.assert_close(got, eager, rtol=1e-2, atol=1e-2)
