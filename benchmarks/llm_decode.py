@@ -13,7 +13,7 @@ transformers' generate, in one run on one device (issue 14 targets):
 Parts (``--parts``): ``opt`` (hf-generate, static-graph fp16 and int8wo at batch 1, token identity and
 the timer check), ``gemv`` (the int8 operator's kernel settings in a CUDA graph of 24 layers' calls, against each
 other and fp16 cuBLAS on the model's decode-step matrices, interleaved), ``linear`` (gpuopt's fp16 decode
-linear kernel, with and without its L2 prefetch, against cuBLAS on the same matrices), ``attention`` (gpuopt's decode
+linear kernel in each of its layouts against cuBLAS on the same matrices, interleaved), ``attention`` (gpuopt's decode
 attention operator against transformers' SDPA function on decode-step shapes, interleaved), ``paths`` (the other paths
 at batch 1), ``batch`` (batch sizes), ``sweep`` (a Results
 sweep of the built-in models with plots). A part that fails is recorded with its reason and the others
@@ -122,28 +122,20 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
     # with the model's own attention (SDPA), right after.
     own_attention = (run(best, "fp16", label=f"fp16+{best}+model-attention", attention="model")
                      if fast is not None and fast.attention == "gpuopt" else None)
-    # gpuopt's decode linear kernel (on by default in the fp16/bf16 static paths) and its L2 prefetch of the
-    # next layer's weight: the fast path with cuBLAS linear layers instead, and with the kernel but no
-    # prefetch, right after (the settings are read when the step is captured).
-    cublas_linears = no_prefetch = None
+    # gpuopt's decode linear kernel (on by default in the fp16/bf16 static paths): the fast path with cuBLAS
+    # linear layers instead, right after (the setting is read when the step is captured).
+    cublas_linears = None
     if fast is not None and fast.decode_linears:
         before = gpuopt._C.decode_linear_kernel("cublas")
         try:
             cublas_linears = run(best, "fp16", label=f"fp16+{best}+cublas-linears")
         finally:
             gpuopt._C.decode_linear_kernel(before)
-        before = gpuopt._C.decode_linear_prefetch_bytes(0)
-        try:
-            no_prefetch = run(best, "fp16", label=f"fp16+{best}+no-prefetch")
-        finally:
-            gpuopt._C.decode_linear_prefetch_bytes(before)
     int8 = run(best, "int8wo") if best else None
-    for key, other, what in (("decode_linear_speedup", cublas_linears, "gpuopt's decode linear kernel (vs cuBLAS)"),
-                             ("prefetch_speedup", no_prefetch, "the L2 prefetch of the next weight (vs none)")):
-        if fast is not None and other is not None:
-            results["opt"][key] = other.tpot_ms["mean"] / fast.tpot_ms["mean"]
-            print(f"{what}: TPOT {other.tpot_ms['mean']:.3f} -> {fast.tpot_ms['mean']:.3f} ms "
-                  f"({results['opt'][key]:.3f}x)", flush=True)
+    if fast is not None and cublas_linears is not None:
+        results["opt"]["decode_linear_speedup"] = cublas_linears.tpot_ms["mean"] / fast.tpot_ms["mean"]
+        print(f"gpuopt's decode linear kernel: {fast.decode_linears} layers, TPOT {cublas_linears.tpot_ms['mean']:.3f} "
+              f"(cuBLAS) -> {fast.tpot_ms['mean']:.3f} ms ({results['opt']['decode_linear_speedup']:.3f}x)", flush=True)
     if fast is not None and unfused is not None:
         results["opt"]["fusion_speedup"] = unfused.tpot_ms["mean"] / fast.tpot_ms["mean"]
         print(f"fused projections: {fast.fused_projections} groups, TPOT {unfused.tpot_ms['mean']:.3f} -> "
@@ -270,22 +262,33 @@ def _gemv_in_graph(x, w8, sc, w16, quick) -> dict:
     return row
 
 
+LINEAR_LAYOUTS = {  # gpuopt._C.decode_linear_layout(warps, vector) settings compared; "auto" is (0, 0)
+    "auto": (0, 0), "w4v1": (4, 1), "w8v1": (8, 1), "w16v1": (16, 1), "w32v1": (32, 1),
+    "w4v2": (4, 2), "w8v2": (8, 2), "w16v2": (16, 2), "w32v2": (32, 2)}
+
+
 def part_linear(args, ceilings, results: dict, targets: list[Target]) -> None:
     """gpuopt's 16-bit decode linear kernel (``torch.ops.gpuopt.decode_linear``) on each matrix of OPT-1.3B's
-    decode step, 24 layers' calls with a weight each in one CUDA graph as in :func:`part_gemv`, without
-    and with each call prefetching the next call's weight into the L2, against fp16 cuBLAS, interleaved."""
+    decode step, 24 layers' calls with a weight each in one CUDA graph as in :func:`part_gemv`, in each
+    layout of LINEAR_LAYOUTS (warps per block, 16-byte loads per row and chunk), against fp16 cuBLAS
+    (``F.linear``), interleaved. GB/s = the weight's bytes / time per call."""
     g = torch.Generator(device="cuda").manual_seed(0)
     layers = 24
-    out = results["linear"] = {"shapes": {}, "rows": [1, 4], "layers": layers}
+    rows = [1]  # the batch-1 step's rows (the kernel's MMA costs the same for up to 8)
+    out = results["linear"] = {"shapes": {}, "rows": rows, "layers": layers, "layouts": LINEAR_LAYOUTS}
+    opts = {"mode": "graph", "calls_per_sample": 1, "max_time_s": 0.3 if args.quick else 0.8}
     for name, (n, k) in GEMV_SHAPES.items():
         try:
             w16 = [(torch.randn(n, k, device="cuda", generator=g) / k ** 0.5).half() for _ in range(layers)]
-            for m in out["rows"]:
+            for m in rows:
                 x = torch.randn(m, k, device="cuda", generator=g).half()
-                row = out["shapes"][f"{name} m{m}"] = {"n": n, "k": k, "rows": m, **_fp16_gemv_in_graph(x, w16, args.quick)}
-                print(f"LINEAR fp16 {name} {n}x{k} m={m}, {layers} layers in a graph, us per call: "
-                      + ", ".join(f"{lbl} {v:.2f} ({n * k * 2 / v / 1e3:.0f} GB/s)" for lbl, v in row["us"].items()),
-                      flush=True)
+                row = out["shapes"][f"{name} m{m}"] = _linear_layouts_in_graph(x, w16, opts)
+                ours_us = {lbl: v for lbl, v in row["us"].items() if lbl != "cublas"}
+                if ours_us:
+                    row["best"] = min(ours_us, key=ours_us.get)
+                print(f"LINEAR fp16 {name} {n}x{k} m={m}, {layers} layers in a graph, us per call (GB/s): "
+                      + ", ".join(f"{lbl} {v:.2f} ({n * k * 2 / v / 1e3:.0f})" for lbl, v in row["us"].items())
+                      + f"; best {row.get('best')}", flush=True)
                 write(args, results, targets, final=False)
         except Exception as exc:  # noqa: BLE001 - recorded; the other shapes still run
             traceback.print_exc()
@@ -294,31 +297,35 @@ def part_linear(args, ceilings, results: dict, targets: list[Target]) -> None:
         _release()
 
 
-def _fp16_gemv_in_graph(x, w16, quick) -> dict:
-    """One shape of :func:`part_gemv` in fp16: gpuopt's decode_linear kernel, without and with each call
-    prefetching the next layer's weight into the L2, against cuBLAS (``F.linear``)."""
+def _linear_layouts_in_graph(x, w16, opts) -> dict:
+    """One shape of :func:`part_linear`: each layout of LINEAR_LAYOUTS against cuBLAS."""
+    from gpuopt import _C
+
     ops = torch.ops.gpuopt
+    n, k = w16[0].shape
     layers = len(w16)
-    opts = {"mode": "graph", "calls_per_sample": 1, "max_time_s": 0.4 if quick else 1.0}
+    row: dict = {"n": n, "k": k, "rows": x.shape[0], "us": {}, "vs_cublas": {}}
 
     def cublas():
         for w in w16:
             torch.nn.functional.linear(x, w)
 
-    def ours(prefetch):
-        def call():
-            for i, w in enumerate(w16):
-                ops.decode_linear(x, w, None, "none", w16[(i + 1) % layers] if prefetch else None)
+    def ours(layout):
+        def call():  # read at capture: the graph keeps the layout it captured
+            _C.decode_linear_layout(*layout)
+            for w in w16:
+                ops.decode_linear(x, w)
         return call
 
-    row: dict = {"us": {}, "vs_cublas": {}}
-    for label, fn in (("gpuopt", ours(False)), ("gpuopt-prefetch", ours(True))):
+    for label, layout in LINEAR_LAYOUTS.items():
         try:
-            cmp = gpuopt.compare(cublas, fn, labels=("cublas", label), **opts)
-        except Exception as exc:  # noqa: BLE001 - recorded; the other setting still runs
+            cmp = gpuopt.compare(cublas, ours(layout), labels=("cublas", label), **opts)
+        except Exception as exc:  # noqa: BLE001 - recorded; the other layouts still run
             traceback.print_exc()
             row.setdefault("errors", {})[label] = f"{type(exc).__name__}: {exc}"
             continue
+        finally:
+            _C.decode_linear_layout(0, 0)
         row["us"]["cublas"] = cmp.baseline_ms * 1e3 / layers
         row["us"][label] = cmp.candidate_ms * 1e3 / layers
         row["vs_cublas"][label] = {"speedup": cmp.speedup, "ci": list(cmp.ci), "verdict": cmp.verdict}

@@ -1,7 +1,7 @@
 """gpuopt::decode_linear and gpuopt.llm.linear: values against a float64 reference, typed errors naming
-the argument, torch.library.opcheck, the process-wide settings, the module swap with its ReLU fusion and
-prefetch chain; on a GPU the tensor-core kernel (1 to 8 rows) and its cuBLAS fallback against the
-reference, the kernel that ran, a CUDA graph, torch.compile, and the prefetch leaving every value as is."""
+the argument, torch.library.opcheck, the process-wide settings, the module swap with its ReLU fusion; on a
+GPU the tensor-core kernel (1 to 8 rows, each layout) and its cuBLAS fallback against the reference, the
+kernel that ran, a CUDA graph and torch.compile."""
 
 from __future__ import annotations
 
@@ -51,17 +51,11 @@ def test_cpu_matches_the_reference(lead, dtype, relu, rng):
     _check(ops.decode_linear(x, w, b, "relu" if relu else "none"), x, w, b, relu)
 
 
-def test_cpu_ignores_prefetch(rng):
-    x, w, b = _inputs((2,), 8, 32, torch.float32, rng)
-    other = torch.randn(100, generator=rng)
-    assert torch.equal(ops.decode_linear(x, w, b, "none", other), ops.decode_linear(x, w, b))
-
-
 @pytest.mark.parametrize("relu", [False, True])
 def test_opcheck(relu, rng):
     x, w, b = _inputs((3,), 16, 32, torch.float32, rng)
-    torch.library.opcheck(ops.decode_linear.default, (x, w, b, "relu" if relu else "none", None))
-    torch.library.opcheck(ops.decode_linear.default, (x, w, None, "none", w))
+    torch.library.opcheck(ops.decode_linear.default, (x, w, b, "relu" if relu else "none"))
+    torch.library.opcheck(ops.decode_linear.default, (x, w, None))
 
 
 @pytest.mark.parametrize("case,exc,words", [
@@ -102,15 +96,17 @@ def test_settings_are_process_wide_and_checked():
         assert _C.decode_linear_kernel() == "cublas"  # a refused name changes nothing
     finally:
         _C.decode_linear_kernel("auto")
-    default = _C.decode_linear_prefetch_bytes()
-    assert default == 32 << 20
+    assert _C.decode_linear_layout() == (0, 0)
     try:
-        assert _C.decode_linear_prefetch_bytes(0) == default and _C.decode_linear_prefetch_bytes() == 0
-        with pytest.raises(ValueError, match="bytes must be >= 0.*got -1"):
-            _C.decode_linear_prefetch_bytes(-1)
-        assert _C.decode_linear_prefetch_bytes() == 0
+        assert _C.decode_linear_layout(8, 2) == (0, 0) and _C.decode_linear_layout() == (8, 2)
+        assert _C.decode_linear_layout(warps=16) == (8, 2) and _C.decode_linear_layout() == (16, 2)
+        for bad, match in (((12, 1), "warps must be 0 \\(chosen from K\\), 4, 8, 16 or 32, got 12"),
+                           ((4, 3), "vector must be 0 \\(chosen\\), 1 or 2, got 3")):
+            with pytest.raises(ValueError, match=match):
+                _C.decode_linear_layout(*bad)
+        assert _C.decode_linear_layout() == (16, 2)  # a refused value changes nothing
     finally:
-        _C.decode_linear_prefetch_bytes(default)
+        _C.decode_linear_layout(0, 0)
 
 
 class _Layer(nn.Module):
@@ -140,7 +136,7 @@ class _Net(nn.Module):
 
 
 @pytest.mark.parametrize("act,fused", [(nn.ReLU, True), (nn.GELU, False)])
-def test_use_decode_linear_swaps_fuses_relu_and_chains_the_prefetch(act, fused, rng):
+def test_use_decode_linear_swaps_and_fuses_relu(act, fused, rng):
     torch.manual_seed(0)
     net = _Net(act=act).to(torch.bfloat16).eval()
     x = torch.randn(3, 32, generator=rng).to(torch.bfloat16)
@@ -152,18 +148,9 @@ def test_use_decode_linear_swaps_fuses_relu_and_chains_the_prefetch(act, fused, 
     assert net.layers[0].proj.weight is weights[0] and net.layers[0].fc1.weight is weights[1]  # shared, not copied
     assert (net.layers[0].fc1.activation == "relu") is fused
     assert isinstance(net.layers[0].activation_fn, nn.Identity) is fused
-    order = L.call_order(net, lambda: net(x))
-    assert [m.out_features for m in order] == [32, 128, 32, 32, 128, 32, 10]
-    assert L.chain_prefetch(order) == 7
-    for i, m in enumerate(order):
-        nxt = order[(i + 1) % len(order)].weight
-        assert m.prefetch.data_ptr() == nxt.data_ptr() and not isinstance(m.prefetch, nn.Parameter)
-    assert len(list(net.parameters())) == len(set(map(id, net.parameters()))) == 7 * 2 - 3  # three without bias
-    assert "prefetch" not in "".join(net.state_dict())
+    assert len(list(net.parameters())) == 7 * 2 - 3  # three without bias
     with torch.inference_mode():
         torch.testing.assert_close(net(x), want)
-    L.clear_prefetch(net)
-    assert all(m.prefetch is None for m in order)
 
 
 def test_use_decode_linear_leaves_float32_layers():
@@ -186,9 +173,8 @@ def test_fused_llm_copies_run_decode_linears_with_the_same_logits(rng):
     # OPT-125m: q/k/v as one, out_proj, fc1 (with its ReLU), fc2 per layer, and the LM head.
     assert models.decode_linears["bf16"] == 12 * 4 + 1
     layer = fused.model.decoder.layers[0]
-    assert layer.fc1.activation == "relu" and layer.fc1.prefetch is not None
-    assert layer.fc1.prefetch.shape == layer.fc2.weight.shape
-    assert fused.lm_head.prefetch.shape == layer.self_attn.q_proj.linear.weight.shape  # the next step's first
+    assert layer.fc1.activation == "relu" and isinstance(layer.activation_fn, nn.Identity)
+    assert isinstance(fused.lm_head, L.DecodeLinear) and fused.lm_head.weight is fused.model.decoder.embed_tokens.weight
     assert isinstance(plain.model.decoder.layers[0].fc1, nn.Linear)
     ids = torch.randint(0, 1000, (1, 6), generator=rng)
     with torch.inference_mode():
@@ -212,13 +198,22 @@ def _needs_mma():
         pytest.skip("gpuopt's decode linear kernel needs compute capability 8.0+")
 
 
+@pytest.fixture(params=[(0, 0), (4, 1), (32, 1), (8, 2), (16, 2)], ids=lambda p: f"w{p[0]}v{p[1]}")
+def layout(request):
+    """Layouts of the kernel in turn (warps, vector; the process-wide setting, restored after the test)."""
+    before = _C.decode_linear_layout(*request.param)
+    yield request.param
+    _C.decode_linear_layout(*before)
+
+
 @pytest.mark.gpuopt_gpu
 @pytest.mark.parametrize("m", [1, 3, 8])
 @pytest.mark.parametrize("n,k", [(3, 32), (1000, 2048), (2048, 8192), (40, 160), (6144, 2048)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_cuda_kernel_matches_the_reference(m, n, k, dtype, rng):
-    # n = 3, 1000 and 40 leave a partial 16-column tile; k = 32 is one chunk (3 idle warps of 4), 160 five
-    # (no whole batch), 8192 two 4-chunk batches per warp of 32; 8 rows fill the MMA's N.
+def test_cuda_kernel_matches_the_reference(m, n, k, dtype, layout, rng):
+    # n = 3, 1000 and 40 leave a partial 16-column tile; k = 32 is one chunk (3 idle warps of 4; a vector of
+    # 2 falls back to 1 there and for 160, five chunks: no whole batch), 8192 whole batches per warp; 8 rows
+    # fill the MMA's N.
     _needs_mma()
     lead = (m,) if k != 2048 else (1, m)
     relu = n == 1000
@@ -227,6 +222,9 @@ def test_cuda_kernel_matches_the_reference(m, n, k, dtype, rng):
     names = _kernels_run(lambda: ops.decode_linear(x, w, b, act))
     assert len(names) == 1 and "decode_linear_mma" in names[0], names
     assert (", true>" in names[0]) is relu, names[0]
+    warps, vector = layout
+    if warps:
+        assert f", {warps}, {vector if k % 64 == 0 else 1}, " in names[0], names[0]
     _check(ops.decode_linear(x, w, b, act), x, w, b, relu)
 
 
@@ -253,36 +251,31 @@ def test_cases_the_kernel_does_not_take_run_atens_linear(case, rng, monkeypatch)
 
 
 @pytest.mark.gpuopt_gpu
-def test_the_prefetch_changes_no_value_and_a_graph_replays_it(rng):
+def test_a_cuda_graph_replays_the_kernel(rng):
     _needs_mma()
     x, w, b = _inputs((2,), 2048, 2048, torch.float16, rng, device="cuda")
-    nxt = torch.randn(8192, 2048, device="cuda", dtype=torch.float16)
-    plain = ops.decode_linear(x, w, b)
-    assert torch.equal(ops.decode_linear(x, w, b, "none", nxt), plain)
-    assert torch.equal(ops.decode_linear(x, w, b, "none", nxt[:, 1:]), plain)  # not contiguous: no prefetch
-    odd = torch.empty(1001, dtype=torch.uint8, device="cuda")[1:]  # 1000 bytes, not 16-byte aligned
-    assert torch.equal(ops.decode_linear(x, w, b, "none", odd), plain)
     static_x = x.clone()
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        ops.decode_linear(static_x, w, b, "none", nxt)  # warm-up outside the capture
+        ops.decode_linear(static_x, w, b, "relu")  # warm-up outside the capture
         with torch.cuda.graph(graph, stream=stream):
-            out = ops.decode_linear(static_x, w, b, "none", nxt)
+            out = ops.decode_linear(static_x, w, b, "relu")
     torch.cuda.current_stream().wait_stream(stream)
     for _ in range(2):
         static_x.copy_(torch.randn_like(x))
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, ops.decode_linear(static_x, w, b))
+        assert torch.equal(out, ops.decode_linear(static_x, w, b, "relu"))
+        _check(out, static_x, w, b, relu=True)
 
 
 @pytest.mark.gpuopt_gpu
-def test_prefetch_on_another_device_is_refused(rng):
+def test_weight_on_another_device_is_refused(rng):
     x, w, b = _inputs((1,), 16, 32, torch.float16, rng, device="cuda")
-    with pytest.raises(ValueError, match="decode_linear: prefetch must be on x's device"):
-        ops.decode_linear(x, w, b, "none", torch.zeros(4))
+    with pytest.raises(ValueError, match="decode_linear: weight must be on x's device"):
+        ops.decode_linear(x, w.cpu(), b)
 
 
 @pytest.mark.gpuopt_gpu
@@ -291,7 +284,6 @@ def test_compiled_module_runs_the_kernel(rng):
     net = _Net(d=64).to("cuda", torch.float16).eval()
     L.use_decode_linear(net)
     x = torch.randn(1, 64, generator=rng).to("cuda", torch.float16)
-    L.chain_prefetch(L.call_order(net, lambda: net(x)))
     with torch.inference_mode():
         eager = net(x)
         compiled = torch.compile(net, fullgraph=True)

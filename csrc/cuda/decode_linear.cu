@@ -9,11 +9,10 @@ namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-// What `device` runs, asked once per device (made current for the query): kMma, the tensor-core
-// kernel (compute capability 8.0+ and this binary's code for the device built from PTX 8.0+: a build
-// for 7.5 alone would JIT its compute_75 PTX there, whose MMA is compiled out), and kPrefetch, the L2
-// bulk prefetch (9.0+, code from PTX 9.0+).
-constexpr int kKnown = 1, kMma = 2, kPrefetch = 4;
+// Whether `device` runs the tensor-core kernel, asked once per device (made current for the query):
+// compute capability 8.0+ and this binary's code for it built from PTX 8.0+ (a build for 7.5 alone
+// would JIT its compute_75 PTX there, whose MMA is compiled out).
+constexpr int kKnown = 1, kMma = 2;
 int capabilities(int device) {
   constexpr int kDevices = 64;
   static std::atomic<int> cache[kDevices] = {};
@@ -28,50 +27,63 @@ int capabilities(int device) {
     GPUOPT_CHECK_CUDA(cudaGetDevice(&current));
     if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(device));
     cudaFuncAttributes attributes = {};
-    const cudaError_t status = cudaFuncGetAttributes(&attributes, kernels::decode_linear_mma<__half, 4, false>);
+    const cudaError_t status = cudaFuncGetAttributes(&attributes, kernels::decode_linear_mma<__half, 4, 1, false>);
     if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(current));
     GPUOPT_CHECK_CUDA(status);
     if (attributes.ptxVersion >= 80) caps |= kMma;
-    if (major >= 9 && attributes.ptxVersion >= 90) caps |= kPrefetch;
   }
   if (device >= 0 && device < kDevices) cache[device].store(caps, std::memory_order_relaxed);
   return caps;
 }
 
-// One batch of chunks per warp, 4 to 32 warps: k = 2048 gives 16 warps, 8192 gives 32.
-int warps_for(const DecodeLinearParams& p) {
+// uint4 per row per lane and chunk: forced by p.vector, else 1 (64 bytes of a row per chunk).
+int vector_for(const DecodeLinearParams& p) {
+  if (p.vector != 0) return p.vector;
+  return 1;
+}
+
+// Warps per block: forced by p.warps, else one batch of loads per warp, 4 to 32 warps (k = 2048 gives
+// 16, 8192 gives 32).
+int warps_for(const DecodeLinearParams& p, int vector) {
   if (p.warps != 0) return p.warps;
-  const std::int64_t want = p.k / kDecodeLinearChunk / kernels::kLinearBatch;
+  const std::int64_t want = p.k / (kDecodeLinearChunk * vector) / (kernels::kLinearLoads / vector);
   return want >= 32 ? 32 : want >= 16 ? 16 : want >= 8 ? 8 : 4;
 }
 
-template <typename T, int kWarps, bool kRelu>
+template <typename T, int kWarps, int kVec, bool kRelu>
 void launch(const DecodeLinearParams& p, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((p.n + 15) / 16);
-  const bool prefetch = p.prefetch != nullptr && p.prefetch_bytes >= 16 && decode_linear_prefetches(p.device);
-  kernels::decode_linear_mma<T, kWarps, kRelu><<<blocks, kWarps * 32, 0, stream>>>(
+  kernels::decode_linear_mma<T, kWarps, kVec, kRelu><<<blocks, kWarps * 32, 0, stream>>>(
       static_cast<const T*>(p.x), static_cast<const T*>(p.weight), static_cast<const T*>(p.bias),
-      static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k,
-      prefetch ? static_cast<const char*>(p.prefetch) : nullptr, prefetch ? p.prefetch_bytes : 0);
+      static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
   GPUOPT_CHECK_LAUNCH();
 }
 
-template <typename T, bool kRelu>
+template <typename T, int kVec, bool kRelu>
 void launch_warps(const DecodeLinearParams& p, cudaStream_t stream) {
-  switch (warps_for(p)) {
-    case 4: launch<T, 4, kRelu>(p, stream); return;
-    case 8: launch<T, 8, kRelu>(p, stream); return;
-    case 16: launch<T, 16, kRelu>(p, stream); return;
-    default: launch<T, 32, kRelu>(p, stream); return;
+  switch (warps_for(p, kVec)) {
+    case 4: launch<T, 4, kVec, kRelu>(p, stream); return;
+    case 8: launch<T, 8, kVec, kRelu>(p, stream); return;
+    case 16: launch<T, 16, kVec, kRelu>(p, stream); return;
+    default: launch<T, 32, kVec, kRelu>(p, stream); return;
+  }
+}
+
+template <typename T, bool kRelu>
+void launch_vector(const DecodeLinearParams& p, cudaStream_t stream) {
+  if (vector_for(p) == 2) {
+    launch_warps<T, 2, kRelu>(p, stream);
+  } else {
+    launch_warps<T, 1, kRelu>(p, stream);
   }
 }
 
 template <typename T>
 void launch_activation(const DecodeLinearParams& p, cudaStream_t stream) {
   if (p.activation == LinearActivation::kRelu) {
-    launch_warps<T, true>(p, stream);
+    launch_vector<T, true>(p, stream);
   } else {
-    launch_warps<T, false>(p, stream);
+    launch_vector<T, false>(p, stream);
   }
 }
 
@@ -83,10 +95,6 @@ bool decode_linear_supported(const DecodeLinearParams& p) {
          aligned16(p.x) && aligned16(p.weight) && (capabilities(p.device) & kMma) != 0;
 }
 
-bool decode_linear_prefetches(int device) {
-  return (capabilities(device) & kPrefetch) != 0;
-}
-
 void decode_linear(const DecodeLinearParams& p, cudaStream_t stream) {
   GPUOPT_CHECK_VALUE(decode_linear_supported(p),
                      "decode_linear: needs float16 or bfloat16, 1 <= rows <= ", kDecodeLinearMaxRows,
@@ -96,9 +104,9 @@ void decode_linear(const DecodeLinearParams& p, cudaStream_t stream) {
   GPUOPT_CHECK_VALUE(p.warps == 0 || p.warps == 4 || p.warps == 8 || p.warps == 16 || p.warps == 32,
                      "decode_linear: warps must be 0 (chosen from k), 4, 8, 16 or 32; got ", p.warps);
   GPUOPT_CHECK_VALUE(p.out != nullptr, "decode_linear: out must not be null");
-  GPUOPT_CHECK_VALUE(p.prefetch == nullptr || (aligned16(p.prefetch) && p.prefetch_bytes >= 0),
-                     "decode_linear: prefetch must be 16-byte aligned with prefetch_bytes >= 0; got ",
-                     p.prefetch, " and ", p.prefetch_bytes);
+  GPUOPT_CHECK_VALUE(p.vector == 0 || p.vector == 1 || (p.vector == 2 && p.k % (2 * kDecodeLinearChunk) == 0),
+                     "decode_linear: vector must be 0 (chosen), 1, or 2 with k a multiple of ", 2 * kDecodeLinearChunk,
+                     "; got vector=", p.vector, ", k=", p.k);
   if (p.type == ActivationType::kFloat16) {
     launch_activation<__half>(p, stream);
   } else {

@@ -9,33 +9,15 @@
 
 namespace gpuopt::cuda::kernels {
 
-constexpr int kLinearChunk = 32;  // K per warp step: 16 bytes (8 values) of each of a lane's two weight rows
-constexpr int kLinearBatch = 4;   // chunks a lane loads before their MMAs
-constexpr int kPrefetchPiece = 64 * 1024;  // bytes per bulk-prefetch instruction
+constexpr int kLinearChunk = 32;  // K per warp step and uint4 per row: 8 values of each of a lane's two weight rows
+constexpr int kLinearLoads = 4;   // uint4 of each weight row a lane loads before their MMAs (kVec per chunk)
 
-// Asks the L2 for bytes [begin, end) of p (16-byte aligned, multiples of 16): a hint with no completion
-// to wait for. Compute capability 9.0+ only (decode_linear_prefetches tells); a no-op below.
-__device__ __forceinline__ void prefetch_l2(const char* p, std::int64_t begin, std::int64_t end) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  for (std::int64_t off = begin; off < end; off += kPrefetchPiece) {
-    const std::int64_t left = end - off;
-    const auto size = static_cast<std::uint32_t>(left < kPrefetchPiece ? left : kPrefetchPiece);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(size) : "memory");
-  }
-#else
-  (void)p;
-  (void)begin;
-  (void)end;
-#endif
-}
-
-// One 32-wide chunk of K: lane (g, t) holds 8 consecutive values of weight rows g and g + 8 and of x's
-// row g, at k = 8 t .. 8 t + 7 of the chunk, as two MMAs. The MMA's K positions {2t, 2t+1} and
-// {2t+8, 2t+9} of step j are taken as k = 8 t + 4 j + {0, 1} and + {2, 3} (A and B agree, and the
-// four lanes of a group cover the chunk's 16 values of that step), so the 16-byte words feed the MMA
-// as loaded: no shuffles, no conversions.
+// 8 consecutive values of weight rows g and g + 8 and of x's row g, at k = k0 + 0..7 for lane (g, t) with k0
+// = 8 t + 32 t' (t' over the lane's uint4), as two MMAs. The MMA's K positions {2t, 2t+1} and {2t+8, 2t+9}
+// of step j are taken as k = k0 + 4 j + {0, 1} and + {2, 3} (A and B agree, and the four lanes of a group
+// cover 16 distinct k per step), so the 16-byte words feed the MMA as loaded: no shuffles, no conversions.
 template <typename T>
-__device__ __forceinline__ void linear_mma_chunk(const uint4& wl, const uint4& wh, const uint4& xv, float (&acc)[4]) {
+__device__ __forceinline__ void linear_mma_words(const uint4& wl, const uint4& wh, const uint4& xv, float (&acc)[4]) {
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const std::uint32_t a[4] = {word(wl, 2 * j), word(wh, 2 * j), word(wl, 2 * j + 1), word(wh, 2 * j + 1)};
@@ -43,15 +25,18 @@ __device__ __forceinline__ void linear_mma_chunk(const uint4& wl, const uint4& w
   }
 }
 
-// out[m, n0 .. n0 + 15] for the block's 16 output columns: kWarps warps take K's chunks w, w + kWarps,
-// ... (batches of kLinearBatch first, then one at a time) and add up in shared memory. Needs k %
-// kLinearChunk == 0, 16-byte aligned x and weight, 1 <= rows <= 8; launched with kWarps * 32 threads
-// and ceil(n_cols / 16) blocks. Then thread 0 prefetches the block's share of `prefetch`.
-template <typename T, int kWarps, bool kRelu>  // T: __half or __nv_bfloat16
+// out[m, n0 .. n0 + 15] for the block's 16 output columns. K is cut into chunks of kVec * 32 values: lane
+// (g, t) loads kVec consecutive uint4 of weight rows g and g + 8 (and of x's row g) at 8 kVec t of the
+// chunk, so a row's chunk is kVec * 64 contiguous bytes. kWarps warps take chunks w, w + kWarps, ...
+// (batches of kLinearLoads / kVec chunks first, then one at a time) and add up in shared memory. Needs k
+// % (kVec * 32) == 0, 16-byte aligned x and weight, 1 <= rows <= 8; launched with kWarps * 32 threads and
+// ceil(n_cols / 16) blocks.
+template <typename T, int kWarps, int kVec, bool kRelu>  // T: __half or __nv_bfloat16
 __global__ void __launch_bounds__(kWarps * 32)
     decode_linear_mma(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
-                      T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k,
-                      const char* __restrict__ prefetch, std::int64_t prefetch_bytes) {
+                      T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k) {
+  constexpr int kChunk = kVec * kLinearChunk;
+  constexpr int kBatch = kLinearLoads / kVec;
   __shared__ float partial[kWarps][8][16];  // [warp][x row][output column]
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -60,30 +45,39 @@ __global__ void __launch_bounds__(kWarps * 32)
   const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * 16;
   // Rows past the matrix (of the weight, or of x) read the last one instead: every load is then
   // unconditional, so a whole batch of them is in flight; what they feed is never written.
-  const T* w_lo = weight + (n0 + g < n_cols ? n0 + g : n_cols - 1) * k + 8 * t;
-  const T* w_hi = weight + (n0 + g + 8 < n_cols ? n0 + g + 8 : n_cols - 1) * k + 8 * t;
-  const T* x_row = x + static_cast<std::int64_t>(g < rows ? g : rows - 1) * k + 8 * t;
+  const T* w_lo = weight + (n0 + g < n_cols ? n0 + g : n_cols - 1) * k + 8 * kVec * t;
+  const T* w_hi = weight + (n0 + g + 8 < n_cols ? n0 + g + 8 : n_cols - 1) * k + 8 * kVec * t;
+  const T* x_row = x + static_cast<std::int64_t>(g < rows ? g : rows - 1) * k + 8 * kVec * t;
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  const std::int64_t chunks = k / kLinearChunk;
+  const std::int64_t chunks = k / kChunk;
   std::int64_t c = warp;
-  for (; c + (kLinearBatch - 1) * kWarps < chunks; c += kLinearBatch * kWarps) {
-    uint4 wl[kLinearBatch], wh[kLinearBatch], xv[kLinearBatch];
+  for (; c + (kBatch - 1) * kWarps < chunks; c += kBatch * kWarps) {
+    uint4 wl[kBatch][kVec], wh[kBatch][kVec], xv[kBatch][kVec];
 #pragma unroll
-    for (int i = 0; i < kLinearBatch; ++i) {
-      const std::int64_t off = (c + i * kWarps) * kLinearChunk;
-      wl[i] = __ldg(reinterpret_cast<const uint4*>(w_lo + off));
-      wh[i] = __ldg(reinterpret_cast<const uint4*>(w_hi + off));
-      xv[i] = __ldg(reinterpret_cast<const uint4*>(x_row + off));
+    for (int i = 0; i < kBatch; ++i) {
+      const std::int64_t off = (c + i * kWarps) * kChunk;
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) {
+        wl[i][v] = __ldg(reinterpret_cast<const uint4*>(w_lo + off) + v);
+        wh[i][v] = __ldg(reinterpret_cast<const uint4*>(w_hi + off) + v);
+        xv[i][v] = __ldg(reinterpret_cast<const uint4*>(x_row + off) + v);
+      }
     }
 #pragma unroll
-    for (int i = 0; i < kLinearBatch; ++i) linear_mma_chunk<T>(wl[i], wh[i], xv[i], acc);
+    for (int i = 0; i < kBatch; ++i) {
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) linear_mma_words<T>(wl[i][v], wh[i][v], xv[i][v], acc);
+    }
   }
   for (; c < chunks; c += kWarps) {
-    const std::int64_t off = c * kLinearChunk;
-    linear_mma_chunk<T>(__ldg(reinterpret_cast<const uint4*>(w_lo + off)),
-                        __ldg(reinterpret_cast<const uint4*>(w_hi + off)),
-                        __ldg(reinterpret_cast<const uint4*>(x_row + off)), acc);
+    const std::int64_t off = c * kChunk;
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) {
+      linear_mma_words<T>(__ldg(reinterpret_cast<const uint4*>(w_lo + off) + v),
+                          __ldg(reinterpret_cast<const uint4*>(w_hi + off) + v),
+                          __ldg(reinterpret_cast<const uint4*>(x_row + off) + v), acc);
+    }
   }
 
   // D: lane (g, t) holds output columns g and g + 8 for x rows 2t and 2t + 1.
@@ -104,15 +98,6 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (bias != nullptr) sum += to_float(bias[n]);
     if (kRelu) sum = fmaxf(sum, 0.0f);
     out[static_cast<std::int64_t>(m) * n_cols + n] = from_float<T>(sum);
-  }
-
-  if (prefetch != nullptr && threadIdx.x == 0) {
-    // The block's share of prefetch_bytes, in 16-byte units.
-    const std::int64_t units = prefetch_bytes / 16;
-    const std::int64_t share = (units + gridDim.x - 1) / gridDim.x;
-    const std::int64_t begin = static_cast<std::int64_t>(blockIdx.x) * share;
-    const std::int64_t end = begin + share < units ? begin + share : units;
-    if (begin < end) prefetch_l2(prefetch, 16 * begin, 16 * end);
   }
 }
 

@@ -108,15 +108,17 @@ void bind_llm(py::module_& m) {
       "A captured graph keeps what it captured. For tests and benchmarks.");
 
   m.def(
-      "decode_linear_prefetch_bytes",
-      [](const std::optional<std::int64_t>& bytes) {
-        return bytes.has_value() ? torch_ext::set_decode_linear_prefetch_bytes(*bytes)
-                                 : torch_ext::decode_linear_prefetch_bytes();
+      "decode_linear_layout",
+      [](const std::optional<int>& warps, const std::optional<int>& vector) {
+        if (!warps.has_value() && !vector.has_value()) return torch_ext::decode_linear_layout();
+        const auto now = torch_ext::decode_linear_layout();
+        return torch_ext::set_decode_linear_layout(warps.value_or(now.first), vector.value_or(now.second));
       },
-      py::arg("bytes") = py::none(),
-      "The most bytes of its `prefetch` tensor torch.ops.gpuopt.decode_linear asks the L2 for after its outputs "
-      "(compute capability 9.0+; 0 turns it off; 32 MiB unless set). With a value, sets it process-wide and "
-      "returns the previous one; without, returns it.");
+      py::arg("warps") = py::none(), py::arg("vector") = py::none(),
+      "The layout of torch.ops.gpuopt.decode_linear's kernel, (warps, vector): warps per block splitting K (0: "
+      "chosen from K; 4, 8, 16, 32) and 16-byte loads per weight row, lane and chunk (0: chosen; 1, 2). With "
+      "a value, sets it process-wide and returns the previous pair; without, returns it. For tests and "
+      "benchmarks.");
 
   m.def(
       "int8_linear_warps",

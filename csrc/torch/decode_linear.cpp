@@ -1,17 +1,14 @@
 // gpuopt::decode_linear, a torch operator registered like those of ops.cpp (a fragment of the `gpuopt`
 // library that ops.cpp defines):
 //
-//   gpuopt::decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation="none",
-//                         Tensor? prefetch=None) -> Tensor
+//   gpuopt::decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation="none") -> Tensor
 //       out = act(x @ weight.T + bias), shape [..., N], for x of float16/bfloat16/float32 [..., K], a
-//       weight [N, K] and an optional bias [N] of x's dtype; activation "none" or "relu". `prefetch`:
-//       a tensor on x's device (the next layer's weight) whose first bytes (up to
-//       decode_linear_prefetch_bytes()) the kernel asks the L2 for once its outputs are written.
+//       weight [N, K] and an optional bias [N] of x's dtype; activation "none" or "relu".
 //
 // CPU: ATen's linear. CUDA: for decode batches (1 to 8 rows of fp16/bf16, K a multiple of 32, aligned
 // contiguous data, compute capability 8.0+) gpuopt's bandwidth-bound tensor-core kernel with the bias
-// and activation in its epilogue; otherwise ATen's linear (cuBLAS), and no prefetch. Both capturable in
-// a CUDA graph. Meta: shapes only.
+// and activation in its epilogue; otherwise ATen's linear (cuBLAS). Both capturable in a CUDA graph.
+// Meta: shapes only.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
@@ -19,11 +16,11 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "decode_linear.h"
@@ -42,7 +39,8 @@ namespace {
 constexpr const char* kOp = "decode_linear";
 
 std::atomic<bool> g_cublas{false};  // decode_linear_kernel("cublas")
-std::atomic<std::int64_t> g_prefetch_bytes{kDefaultPrefetchBytes};
+std::atomic<int> g_warps{0};
+std::atomic<int> g_vector{0};
 
 bool relu(const std::string& activation) {
   TORCH_CHECK_VALUE(activation == "none" || activation == "relu", kOp,
@@ -51,7 +49,7 @@ bool relu(const std::string& activation) {
 }
 
 void check_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                const std::string& activation, const std::optional<at::Tensor>& prefetch) {
+                const std::string& activation) {
   const at::ScalarType dtype = x.scalar_type();
   TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, kOp,
                    ": x must be float16, bfloat16 or float32, got ", dtype_name(dtype));
@@ -73,10 +71,6 @@ void check_args(const at::Tensor& x, const at::Tensor& weight, const std::option
     TORCH_CHECK_VALUE(bias->device() == x.device(), kOp, ": bias must be on x's device (", x.device(),
                       "), got ", bias->device());
   }
-  if (prefetch.has_value()) {
-    TORCH_CHECK_VALUE(prefetch->device() == x.device(), kOp, ": prefetch must be on x's device (", x.device(),
-                      "), got ", prefetch->device());
-  }
   relu(activation);
 }
 
@@ -88,14 +82,14 @@ at::Tensor reference(const at::Tensor& x, const at::Tensor& weight, const std::o
 }
 
 at::Tensor decode_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                             const std::string& activation, const std::optional<at::Tensor>& prefetch) {
-  check_args(x, weight, bias, activation, prefetch);
+                             const std::string& activation) {
+  check_args(x, weight, bias, activation);
   return reference(x, weight, bias, relu(activation));
 }
 
 at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                              const std::string& activation, const std::optional<at::Tensor>& prefetch) {
-  check_args(x, weight, bias, activation, prefetch);
+                              const std::string& activation) {
+  check_args(x, weight, bias, activation);
   const bool apply_relu = relu(activation);
 #ifdef GPUOPT_WITH_CUDA
   const c10::cuda::CUDAGuard guard(x.device());
@@ -118,15 +112,10 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, con
   p.k = k;
   p.device = x.device().index();
   p.activation = apply_relu ? cuda::LinearActivation::kRelu : cuda::LinearActivation::kNone;
+  p.warps = g_warps.load(std::memory_order_relaxed);
+  p.vector = g_vector.load(std::memory_order_relaxed);
+  if (p.vector == 2 && k % (2 * cuda::kDecodeLinearChunk) != 0) p.vector = 1;  // a forced 2 where it fits
   if (!cuda::decode_linear_supported(p)) return reference(x, weight, bias, apply_relu);
-  const std::int64_t cap = g_prefetch_bytes.load(std::memory_order_relaxed);
-  if (prefetch.has_value() && cap > 0 && prefetch->numel() > 0 && prefetch->is_contiguous()) {
-    const auto address = reinterpret_cast<std::uintptr_t>(prefetch->const_data_ptr());
-    if (address % 16 == 0) {
-      p.prefetch = prefetch->const_data_ptr();
-      p.prefetch_bytes = std::min<std::int64_t>(prefetch->nbytes(), cap) / 16 * 16;
-    }
-  }
   at::Tensor out = at::empty({rows, n}, x.options());
   p.out = out.mutable_data_ptr();
   cuda::decode_linear(p, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
@@ -141,8 +130,8 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, con
 }
 
 at::Tensor decode_linear_meta(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                              const std::string& activation, const std::optional<at::Tensor>& prefetch) {
-  check_args(x, weight, bias, activation, prefetch);
+                              const std::string& activation) {
+  check_args(x, weight, bias, activation);
   std::vector<c10::SymInt> shape(x.sym_sizes().begin(), x.sym_sizes().end() - 1);
   shape.push_back(weight.sym_size(0));
   return at::empty_symint(shape, x.options());
@@ -158,20 +147,21 @@ std::string set_decode_linear_kernel(const std::string& name) {
   return g_cublas.exchange(name == "cublas") ? "cublas" : "auto";
 }
 
-std::int64_t decode_linear_prefetch_bytes() { return g_prefetch_bytes.load(); }
+std::pair<int, int> decode_linear_layout() { return {g_warps.load(), g_vector.load()}; }
 
-std::int64_t set_decode_linear_prefetch_bytes(std::int64_t bytes) {
-  TORCH_CHECK_VALUE(bytes >= 0, "decode_linear_prefetch_bytes: bytes must be >= 0 (0 turns the prefetch off), got ",
-                    bytes);
-  return g_prefetch_bytes.exchange(bytes);
+std::pair<int, int> set_decode_linear_layout(int warps, int vector) {
+  TORCH_CHECK_VALUE(warps == 0 || warps == 4 || warps == 8 || warps == 16 || warps == 32,
+                    "decode_linear_layout: warps must be 0 (chosen from K), 4, 8, 16 or 32, got ", warps);
+  TORCH_CHECK_VALUE(vector >= 0 && vector <= 2, "decode_linear_layout: vector must be 0 (chosen), 1 or 2, got ",
+                    vector);
+  return {g_warps.exchange(warps), g_vector.exchange(vector)};
 }
 
 }  // namespace gpuopt::torch_ext
 
 TORCH_LIBRARY_FRAGMENT(gpuopt, m) {
   m.def(
-      "decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation=\"none\", Tensor? prefetch=None) "
-      "-> Tensor");
+      "decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation=\"none\") -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gpuopt, CPU, m) { m.impl("decode_linear", &gpuopt::torch_ext::decode_linear_cpu); }

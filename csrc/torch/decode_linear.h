@@ -3,20 +3,19 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace gpuopt::torch_ext {
-
-// The most bytes of `prefetch` the kernel asks the L2 for, unless set otherwise.
-constexpr std::int64_t kDefaultPrefetchBytes = 32LL << 20;
 
 // "auto" (gpuopt's kernel where it applies, else cuBLAS) or "cublas" (always ATen's linear). Read at
 // each call: a captured graph keeps what it captured. set_ returns the previous name; ValueError for
 // any other.
 std::string decode_linear_kernel();
 std::string set_decode_linear_kernel(const std::string& name);
-// The cap on the bytes of `prefetch` asked for (0: none). set_ returns the previous value; ValueError
-// for a negative one.
-std::int64_t decode_linear_prefetch_bytes();
-std::int64_t set_decode_linear_prefetch_bytes(std::int64_t bytes);
+// The kernel's layout: warps per block (0: chosen from K; 4, 8, 16, 32) and 16-byte loads per weight row,
+// lane and chunk (0: chosen; 1, 2 -- 2 where K % 64 == 0, else 1). Process-wide like the kernel; set_
+// returns the previous pair; ValueError for any other value.
+std::pair<int, int> decode_linear_layout();
+std::pair<int, int> set_decode_linear_layout(int warps, int vector);
 
 }  // namespace gpuopt::torch_ext

@@ -106,7 +106,7 @@ class Models:
             else:
                 m = m.to(_DTYPES[precision])
                 if fused and _DTYPES[precision] in _linear.DTYPES:
-                    self.decode_linears[precision] = _decode_linears(m, self.device)
+                    self.decode_linears[precision] = _linear.use_decode_linear(m)
             self._by_precision[key] = m.eval()
         return self._by_precision[key]
 
@@ -130,17 +130,6 @@ class Models:
         for key in list(self._by_precision):
             if key != ("fp32", False) and (precision is None or key[0] == precision):
                 self._by_precision.pop(key)
-
-
-def _decode_linears(model: torch.nn.Module, device: torch.device) -> int:
-    """Puts gpuopt's decode linear layers into ``model`` (:func:`gpuopt.llm.linear.use_decode_linear`) and
-    chains their L2 prefetches in the order one single-token forward calls them; returns how many."""
-    count = _linear.use_decode_linear(model)
-    if count:
-        ids = torch.zeros(1, 1, dtype=torch.long, device=device)
-        with torch.inference_mode():
-            _linear.chain_prefetch(_linear.call_order(model, lambda: model(input_ids=ids, use_cache=False)))
-    return count
 
 
 @dataclass
@@ -180,7 +169,7 @@ class DecodeResult:
     parity: _parity.DecodeParity | None = None
     parity_error: str | None = None
     fused_projections: int = 0  # groups of sibling projections run as one linear layer (gpuopt.llm.fuse)
-    decode_linears: int = 0  # linear layers run by gpuopt's decode kernel, each prefetching the next (llm.linear)
+    decode_linears: int = 0  # linear layers run by gpuopt's decode kernel (gpuopt.llm.linear)
     attention: str = "model"  # the decode step's attention: the model's own or gpuopt's (gpuopt.llm.attention)
     kv_writes_in_attention: int = 0  # attention modules whose kernel writes the step's key and value (llm.cache)
     build_s: float = 0.0
