@@ -263,8 +263,8 @@ def _gemv_in_graph(x, w8, sc, w16, quick) -> dict:
 
 
 LINEAR_LAYOUTS = {  # gpuopt._C.decode_linear_layout(warps, vector) settings compared; "auto" is (0, 0)
-    "auto": (0, 0), "w4v1": (4, 1), "w8v1": (8, 1), "w16v1": (16, 1), "w32v1": (32, 1),
-    "w4v2": (4, 2), "w8v2": (8, 2), "w16v2": (16, 2), "w32v2": (32, 2)}
+    "auto": (0, 0), "w8v1": (8, 1), "w16v1": (16, 1), "w8v2": (8, 2), "w16v2": (16, 2), "w32v2": (32, 2),
+    "w8v4": (8, 4), "w16v4": (16, 4), "w32v4": (32, 4)}
 
 
 def part_linear(args, ceilings, results: dict, targets: list[Target]) -> None:

@@ -101,7 +101,7 @@ def test_settings_are_process_wide_and_checked():
         assert _C.decode_linear_layout(8, 2) == (0, 0) and _C.decode_linear_layout() == (8, 2)
         assert _C.decode_linear_layout(warps=16) == (8, 2) and _C.decode_linear_layout() == (16, 2)
         for bad, match in (((12, 1), "warps must be 0 \\(chosen from K\\), 4, 8, 16 or 32, got 12"),
-                           ((4, 3), "vector must be 0 \\(chosen\\), 1 or 2, got 3")):
+                           ((4, 3), "vector must be 0 \\(chosen\\), 1, 2 or 4, got 3")):
             with pytest.raises(ValueError, match=match):
                 _C.decode_linear_layout(*bad)
         assert _C.decode_linear_layout() == (16, 2)  # a refused value changes nothing
@@ -198,7 +198,7 @@ def _needs_mma():
         pytest.skip("gpuopt's decode linear kernel needs compute capability 8.0+")
 
 
-@pytest.fixture(params=[(0, 0), (4, 1), (32, 1), (8, 2), (16, 2)], ids=lambda p: f"w{p[0]}v{p[1]}")
+@pytest.fixture(params=[(0, 0), (4, 1), (32, 1), (8, 2), (16, 4), (32, 4)], ids=lambda p: f"w{p[0]}v{p[1]}")
 def layout(request):
     """Layouts of the kernel in turn (warps, vector; the process-wide setting, restored after the test)."""
     before = _C.decode_linear_layout(*request.param)
@@ -211,9 +211,9 @@ def layout(request):
 @pytest.mark.parametrize("n,k", [(3, 32), (1000, 2048), (2048, 8192), (40, 160), (6144, 2048)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_kernel_matches_the_reference(m, n, k, dtype, layout, rng):
-    # n = 3, 1000 and 40 leave a partial 16-column tile; k = 32 is one chunk (3 idle warps of 4; a vector of
-    # 2 falls back to 1 there and for 160, five chunks: no whole batch), 8192 whole batches per warp; 8 rows
-    # fill the MMA's N.
+    # n = 3, 1000 and 40 leave a partial 16-column tile; k = 32 is one chunk (3 idle warps of 4; 2 or 4 loads
+    # per row fall back to 1 there and for 160, five chunks: no whole batch), 8192 whole batches per warp;
+    # 8 rows fill the MMA's N.
     _needs_mma()
     lead = (m,) if k != 2048 else (1, m)
     relu = n == 1000
@@ -223,8 +223,12 @@ def test_cuda_kernel_matches_the_reference(m, n, k, dtype, layout, rng):
     assert len(names) == 1 and "decode_linear_mma" in names[0], names
     assert (", true>" in names[0]) is relu, names[0]
     warps, vector = layout
+    v = vector or 2  # the largest of the loads asked for (2 unless set) whose chunk divides K
+    while v > 1 and k % (32 * v):
+        v //= 2
+    assert f", {v}, " in names[0], names[0]
     if warps:
-        assert f", {warps}, {vector if k % 64 == 0 else 1}, " in names[0], names[0]
+        assert f", {warps}, {v}, " in names[0], names[0]
     _check(ops.decode_linear(x, w, b, act), x, w, b, relu)
 
 

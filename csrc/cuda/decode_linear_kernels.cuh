@@ -11,6 +11,7 @@ namespace gpuopt::cuda::kernels {
 
 constexpr int kLinearChunk = 32;  // K per warp step and uint4 per row: 8 values of each of a lane's two weight rows
 constexpr int kLinearLoads = 4;   // uint4 of each weight row a lane loads before their MMAs (kVec per chunk)
+static_assert(kLinearLoads % 4 == 0, "a batch holds whole chunks of 1, 2 or 4 loads");
 
 // 8 consecutive values of weight rows g and g + 8 and of x's row g, at k = k0 + 0..7 for lane (g, t) with k0
 // = 8 t + 32 t' (t' over the lane's uint4), as two MMAs. The MMA's K positions {2t, 2t+1} and {2t+8, 2t+9}
@@ -30,7 +31,7 @@ __device__ __forceinline__ void linear_mma_words(const uint4& wl, const uint4& w
 // chunk, so a row's chunk is kVec * 64 contiguous bytes. kWarps warps take chunks w, w + kWarps, ...
 // (batches of kLinearLoads / kVec chunks first, then one at a time) and add up in shared memory. Needs k
 // % (kVec * 32) == 0, 16-byte aligned x and weight, 1 <= rows <= 8; launched with kWarps * 32 threads and
-// ceil(n_cols / 16) blocks.
+// ceil(n_cols / 16) blocks. kVec: 1, 2 or 4.
 template <typename T, int kWarps, int kVec, bool kRelu>  // T: __half or __nv_bfloat16
 __global__ void __launch_bounds__(kWarps * 32)
     decode_linear_mma(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,

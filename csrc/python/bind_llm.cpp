@@ -116,7 +116,7 @@ void bind_llm(py::module_& m) {
       },
       py::arg("warps") = py::none(), py::arg("vector") = py::none(),
       "The layout of torch.ops.gpuopt.decode_linear's kernel, (warps, vector): warps per block splitting K (0: "
-      "chosen from K; 4, 8, 16, 32) and 16-byte loads per weight row, lane and chunk (0: chosen; 1, 2). With "
+      "chosen from K; 4, 8, 16, 32) and 16-byte loads per weight row, lane and chunk (0: chosen; 1, 2, 4). With "
       "a value, sets it process-wide and returns the previous pair; without, returns it. For tests and "
       "benchmarks.");
 

@@ -114,7 +114,6 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, con
   p.activation = apply_relu ? cuda::LinearActivation::kRelu : cuda::LinearActivation::kNone;
   p.warps = g_warps.load(std::memory_order_relaxed);
   p.vector = g_vector.load(std::memory_order_relaxed);
-  if (p.vector == 2 && k % (2 * cuda::kDecodeLinearChunk) != 0) p.vector = 1;  // a forced 2 where it fits
   if (!cuda::decode_linear_supported(p)) return reference(x, weight, bias, apply_relu);
   at::Tensor out = at::empty({rows, n}, x.options());
   p.out = out.mutable_data_ptr();
@@ -152,8 +151,8 @@ std::pair<int, int> decode_linear_layout() { return {g_warps.load(), g_vector.lo
 std::pair<int, int> set_decode_linear_layout(int warps, int vector) {
   TORCH_CHECK_VALUE(warps == 0 || warps == 4 || warps == 8 || warps == 16 || warps == 32,
                     "decode_linear_layout: warps must be 0 (chosen from K), 4, 8, 16 or 32, got ", warps);
-  TORCH_CHECK_VALUE(vector >= 0 && vector <= 2, "decode_linear_layout: vector must be 0 (chosen), 1 or 2, got ",
-                    vector);
+  TORCH_CHECK_VALUE(vector == 0 || vector == 1 || vector == 2 || vector == 4,
+                    "decode_linear_layout: vector must be 0 (chosen), 1, 2 or 4, got ", vector);
   return {g_warps.exchange(warps), g_vector.exchange(vector)};
 }
 

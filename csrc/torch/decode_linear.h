@@ -13,7 +13,7 @@ namespace gpuopt::torch_ext {
 std::string decode_linear_kernel();
 std::string set_decode_linear_kernel(const std::string& name);
 // The kernel's layout: warps per block (0: chosen from K; 4, 8, 16, 32) and 16-byte loads per weight row,
-// lane and chunk (0: chosen; 1, 2 -- 2 where K % 64 == 0, else 1). Process-wide like the kernel; set_
+// lane and chunk (0: chosen; 1, 2, 4 -- each where K is a multiple of 32 times it, else the largest that fits). Process-wide like the kernel; set_
 // returns the previous pair; ValueError for any other value.
 std::pair<int, int> decode_linear_layout();
 std::pair<int, int> set_decode_linear_layout(int warps, int vector);

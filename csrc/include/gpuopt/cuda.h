@@ -201,8 +201,8 @@ void int8_linear(const Int8LinearParams& p, cudaStream_t stream);
 // ---- 16-bit linear layer for decode-sized batches: out[m, n] = act(sum_k x[m, k] * w[n, k] + bias[n])
 // for fp16 or bf16 x and w of one type, accumulated in fp32 by tensor-core MMAs (the weight rows are
 // the MMA's M, x's rows its N, so 1 to 8 rows cost the same). Bandwidth-bound: the weight is streamed
-// once with 16-byte loads; 16 output columns per block, 4 to 32 warps splitting K in chunks of 32 or 64
-// values, each lane with a batch of loads in flight. Capturable (no allocation, no synchronization).
+// once with 16-byte loads; 16 output columns per block, 4 to 32 warps splitting K in chunks of 32, 64 or
+// 128 values (a row's chunk 64, 128 or 256 contiguous bytes), each lane with a batch of loads in flight. Capturable (no allocation, no synchronization).
 enum class LinearActivation { kNone, kRelu };
 
 struct DecodeLinearParams {
@@ -215,7 +215,7 @@ struct DecodeLinearParams {
   LinearActivation activation = LinearActivation::kNone;
   int device = 0;  // the CUDA device of every pointer
   int warps = 0;   // warps per block: 0 chosen from k (one batch of loads per warp), or 4, 8, 16, 32
-  int vector = 0;  // 16-byte loads per weight row, lane and chunk: 0 chosen, 1, or 2 (k % 64 == 0)
+  int vector = 0;  // 16-byte loads per weight row, lane and chunk: 0 chosen, 1, 2, 4 (the largest k allows)
 };
 
 // The most rows decode_linear takes (one MMA tile): past that a cuBLAS GEMM is as fast.
@@ -226,8 +226,8 @@ constexpr std::int64_t kDecodeLinearChunk = 32;
 // k a positive multiple of kDecodeLinearChunk, x and weight 16-byte aligned, and p.device of compute
 // capability 8.0+ with this binary's code for it built for 8.0+ (asked once per device).
 bool decode_linear_supported(const DecodeLinearParams& p);
-// GPUOPT_CHECK_VALUE unless decode_linear_supported(p), p.warps is 0, 4, 8, 16 or 32 and p.vector 0, 1 or 2
-// (2 with k % 64 == 0).
+// GPUOPT_CHECK_VALUE unless decode_linear_supported(p), p.warps is 0, 4, 8, 16 or 32 and p.vector 0, 1, 2
+// or 4.
 void decode_linear(const DecodeLinearParams& p, cudaStream_t stream);
 
 // ---- row-wise quantization: for each row r of x [rows, k], amax = max |x[r, :]|, scale[r] =
