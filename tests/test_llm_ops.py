@@ -234,25 +234,59 @@ def test_the_simt_kernel_takes_k_not_a_multiple_of_64(m, k, dtype, rng):
 
 
 @pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("vector", [1, 2])
 @pytest.mark.parametrize("warps", [4, 8, 16, 32])
 @pytest.mark.parametrize("m,n,k", [(1, 2048, 8192), (12, 1000, 2048), (3, 40, 64), (1, 3, 4096)])
-def test_the_tensor_core_kernel_with_each_block_size_matches_the_reference(warps, m, n, k, rng):
-    # The warps split K into 64-wide chunks: 4 warps over 128 chunks take 8 batches each, 32 warps over one
-    # chunk leave 31 idle.
+def test_the_tensor_core_kernel_with_each_layout_matches_the_reference(warps, vector, m, n, k, rng):
+    # The warps split K into chunks of 64 * vector: 4 warps over 128 chunks take 8 batches each, 32 warps over
+    # one chunk leave 31 idle; K = 64 takes one load per row and chunk whatever is asked. A ReLU in the
+    # epilogue with 16 warps.
     from gpuopt import _C
 
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the tensor-core kernel needs compute capability 8.0+")
-    before = (_C.int8_linear_kernel("tensor-core"), _C.int8_linear_warps(warps))
+    relu = warps == 16
+    act = "relu" if relu else "none"
+    before = (_C.int8_linear_kernel("tensor-core"), _C.int8_linear_warps(warps), _C.int8_linear_vector(vector))
     try:
         x, w, s, b = _inputs((m,), n, k, torch.float16, rng, bias=m % 2 == 1, device="cuda")
-        got = ops.int8_weight_only_linear(x, w, s, b)
-        names = _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b))
-        assert len(names) == 1 and "int8_linear_mma" in names[0] and f", {warps}>" in names[0], names
+        got = ops.int8_weight_only_linear(x, w, s, b, act)
+        names = _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b, act))
+        v = vector if k % 128 == 0 else 1
+        want_name = f", {warps}, {v}, {str(relu).lower()}>"
+        assert len(names) == 1 and "int8_linear_mma" in names[0] and want_name in names[0], names
     finally:
         _C.int8_linear_kernel(before[0])
         _C.int8_linear_warps(before[1])
-    _check(got, x, w, s, b)
+        _C.int8_linear_vector(before[2])
+    if relu:
+        _check_relu(got, x, w, s, b)
+    else:
+        _check(got, x, w, s, b)
+
+
+def _check_relu(got, x, w, s, b) -> None:
+    want = _reference(x, w, s, b)
+    err = float((got.cpu().double() - want.clamp_min(0)).abs().max())
+    assert err <= _allowed_error(x, w, s, b, want), err
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_cpu_relu_in_the_operator(relu, rng):
+    x, w, s, b = _inputs((3,), 50, 64, torch.float32, rng)
+    got = ops.int8_weight_only_linear(x, w, s, b, "relu" if relu else "none")
+    want = ops.int8_weight_only_linear(x, w, s, b)
+    assert torch.equal(got, want.clamp_min(0) if relu else want)
+    with pytest.raises(ValueError, match="int8_weight_only_linear: activation must be 'none' or 'relu', got 'gelu'"):
+        ops.int8_weight_only_linear(x, w, s, b, "gelu")
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("m,k", [(1, 2048), (3, 528), (20, 512)])
+def test_cuda_relu_in_each_kernel(m, k, rng):
+    # one row of a wide matrix: SIMT; K % 64 != 0: SIMT; 20 rows: the dequantized GEMM
+    x, w, s, b = _inputs((m,), 4000, k, torch.float16, rng, device="cuda")
+    _check_relu(ops.int8_weight_only_linear(x, w, s, b, "relu"), x, w, s, b)
 
 
 @pytest.mark.gpuopt_gpu
@@ -281,24 +315,27 @@ def _kernels_run(fn) -> list[str]:
 
 
 @pytest.mark.gpuopt_gpu
-@pytest.mark.parametrize("m,n,k,dtype,which", [(1, 4000, 512, torch.float16, "int8_linear<__half, 1>"),
-                                               (1, 2048, 2048, torch.float16, "int8_linear_mma<__half, 1, 32>"),
-                                               (1, 2048, 512, torch.bfloat16, "int8_linear_mma<__nv_bfloat16, 1, 8>"),
-                                               (1, 6144, 2048, torch.float16, "int8_linear<__half, 1>"),
-                                               (2, 6144, 2048, torch.float16, "int8_linear_mma<__half, 1, 8>"),
-                                               (2, 50272, 2048, torch.float16, "int8_linear<__half, 2>"),
-                                               (4, 50272, 2048, torch.float16, "int8_linear_mma<__half, 1, 8>"),
-                                               (1, 2048, 8192, torch.bfloat16, "int8_linear_mma<__nv_bfloat16, 1, 32>"),
-                                               (1, 4000, 4096, torch.bfloat16, "int8_linear_mma<__nv_bfloat16, 1, 16>"),
-                                               (9, 4000, 4096, torch.float16, "int8_linear_mma<__half, 2, 16>"),
-                                               (16, 256, 528, torch.float16, "int8_linear<__half, 16>"),
-                                               (1, 256, 528, torch.bfloat16, "int8_linear<__nv_bfloat16, 1>"),
-                                               (3, 256, 512, torch.float32, "int8_linear<float, 4>"),
-                                               (17, 256, 512, torch.float16, None)])  # the dequantized GEMM
+@pytest.mark.parametrize("m,n,k,dtype,which", [
+    (1, 4000, 512, torch.float16, "int8_linear<__half, 1, false>"),
+    (1, 2048, 2048, torch.float16, "int8_linear_mma<__half, 1, 16, 2, false>"),
+    (1, 2048, 512, torch.bfloat16, "int8_linear_mma<__nv_bfloat16, 1, 4, 2, false>"),
+    (1, 2048, 576, torch.bfloat16, "int8_linear_mma<__nv_bfloat16, 1, 8, 1, false>"),
+    (1, 6144, 2048, torch.float16, "int8_linear<__half, 1, false>"),
+    (2, 6144, 2048, torch.float16, "int8_linear_mma<__half, 1, 8, 2, false>"),
+    (2, 50272, 2048, torch.float16, "int8_linear<__half, 2, false>"),
+    (4, 50272, 2048, torch.float16, "int8_linear_mma<__half, 1, 8, 2, false>"),
+    (1, 2048, 8192, torch.bfloat16, "int8_linear_mma<__nv_bfloat16, 1, 32, 2, false>"),
+    (1, 4000, 4096, torch.bfloat16, "int8_linear_mma<__nv_bfloat16, 1, 16, 2, false>"),
+    (9, 4000, 4096, torch.float16, "int8_linear_mma<__half, 2, 16, 2, false>"),
+    (16, 256, 528, torch.float16, "int8_linear<__half, 16, false>"),
+    (1, 256, 528, torch.bfloat16, "int8_linear<__nv_bfloat16, 1, false>"),
+    (3, 256, 512, torch.float32, "int8_linear<float, 4, false>"),
+    (17, 256, 512, torch.float16, None)])  # the dequantized GEMM
 def test_decode_rows_run_the_int8_kernel(m, n, k, dtype, which, rng):
     # "auto" on this GPU (compute capability 8.0+): tensor cores for float16/bfloat16 with K % 64 == 0 from
-    # two rows on (four for N > 16384), or K >= 4096, or N <= 2048, with one 4-chunk batch of K per warp
-    # (K / 256 warps, 4 to 32) or, for N <= 2048, one chunk per warp (K / 64, up to 32); one row of a wider,
+    # two rows on (four for N > 16384), or K >= 4096, or N <= 2048, with two 16-byte loads per row and chunk
+    # where K % 128 == 0 (chunks of 128, one 2-chunk batch per warp: K / 256 warps, 4 to 32; for N <= 2048
+    # one chunk per warp, K / 128, up to 32), else one (chunks of 64, 4-chunk batches); one row of a wider,
     # shorter matrix (two of one wider than 16384) streams faster through the SIMT kernel.
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the tensor-core kernel needs compute capability 8.0+")

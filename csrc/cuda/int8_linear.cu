@@ -9,71 +9,106 @@ namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-template <typename T, int kRows>
+template <typename T, int kRows, bool kRelu>
 void launch(const Int8LinearParams& p, cudaStream_t stream) {
   constexpr int kWarps = kernels::kInt8LinearWarps;
   const auto blocks = static_cast<unsigned>((p.n + kWarps - 1) / kWarps);
-  kernels::int8_linear<T, kRows><<<blocks, kWarps * 32, 0, stream>>>(
+  kernels::int8_linear<T, kRows, kRelu><<<blocks, kWarps * 32, 0, stream>>>(
       static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32, static_cast<const T*>(p.bias),
       static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
   GPUOPT_CHECK_LAUNCH();
 }
 
 // The smallest row tile that holds p.rows: five instantiations per type instead of sixteen.
-template <typename T>
+template <typename T, bool kRelu>
 void launch_rows(const Int8LinearParams& p, cudaStream_t stream) {
   if (p.rows <= 1) {
-    launch<T, 1>(p, stream);
+    launch<T, 1, kRelu>(p, stream);
   } else if (p.rows <= 2) {
-    launch<T, 2>(p, stream);
+    launch<T, 2, kRelu>(p, stream);
   } else if (p.rows <= 4) {
-    launch<T, 4>(p, stream);
+    launch<T, 4, kRelu>(p, stream);
   } else if (p.rows <= 8) {
-    launch<T, 8>(p, stream);
+    launch<T, 8, kRelu>(p, stream);
   } else {
     static_assert(kInt8LinearMaxRows == 16, "the largest tile must hold kInt8LinearMaxRows rows");
-    launch<T, 16>(p, stream);
+    launch<T, 16, kRelu>(p, stream);
   }
 }
 
-template <typename T, int kTiles, int kWarps>
+template <typename T>
+void launch_simt(const Int8LinearParams& p, cudaStream_t stream) {
+  if (p.relu) {
+    launch_rows<T, true>(p, stream);
+  } else {
+    launch_rows<T, false>(p, stream);
+  }
+}
+
+template <typename T, int kTiles, int kWarps, int kVec, bool kRelu>
 void launch_mma(const Int8LinearParams& p, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((p.n + 15) / 16);
-  kernels::int8_linear_mma<T, kTiles, kWarps><<<blocks, kWarps * 32, 0, stream>>>(
+  kernels::int8_linear_mma<T, kTiles, kWarps, kVec, kRelu><<<blocks, kWarps * 32, 0, stream>>>(
       static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32, static_cast<const T*>(p.bias),
       static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
   GPUOPT_CHECK_LAUNCH();
 }
 
-// Warps per block (they split K, in 64-wide chunks): forced by p.mma_warps, else one batch of
-// kInt8MmaBatch chunks per warp (4 to 32 warps), or, where the matrix has no more blocks than an H100 has
-// SMs (n <= 2048: n / 16 blocks), one chunk per warp, up to 32. Measured on the H100 with 24 layers' calls
-// in one CUDA graph (--parts gemv): 6144 x 2048 7.3 us with 8 warps against 8.4 with 16 and 9.9 with 32;
-// 2048 x 2048 4.4 us with 32 or 16 against 5.2 with 8; 2048 x 8192 9.0 with 32 against 9.8 with 16.
-int mma_warps(const Int8LinearParams& p) {
+// 16-byte loads per weight row, lane and chunk: forced by p.mma_vector (where k allows), else 2 where k
+// % 128 == 0 (a row's chunk is then 128 contiguous bytes, a whole L2 line), else 1.
+int mma_vector(const Int8LinearParams& p) {
+  const int v = p.mma_vector != 0 ? p.mma_vector : 2;
+  return v == 2 && p.k % (2 * kernels::kInt8MmaChunk) == 0 ? 2 : 1;
+}
+
+// Warps per block (they split K, in chunks of 64 * vector values): forced by p.mma_warps, else one batch
+// of kInt8MmaBatch / vector chunks per warp (4 to 32 warps), or, where the matrix has no more blocks than
+// an H100 has SMs (n <= 2048: n / 16 blocks), one chunk per warp, up to 32. Measured on the H100 with one
+// load per row and chunk, 24 layers' calls in one CUDA graph (--parts gemv): 6144 x 2048 7.3 us with 8
+// warps against 8.4 with 16 and 9.9 with 32; 2048 x 2048 4.4 us with 32 or 16 against 5.2 with 8; 2048 x
+// 8192 9.0 with 32 against 9.8 with 16.
+int mma_warps(const Int8LinearParams& p, int vector) {
   if (p.mma_warps != 0) return p.mma_warps;
-  const std::int64_t chunks = p.k / kernels::kInt8MmaChunk;
-  const std::int64_t want = p.n <= kInt8LinearNarrowN ? chunks : chunks / kernels::kInt8MmaBatch;
+  const std::int64_t chunks = p.k / (kernels::kInt8MmaChunk * vector);
+  const std::int64_t want = p.n <= kInt8LinearNarrowN ? chunks : chunks / (kernels::kInt8MmaBatch / vector);
   return want >= 32 ? 32 : want >= 16 ? 16 : want >= 8 ? 8 : 4;
 }
 
-template <typename T, int kTiles>
+template <typename T, int kTiles, int kVec, bool kRelu>
 void launch_mma_warps(const Int8LinearParams& p, cudaStream_t stream) {
-  switch (mma_warps(p)) {
-    case 4: launch_mma<T, kTiles, 4>(p, stream); return;
-    case 8: launch_mma<T, kTiles, 8>(p, stream); return;
-    case 16: launch_mma<T, kTiles, 16>(p, stream); return;
-    default: launch_mma<T, kTiles, 32>(p, stream); return;
+  switch (mma_warps(p, kVec)) {
+    case 4: launch_mma<T, kTiles, 4, kVec, kRelu>(p, stream); return;
+    case 8: launch_mma<T, kTiles, 8, kVec, kRelu>(p, stream); return;
+    case 16: launch_mma<T, kTiles, 16, kVec, kRelu>(p, stream); return;
+    default: launch_mma<T, kTiles, 32, kVec, kRelu>(p, stream); return;
+  }
+}
+
+template <typename T, int kTiles, bool kRelu>
+void launch_mma_vector(const Int8LinearParams& p, cudaStream_t stream) {
+  if (mma_vector(p) == 2) {
+    launch_mma_warps<T, kTiles, 2, kRelu>(p, stream);
+  } else {
+    launch_mma_warps<T, kTiles, 1, kRelu>(p, stream);
+  }
+}
+
+template <typename T, bool kRelu>
+void launch_mma_rows_relu(const Int8LinearParams& p, cudaStream_t stream) {
+  static_assert(kInt8LinearMaxRows == 16, "two 8-row tiles must hold kInt8LinearMaxRows rows");
+  if (p.rows <= 8) {
+    launch_mma_vector<T, 1, kRelu>(p, stream);
+  } else {
+    launch_mma_vector<T, 2, kRelu>(p, stream);
   }
 }
 
 template <typename T>
 void launch_mma_rows(const Int8LinearParams& p, cudaStream_t stream) {
-  static_assert(kInt8LinearMaxRows == 16, "two 8-row tiles must hold kInt8LinearMaxRows rows");
-  if (p.rows <= 8) {
-    launch_mma_warps<T, 1>(p, stream);
+  if (p.relu) {
+    launch_mma_rows_relu<T, true>(p, stream);
   } else {
-    launch_mma_warps<T, 2>(p, stream);
+    launch_mma_rows_relu<T, false>(p, stream);
   }
 }
 
@@ -106,7 +141,7 @@ bool mma_runs(int device) {
     GPUOPT_CHECK_CUDA(cudaGetDevice(&current));
     if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(device));
     cudaFuncAttributes attributes = {};
-    const cudaError_t status = cudaFuncGetAttributes(&attributes, kernels::int8_linear_mma<__half, 1, 32>);
+    const cudaError_t status = cudaFuncGetAttributes(&attributes, kernels::int8_linear_mma<__half, 1, 32, 1, false>);
     if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(current));
     GPUOPT_CHECK_CUDA(status);
     runs = attributes.ptxVersion >= 80;
@@ -134,6 +169,8 @@ void int8_linear(const Int8LinearParams& p, cudaStream_t stream) {
   GPUOPT_CHECK_VALUE(p.mma_warps == 0 || p.mma_warps == 4 || p.mma_warps == 8 || p.mma_warps == 16 ||
                          p.mma_warps == 32,
                      "int8_linear: mma_warps must be 0 (chosen from n and k), 4, 8, 16 or 32; got ", p.mma_warps);
+  GPUOPT_CHECK_VALUE(p.mma_vector == 0 || p.mma_vector == 1 || p.mma_vector == 2,
+                     "int8_linear: mma_vector must be 0 (chosen from k), 1 or 2; got ", p.mma_vector);
   GPUOPT_CHECK_VALUE(p.scales != nullptr && p.out != nullptr,
                      "int8_linear: scales and out must not be null");
   const bool can_mma = int8_linear_tensor_cores(p);
@@ -161,9 +198,9 @@ void int8_linear(const Int8LinearParams& p, cudaStream_t stream) {
     return;
   }
   switch (p.type) {
-    case ActivationType::kFloat32: launch_rows<float>(p, stream); break;
-    case ActivationType::kFloat16: launch_rows<__half>(p, stream); break;
-    case ActivationType::kBFloat16: launch_rows<__nv_bfloat16>(p, stream); break;
+    case ActivationType::kFloat32: launch_simt<float>(p, stream); break;
+    case ActivationType::kFloat16: launch_simt<__half>(p, stream); break;
+    case ActivationType::kBFloat16: launch_simt<__nv_bfloat16>(p, stream); break;
   }
 }
 

@@ -82,12 +82,13 @@ __device__ __forceinline__ void unpack_int8(const uint4 u, float (&w)[16]) {
   }
 }
 
-// out[m, n] = (sum_k x[m, k] * weight[n, k]) * scale[n] + bias[n] for m < rows <= kRows.
+// out[m, n] = (sum_k x[m, k] * weight[n, k]) * scale[n] + bias[n] for m < rows <= kRows (then max(., 0)
+// with kRelu).
 // One warp per output column n: its lanes stride over weight row n 16 int8 at a time (one 16-byte
 // load per lane per step, 512 bytes per warp), multiply with the matching 16 values of every row of
 // x (small, served from L1/L2), accumulate in fp32, then reduce across the warp with shuffles.
 // Needs k % 16 == 0 and 16-byte aligned x and weight (int8_linear_supported checks).
-template <typename T, int kRows>
+template <typename T, int kRows, bool kRelu>
 __global__ void __launch_bounds__(kInt8LinearWarps * 32)
     int8_linear(const T* __restrict__ x, const std::int8_t* __restrict__ weight,
                 const void* __restrict__ scales, bool scales_fp32, const T* __restrict__ bias,
@@ -135,7 +136,7 @@ __global__ void __launch_bounds__(kInt8LinearWarps * 32)
     const float b = bias != nullptr ? to_float(bias[n]) : 0.0f;
 #pragma unroll
     for (int m = 0; m < kRows; ++m) {
-      if (m < rows) out[m * n_cols + n] = from_float<T>(acc[m] * scale + b);
+      if (m < rows) out[m * n_cols + n] = from_float<T>(kRelu ? fmaxf(acc[m] * scale + b, 0.0f) : acc[m] * scale + b);
     }
   }
 }
@@ -220,15 +221,20 @@ __device__ __forceinline__ void int8_mma_chunk(const uint4& wl, const uint4& wh,
   }
 }
 
-// Needs k % 64 == 0, 16-byte aligned x and weight, 1 <= rows <= 8 * kTiles; launched with kWarps * 32
+// Needs k % (64 * kVec) == 0, 16-byte aligned x and weight, 1 <= rows <= 8 * kTiles; launched with kWarps * 32
 // threads and ceil(n_cols / 16) blocks. kWarps split K and add up in shared memory: a decode step's
 // matrices give a few hundred blocks, so the loads in flight come from many warps per block (the
-// compiler interleaves a lane's loads with its MMAs, keeping few of them in flight per lane).
-template <typename T, int kTiles, int kWarps>  // T: __half or __nv_bfloat16
+// compiler interleaves a lane's loads with its MMAs, keeping few of them in flight per lane). A chunk
+// is kVec * 64 values of K: lane t loads kVec consecutive 16-byte words of each of its two weight rows
+// (a row's chunk is kVec * 64 contiguous bytes) at 16 kVec t, each feeding four MMAs as above.
+template <typename T, int kTiles, int kWarps, int kVec, bool kRelu>  // T: __half or __nv_bfloat16
 __global__ void __launch_bounds__(kWarps * 32)
     int8_linear_mma(const T* __restrict__ x, const std::int8_t* __restrict__ weight,
                     const void* __restrict__ scales, bool scales_fp32, const T* __restrict__ bias,
                     T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k) {
+  constexpr int kChunk = kInt8MmaChunk * kVec;
+  constexpr int kBatch = kInt8MmaBatch / kVec;
+  static_assert(kBatch >= 1, "a batch holds at least one chunk");
   __shared__ float partial[kWarps][kTiles][8][16];  // [warp][tile][x row][output column]
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -238,12 +244,13 @@ __global__ void __launch_bounds__(kWarps * 32)
   // Rows past the matrix (of the weight, or of x) read the last one instead: every load is then
   // unconditional, so the compiler puts a whole batch of them in flight; what they feed lands in
   // outputs that are not written.
-  const std::int8_t* w_lo = weight + (n0 + g < n_cols ? n0 + g : n_cols - 1) * k + 16 * t;
-  const std::int8_t* w_hi = weight + (n0 + g + 8 < n_cols ? n0 + g + 8 : n_cols - 1) * k + 16 * t;
+  const std::int8_t* w_lo = weight + (n0 + g < n_cols ? n0 + g : n_cols - 1) * k + 16 * kVec * t;
+  const std::int8_t* w_hi = weight + (n0 + g + 8 < n_cols ? n0 + g + 8 : n_cols - 1) * k + 16 * kVec * t;
   const T* x_row[kTiles];
 #pragma unroll
   for (int tile = 0; tile < kTiles; ++tile) {
-    x_row[tile] = x + static_cast<std::int64_t>((tile * 8 + g < rows ? tile * 8 + g : rows - 1)) * k + 16 * t;
+    x_row[tile] =
+        x + static_cast<std::int64_t>((tile * 8 + g < rows ? tile * 8 + g : rows - 1)) * k + 16 * kVec * t;
   }
 
   float acc[kTiles][4];
@@ -253,39 +260,48 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int i = 0; i < 4; ++i) acc[tile][i] = 0.0f;
   }
 
-  // Warp w takes chunks w, w + kWarps, ...: whole batches of kInt8MmaBatch first, then what is left one
-  // chunk at a time.
-  const std::int64_t chunks = k / kInt8MmaChunk;
+  // Warp w takes chunks w, w + kWarps, ...: whole batches of kBatch first, then what is left one chunk at
+  // a time.
+  const std::int64_t chunks = k / kChunk;
   constexpr std::int64_t kStride = kWarps;
   std::int64_t c = warp;
-  for (; c + (kInt8MmaBatch - 1) * kStride < chunks; c += kInt8MmaBatch * kStride) {
-    uint4 wl[kInt8MmaBatch], wh[kInt8MmaBatch], xv[kInt8MmaBatch][kTiles][2];
+  for (; c + (kBatch - 1) * kStride < chunks; c += kBatch * kStride) {
+    uint4 wl[kBatch][kVec], wh[kBatch][kVec], xv[kBatch][kVec][kTiles][2];
 #pragma unroll
-    for (int i = 0; i < kInt8MmaBatch; ++i) {
-      const std::int64_t off = (c + i * kStride) * kInt8MmaChunk;
-      wl[i] = __ldg(reinterpret_cast<const uint4*>(w_lo + off));
-      wh[i] = __ldg(reinterpret_cast<const uint4*>(w_hi + off));
+    for (int i = 0; i < kBatch; ++i) {
+      const std::int64_t off = (c + i * kStride) * kChunk;
 #pragma unroll
-      for (int tile = 0; tile < kTiles; ++tile) {
-        const auto* q = reinterpret_cast<const uint4*>(x_row[tile] + off);
-        xv[i][tile][0] = __ldg(q);
-        xv[i][tile][1] = __ldg(q + 1);
+      for (int v = 0; v < kVec; ++v) {
+        wl[i][v] = __ldg(reinterpret_cast<const uint4*>(w_lo + off + 16 * v));
+        wh[i][v] = __ldg(reinterpret_cast<const uint4*>(w_hi + off + 16 * v));
+#pragma unroll
+        for (int tile = 0; tile < kTiles; ++tile) {
+          const auto* q = reinterpret_cast<const uint4*>(x_row[tile] + off + 16 * v);
+          xv[i][v][tile][0] = __ldg(q);
+          xv[i][v][tile][1] = __ldg(q + 1);
+        }
       }
     }
 #pragma unroll
-    for (int i = 0; i < kInt8MmaBatch; ++i) int8_mma_chunk<T, kTiles>(wl[i], wh[i], xv[i], acc);
+    for (int i = 0; i < kBatch; ++i) {
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) int8_mma_chunk<T, kTiles>(wl[i][v], wh[i][v], xv[i][v], acc);
+    }
   }
   for (; c < chunks; c += kStride) {
-    const std::int64_t off = c * kInt8MmaChunk;
-    uint4 xv[kTiles][2];
+    const std::int64_t off = c * kChunk;
 #pragma unroll
-    for (int tile = 0; tile < kTiles; ++tile) {
-      const auto* q = reinterpret_cast<const uint4*>(x_row[tile] + off);
-      xv[tile][0] = __ldg(q);
-      xv[tile][1] = __ldg(q + 1);
+    for (int v = 0; v < kVec; ++v) {
+      uint4 xv[kTiles][2];
+#pragma unroll
+      for (int tile = 0; tile < kTiles; ++tile) {
+        const auto* q = reinterpret_cast<const uint4*>(x_row[tile] + off + 16 * v);
+        xv[tile][0] = __ldg(q);
+        xv[tile][1] = __ldg(q + 1);
+      }
+      int8_mma_chunk<T, kTiles>(__ldg(reinterpret_cast<const uint4*>(w_lo + off + 16 * v)),
+                                __ldg(reinterpret_cast<const uint4*>(w_hi + off + 16 * v)), xv, acc);
     }
-    int8_mma_chunk<T, kTiles>(__ldg(reinterpret_cast<const uint4*>(w_lo + off)),
-                              __ldg(reinterpret_cast<const uint4*>(w_hi + off)), xv, acc);
   }
 
   // D: lane (g, t) holds output columns g and g + 8 for x rows 2t and 2t + 1 of each tile.
@@ -309,7 +325,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     const float scale = scales_fp32 ? static_cast<const float*>(scales)[n]
                                     : to_float(static_cast<const T*>(scales)[n]);
     const float b = bias != nullptr ? to_float(bias[n]) : 0.0f;
-    out[static_cast<std::int64_t>(m) * n_cols + n] = from_float<T>(sum * scale + b);
+    float y = sum * scale + b;
+    if (kRelu) y = fmaxf(y, 0.0f);
+    out[static_cast<std::int64_t>(m) * n_cols + n] = from_float<T>(y);
   }
 }
 

@@ -121,6 +121,16 @@ void bind_llm(py::module_& m) {
       "benchmarks.");
 
   m.def(
+      "int8_linear_vector",
+      [](const std::optional<int>& vector) {
+        return vector.has_value() ? torch_ext::set_int8_linear_vector(*vector) : torch_ext::int8_linear_vector();
+      },
+      py::arg("vector") = py::none(),
+      "16-byte loads per weight row, lane and chunk of int8_weight_only_linear's tensor-core kernel: 0 (the "
+      "default: 2 where K % 128 == 0, a row's chunk then a whole 128-byte line), 1 or 2. With a value, sets it "
+      "process-wide and returns the previous one; without, returns it. For tests and benchmarks.");
+
+  m.def(
       "int8_linear_warps",
       [](const std::optional<int>& warps) {
         return warps.has_value() ? torch_ext::set_int8_linear_warps(*warps) : torch_ext::int8_linear_warps();

@@ -1,9 +1,10 @@
 // gpuopt::int8_weight_only_linear, a torch operator registered like those of ops.cpp (a fragment of
 // the `gpuopt` library that ops.cpp defines):
 //
-//   gpuopt::int8_weight_only_linear(Tensor x, Tensor weight, Tensor scales, Tensor? bias=None)
-//       -> Tensor
-//       out = (x @ weight.float().T) * scales + bias in x's dtype, shape [..., N], for x of
+//   gpuopt::int8_weight_only_linear(Tensor x, Tensor weight, Tensor scales, Tensor? bias=None,
+//                                   str activation="none") -> Tensor
+//       out = act((x @ weight.float().T) * scales + bias) in x's dtype (act: "none" or "relu", applied in the
+//       kernel's epilogue), shape [..., N], for x of
 //       float16/bfloat16/float32 [..., K], an int8 weight [N, K] (contiguous), per-output-channel
 //       scales [N] (float32 or x's dtype) and an optional bias [N] of x's dtype.
 //
@@ -44,6 +45,13 @@ constexpr const char* kOp = "int8_weight_only_linear";
 constexpr std::array<const char*, 3> kKernels = {"auto", "simt", "tensor-core"};
 std::atomic<int> g_kernel{0};
 std::atomic<int> g_warps{0};
+std::atomic<int> g_vector{0};
+
+bool relu(const std::string& activation) {
+  TORCH_CHECK_VALUE(activation == "none" || activation == "relu", kOp,
+                    ": activation must be 'none' or 'relu', got '", activation, "'");
+  return activation == "relu";
+}
 
 void check_device(const char* name, const at::Tensor& t, const at::Tensor& x) {
   TORCH_CHECK_VALUE(t.device() == x.device(), kOp, ": ", name, " must be on x's device (",
@@ -52,7 +60,7 @@ void check_device(const char* name, const at::Tensor& t, const at::Tensor& x) {
 
 // Every kernel checks the same (Meta included, so that tracing raises what running would).
 void check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
-                const std::optional<at::Tensor>& bias) {
+                const std::optional<at::Tensor>& bias, const std::string& activation) {
   const at::ScalarType dtype = x.scalar_type();
   TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat, kOp,
                    ": x must be float16, bfloat16 or float32, got ", dtype_name(dtype));
@@ -82,20 +90,23 @@ void check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
                       ", got sizes ", bias->sym_sizes());
     check_device("bias", *bias, x);
   }
+  relu(activation);
 }
 
 at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
-                           const std::optional<at::Tensor>& bias) {
-  check_args(x, weight, scales, bias);
+                           const std::optional<at::Tensor>& bias, const std::string& activation) {
+  check_args(x, weight, scales, bias, activation);
   at::Tensor y = at::matmul(x.to(at::kFloat), weight.to(at::kFloat).t());
   y.mul_(scales.to(at::kFloat));
   if (bias.has_value()) y.add_(bias->to(at::kFloat));
+  if (relu(activation)) y.clamp_min_(0);
   return y.to(x.scalar_type());
 }
 
 at::Tensor int8_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
-                            const std::optional<at::Tensor>& bias) {
-  check_args(x, weight, scales, bias);
+                            const std::optional<at::Tensor>& bias, const std::string& activation) {
+  check_args(x, weight, scales, bias, activation);
+  const bool apply_relu = relu(activation);
 #ifdef GPUOPT_WITH_CUDA
   const c10::cuda::CUDAGuard guard(x.device());
   const std::int64_t n = weight.size(0);
@@ -122,6 +133,8 @@ at::Tensor int8_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const
   p.device = x.device().index();
   p.kernel = static_cast<cuda::Int8Kernel>(g_kernel.load(std::memory_order_relaxed));
   p.mma_warps = g_warps.load(std::memory_order_relaxed);
+  p.mma_vector = g_vector.load(std::memory_order_relaxed);
+  p.relu = apply_relu;
   TORCH_CHECK_VALUE(p.kernel != cuda::Int8Kernel::kTensorCore || !cuda::int8_linear_supported(p) ||
                         cuda::int8_linear_tensor_cores(p),
                     kOp, ": int8_linear_kernel is 'tensor-core', which needs float16 or bfloat16 x (got ",
@@ -139,16 +152,18 @@ at::Tensor int8_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const
   w.mul_(s.unsqueeze(1));
   at::Tensor y = at::matmul(x2, w.t());
   if (b.has_value()) y.add_(*b);
+  if (apply_relu) y.clamp_min_(0);
   return y.view(out_shape);
 #else
+  (void)apply_relu;
   require_cuda("gpuopt::int8_weight_only_linear on a CUDA tensor");
   return {};
 #endif
 }
 
 at::Tensor int8_linear_meta(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
-                            const std::optional<at::Tensor>& bias) {
-  check_args(x, weight, scales, bias);
+                            const std::optional<at::Tensor>& bias, const std::string& activation) {
+  check_args(x, weight, scales, bias, activation);
   std::vector<c10::SymInt> shape(x.sym_sizes().begin(), x.sym_sizes().end() - 1);
   shape.push_back(weight.sym_size(0));
   return at::empty_symint(shape, x.options());
@@ -175,12 +190,20 @@ int set_int8_linear_warps(int warps) {
   return g_warps.exchange(warps);
 }
 
+int int8_linear_vector() { return g_vector.load(); }
+
+int set_int8_linear_vector(int vector) {
+  TORCH_CHECK_VALUE(vector >= 0 && vector <= 2,
+                    "int8_linear_vector: vector must be 0 (chosen from K), 1 or 2, got ", vector);
+  return g_vector.exchange(vector);
+}
+
 }  // namespace gpuopt::torch_ext
 
 TORCH_LIBRARY_FRAGMENT(gpuopt, m) {
   m.def(
-      "int8_weight_only_linear(Tensor x, Tensor weight, Tensor scales, Tensor? bias=None) "
-      "-> Tensor");
+      "int8_weight_only_linear(Tensor x, Tensor weight, Tensor scales, Tensor? bias=None, "
+      "str activation=\"none\") -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {

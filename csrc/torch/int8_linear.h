@@ -17,5 +17,9 @@ std::string set_int8_linear_kernel(const std::string& name);
 // Process-wide like the kernel; set_ returns the previous value; ValueError for any other.
 int int8_linear_warps();
 int set_int8_linear_warps(int warps);
+// Its 16-byte loads per weight row, lane and 64-value chunk: 0 (chosen: 2 where K % 128 == 0), 1 or 2.
+// Process-wide like the kernel; set_ returns the previous value; ValueError for any other.
+int int8_linear_vector();
+int set_int8_linear_vector(int vector);
 
 }  // namespace gpuopt::torch_ext

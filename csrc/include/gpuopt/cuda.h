@@ -182,6 +182,8 @@ struct Int8LinearParams {
   int device = 0;                                  // the CUDA device of every pointer
   Int8Kernel kernel = Int8Kernel::kAuto;
   int mma_warps = 0;  // the tensor-core kernel's warps per block (splitting K): 0 chosen from n and k, or 4, 8, 16, 32
+  int mma_vector = 0;  // its 16-byte loads per weight row, lane and chunk: 0 chosen (2 where k % 128 == 0), 1, 2
+  bool relu = false;   // out = max(out, 0)
 };
 
 // The most rows int8_linear takes: past that the GEMM is no longer bandwidth-bound, and a

@@ -41,21 +41,31 @@ class DecodeLinear(nn.Module):
 
 def use_decode_linear(model: nn.Module) -> int:
     """Replaces, in place, every plain ``nn.Linear`` of ``model`` with a float16/bfloat16 weight by a
-    :class:`DecodeLinear`, and fuses a ReLU into the first of a ``fc1``, ``activation_fn`` (``nn.ReLU``),
-    ``fc2`` trio of siblings (OPT's MLP); returns how many linear layers were replaced."""
+    :class:`DecodeLinear` and fuses ReLUs (:func:`fuse_relu`); returns how many linear layers were replaced."""
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear and child.weight.dtype in DTYPES:
                 setattr(module, name, DecodeLinear(child))
                 count += 1
-    for module in model.modules():
-        fc1, act = getattr(module, "fc1", None), getattr(module, "activation_fn", None)
-        if isinstance(fc1, DecodeLinear) and isinstance(act, nn.ReLU) and isinstance(getattr(module, "fc2", None),
-                                                                                    nn.Module):
-            fc1.activation = "relu"
-            module.activation_fn = nn.Identity()
+    fuse_relu(model)
     return count
 
 
-__all__ = ["DTYPES", "DecodeLinear", "use_decode_linear"]
+def fuse_relu(model: nn.Module) -> int:
+    """Moves the ReLU of every ``fc1``, ``activation_fn`` (``nn.ReLU``), ``fc2`` trio of siblings (OPT's MLP)
+    into ``fc1``'s epilogue where ``fc1`` is one of gpuopt's layers (a :class:`DecodeLinear` or an int8
+    weight-only linear: both take ``activation``), ``activation_fn`` becoming ``nn.Identity``; returns how
+    many were fused."""
+    count = 0
+    for module in model.modules():
+        fc1, act = getattr(module, "fc1", None), getattr(module, "activation_fn", None)
+        if (getattr(fc1, "activation", None) == "none" and isinstance(act, nn.ReLU)
+                and isinstance(getattr(module, "fc2", None), nn.Module)):
+            fc1.activation = "relu"
+            module.activation_fn = nn.Identity()
+            count += 1
+    return count
+
+
+__all__ = ["DTYPES", "DecodeLinear", "fuse_relu", "use_decode_linear"]

@@ -103,6 +103,8 @@ class Models:
                 from ..quant import quantize_int8_weight_only
 
                 m = quantize_int8_weight_only(m, torch.float16)
+                if fused:
+                    _linear.fuse_relu(m)  # into the int8 kernel's epilogue
             else:
                 m = m.to(_DTYPES[precision])
                 if fused and _DTYPES[precision] in _linear.DTYPES:

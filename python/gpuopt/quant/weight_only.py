@@ -24,8 +24,11 @@ class Int8WeightOnlyLinear(torch.nn.Module):
     True
     """
 
-    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, activation: str = "none"):
         super().__init__()
+        if activation not in ("none", "relu"):
+            raise ValueError(f"activation must be 'none' or 'relu', got {activation!r}")
+        self.activation = activation  # applied in the kernel's epilogue
         if weight.dtype != torch.int8 or weight.dim() != 2:
             raise TypeError(f"weight must be a 2-D int8 tensor, got {weight.dtype} of shape {tuple(weight.shape)}")
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
@@ -48,10 +51,12 @@ class Int8WeightOnlyLinear(torch.nn.Module):
         return cls(q, scales.to(dtype), bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.gpuopt.int8_weight_only_linear(x, self.weight, self.scales.to(x.dtype), self.bias)
+        return torch.ops.gpuopt.int8_weight_only_linear(x, self.weight, self.scales.to(x.dtype), self.bias,
+                                                        self.activation)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+                + (f", activation={self.activation}" if self.activation != "none" else ""))
 
 
 def is_quantized_linear(module: Any) -> bool:
