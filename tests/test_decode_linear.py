@@ -146,6 +146,8 @@ def test_use_decode_linear_swaps_and_fuses_relu(act, fused, rng):
     assert L.use_decode_linear(net) == 7
     assert all(type(m) is not nn.Linear for m in net.modules())
     assert net.layers[0].proj.weight is weights[0] and net.layers[0].fc1.weight is weights[1]  # shared, not copied
+    assert net.layers[0].fc1.activation == "none"  # _Layer is not a known ReLU MLP layer (RELU_MLP_LAYERS)
+    assert L.fuse_relu(net, layers=("_Layer",)) == (2 if fused else 0)
     assert (net.layers[0].fc1.activation == "relu") is fused
     assert isinstance(net.layers[0].activation_fn, nn.Identity) is fused
     assert len(list(net.parameters())) == 7 * 2 - 3  # three without bias
@@ -159,9 +161,19 @@ def test_use_decode_linear_leaves_float32_layers():
     assert isinstance(net.layers[0].fc1, nn.Linear) and isinstance(net.layers[0].activation_fn, nn.ReLU)
 
 
-def test_decode_linear_module_refuses_an_unknown_activation():
+def test_decode_linear_module_refuses_an_unknown_activation_and_other_layers():
     with pytest.raises(ValueError, match="activation must be 'none' or 'relu', got 'tanh'"):
         L.DecodeLinear(nn.Linear(4, 4), "tanh")
+    with pytest.raises(TypeError, match="linear must be a torch.nn.Linear .*got Conv1d"):
+        L.DecodeLinear(nn.Conv1d(4, 4, 1))
+
+
+def test_decode_linear_keeps_nn_linear_state_dict_keys():
+    lin = nn.Linear(8, 4)
+    m = L.DecodeLinear(lin)
+    assert list(m.state_dict()) == ["weight", "bias"]
+    m.load_state_dict(nn.Linear(8, 4).state_dict())
+    assert m.weight is lin.weight  # loaded in place into the shared parameter
 
 
 def test_fused_llm_copies_run_decode_linears_with_the_same_logits(rng):
@@ -176,6 +188,9 @@ def test_fused_llm_copies_run_decode_linears_with_the_same_logits(rng):
     assert layer.fc1.activation == "relu" and isinstance(layer.activation_fn, nn.Identity)
     assert isinstance(fused.lm_head, L.DecodeLinear) and fused.lm_head.weight is fused.model.decoder.embed_tokens.weight
     assert isinstance(plain.model.decoder.layers[0].fc1, nn.Linear)
+    from gpuopt.llm.models import linear_params
+
+    assert linear_params(fused) == linear_params(plain) > 0  # FLOPs and the roofline count gpuopt's layers
     ids = torch.randint(0, 1000, (1, 6), generator=rng)
     with torch.inference_mode():
         a = fused(input_ids=ids, use_cache=False).logits.float()
@@ -208,7 +223,8 @@ def layout(request):
 
 @pytest.mark.gpuopt_gpu
 @pytest.mark.parametrize("m", [1, 3, 8])
-@pytest.mark.parametrize("n,k", [(3, 32), (1000, 2048), (2048, 8192), (40, 160), (6144, 2048)])
+@pytest.mark.parametrize("n,k", [(3, 32), (1000, 2048), (2048, 8192), (40, 160), (6144, 2048), (40, 192),
+                                 (1000, 2368)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_kernel_matches_the_reference(m, n, k, dtype, layout, rng):
     # n = 3, 1000 and 40 leave a partial 16-column tile; k = 32 is one chunk (3 idle warps of 4; 2 or 4 loads
@@ -267,6 +283,7 @@ def test_a_cuda_graph_replays_the_kernel(rng):
         with torch.cuda.graph(graph, stream=stream):
             out = ops.decode_linear(static_x, w, b, "relu")
     torch.cuda.current_stream().wait_stream(stream)
+    assert any("decode_linear_mma" in n for n in _kernels_run(graph.replay)), "the graph runs gpuopt's kernel"
     for _ in range(2):
         static_x.copy_(torch.randn_like(x))
         graph.replay()

@@ -236,20 +236,21 @@ def test_the_simt_kernel_takes_k_not_a_multiple_of_64(m, k, dtype, rng):
 @pytest.mark.gpuopt_gpu
 @pytest.mark.parametrize("vector", [1, 2])
 @pytest.mark.parametrize("warps", [4, 8, 16, 32])
-@pytest.mark.parametrize("m,n,k", [(1, 2048, 8192), (12, 1000, 2048), (3, 40, 64), (1, 3, 4096)])
+@pytest.mark.parametrize("m,n,k", [(1, 2048, 8192), (12, 1000, 2048), (3, 40, 64), (1, 3, 4096), (2, 300, 2368)])
 def test_the_tensor_core_kernel_with_each_layout_matches_the_reference(warps, vector, m, n, k, rng):
     # The warps split K into chunks of 64 * vector: 4 warps over 128 chunks take 8 batches each, 32 warps over
-    # one chunk leave 31 idle; K = 64 takes one load per row and chunk whatever is asked. A ReLU in the
-    # epilogue with 16 warps.
+    # one chunk leave 31 idle; K = 64 and 2368 (37 chunks of 64: whole batches, then single chunks) take one
+    # load per row and chunk whatever is asked. A ReLU in the epilogue with 16 warps.
     from gpuopt import _C
 
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the tensor-core kernel needs compute capability 8.0+")
     relu = warps == 16
     act = "relu" if relu else "none"
+    dtype = torch.bfloat16 if vector == 2 and warps in (8, 16) else torch.float16
     before = (_C.int8_linear_kernel("tensor-core"), _C.int8_linear_warps(warps), _C.int8_linear_vector(vector))
     try:
-        x, w, s, b = _inputs((m,), n, k, torch.float16, rng, bias=m % 2 == 1, device="cuda")
+        x, w, s, b = _inputs((m,), n, k, dtype, rng, bias=m % 2 == 1, device="cuda")
         got = ops.int8_weight_only_linear(x, w, s, b, act)
         names = _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b, act))
         v = vector if k % 128 == 0 else 1
@@ -277,8 +278,23 @@ def test_cpu_relu_in_the_operator(relu, rng):
     got = ops.int8_weight_only_linear(x, w, s, b, "relu" if relu else "none")
     want = ops.int8_weight_only_linear(x, w, s, b)
     assert torch.equal(got, want.clamp_min(0) if relu else want)
-    with pytest.raises(ValueError, match="int8_weight_only_linear: activation must be 'none' or 'relu', got 'gelu'"):
-        ops.int8_weight_only_linear(x, w, s, b, "gelu")
+    for device in ("cpu", "meta"):
+        with pytest.raises(ValueError, match="int8_weight_only_linear: activation must be 'none' or 'relu', got 'gelu'"):
+            ops.int8_weight_only_linear(*(t.to(device) for t in (x, w, s, b)), "gelu")
+
+
+def test_int8_linear_vector_setting_is_checked():
+    from gpuopt import _C
+
+    assert _C.int8_linear_vector() == 0
+    try:
+        assert _C.int8_linear_vector(1) == 0 and _C.int8_linear_vector() == 1
+        for bad in (3, -1):
+            with pytest.raises(ValueError, match=f"vector must be 0 \\(chosen from K\\), 1 or 2, got {bad}"):
+                _C.int8_linear_vector(bad)
+        assert _C.int8_linear_vector() == 1
+    finally:
+        _C.int8_linear_vector(0)
 
 
 @pytest.mark.gpuopt_gpu

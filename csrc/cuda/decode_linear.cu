@@ -1,4 +1,3 @@
-#include <atomic>
 #include <cstdint>
 
 #include "decode_linear_kernels.cuh"
@@ -8,33 +7,6 @@ namespace gpuopt::cuda {
 namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
-// Whether `device` runs the tensor-core kernel, asked once per device (made current for the query):
-// compute capability 8.0+ and this binary's code for it built from PTX 8.0+ (a build for 7.5 alone
-// would JIT its compute_75 PTX there, whose MMA is compiled out).
-constexpr int kKnown = 1, kMma = 2;
-int capabilities(int device) {
-  constexpr int kDevices = 64;
-  static std::atomic<int> cache[kDevices] = {};
-  if (device >= 0 && device < kDevices) {
-    const int known = cache[device].load(std::memory_order_relaxed);
-    if (known != 0) return known;
-  }
-  const int major = device_attribute(cudaDevAttrComputeCapabilityMajor, device);
-  int caps = kKnown;
-  if (major >= 8) {
-    int current = 0;
-    GPUOPT_CHECK_CUDA(cudaGetDevice(&current));
-    if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(device));
-    cudaFuncAttributes attributes = {};
-    const cudaError_t status = cudaFuncGetAttributes(&attributes, kernels::decode_linear_mma<__half, 4, 1, false>);
-    if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(current));
-    GPUOPT_CHECK_CUDA(status);
-    if (attributes.ptxVersion >= 80) caps |= kMma;
-  }
-  if (device >= 0 && device < kDevices) cache[device].store(caps, std::memory_order_relaxed);
-  return caps;
-}
 
 // 16-byte loads per weight row, lane and chunk: forced by p.vector (where k allows), else 2 where k %
 // 64 == 0 (a row's chunk is then 128 contiguous bytes, a whole L2 line), else 1.
@@ -95,7 +67,7 @@ void launch_activation(const DecodeLinearParams& p, cudaStream_t stream) {
 bool decode_linear_supported(const DecodeLinearParams& p) {
   return (p.type == ActivationType::kFloat16 || p.type == ActivationType::kBFloat16) && p.rows >= 1 &&
          p.rows <= kDecodeLinearMaxRows && p.n >= 1 && p.k > 0 && p.k % kDecodeLinearChunk == 0 &&
-         aligned16(p.x) && aligned16(p.weight) && (capabilities(p.device) & kMma) != 0;
+         aligned16(p.x) && aligned16(p.weight) && mma_code_runs(p.device);
 }
 
 void decode_linear(const DecodeLinearParams& p, cudaStream_t stream) {

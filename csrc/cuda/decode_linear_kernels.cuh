@@ -14,7 +14,7 @@ constexpr int kLinearLoads = 4;   // uint4 of each weight row a lane loads befor
 static_assert(kLinearLoads % 4 == 0, "a batch holds whole chunks of 1, 2 or 4 loads");
 
 // 8 consecutive values of weight rows g and g + 8 and of x's row g, at k = k0 + 0..7 for lane (g, t) with k0
-// = 8 t + 32 t' (t' over the lane's uint4), as two MMAs. The MMA's K positions {2t, 2t+1} and {2t+8, 2t+9}
+// = chunk * 32 kVec + 8 kVec t + 8 v (v over the lane's kVec words of the chunk), as two MMAs. The MMA's K positions {2t, 2t+1} and {2t+8, 2t+9}
 // of step j are taken as k = k0 + 4 j + {0, 1} and + {2, 3} (A and B agree, and the four lanes of a group
 // cover 16 distinct k per step), so the 16-byte words feed the MMA as loaded: no shuffles, no conversions.
 template <typename T>

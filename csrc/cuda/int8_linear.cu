@@ -125,10 +125,12 @@ int cc_major(int device) {
   return v;
 }
 
-// Whether the tensor-core kernel runs on `device`: compute capability 8.0+ and, in this binary, its code
-// for that device built for 8.0 or newer (a build for 7.5 alone would run its compute_75 PTX there,
-// JIT-compiled, whose MMA is compiled out). Asked once per device.
-bool mma_runs(int device) {
+}  // namespace
+
+// Whether `device` runs this binary's tensor-core (mma.sync) code: compute capability 8.0+ and, in this
+// binary, its code for that device built for 8.0 or newer (a build for 7.5 alone would run its
+// compute_75 PTX there, JIT-compiled, whose MMA is compiled out). Asked once per device.
+bool mma_code_runs(int device) {
   constexpr int kDevices = 64;
   static std::atomic<int> cache[kDevices] = {};  // 0 unknown, 1 yes, 2 no
   if (device >= 0 && device < kDevices) {
@@ -143,17 +145,17 @@ bool mma_runs(int device) {
     cudaFuncAttributes attributes = {};
     const cudaError_t status = cudaFuncGetAttributes(&attributes, kernels::int8_linear_mma<__half, 1, 32, 1, false>);
     if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(current));
-    GPUOPT_CHECK_CUDA(status);
-    runs = attributes.ptxVersion >= 80;
+    // No code for this device in the binary (cudaErrorInvalidDeviceFunction, say): no tensor cores, and
+    // the callers' fallbacks run; the error is not left for the next check to find.
+    if (status != cudaSuccess) (void)cudaGetLastError();
+    runs = status == cudaSuccess && attributes.ptxVersion >= 80;
   }
   if (device >= 0 && device < kDevices) cache[device].store(runs ? 1 : 2, std::memory_order_relaxed);
   return runs;
 }
 
-}  // namespace
-
 bool int8_linear_tensor_cores(const Int8LinearParams& p) {
-  return p.type != ActivationType::kFloat32 && p.k % kernels::kInt8MmaChunk == 0 && mma_runs(p.device);
+  return p.type != ActivationType::kFloat32 && p.k % kernels::kInt8MmaChunk == 0 && mma_code_runs(p.device);
 }
 
 bool int8_linear_supported(const Int8LinearParams& p) {

@@ -42,11 +42,7 @@ std::atomic<bool> g_cublas{false};  // decode_linear_kernel("cublas")
 std::atomic<int> g_warps{0};
 std::atomic<int> g_vector{0};
 
-bool relu(const std::string& activation) {
-  TORCH_CHECK_VALUE(activation == "none" || activation == "relu", kOp,
-                    ": activation must be 'none' or 'relu', got '", activation, "'");
-  return activation == "relu";
-}
+bool relu(const std::string& activation) { return relu_activation(kOp, activation); }
 
 void check_args(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                 const std::string& activation) {

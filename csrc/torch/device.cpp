@@ -93,6 +93,12 @@ int cuda_driver_version() {
 #endif
 }
 
+bool relu_activation(const char* op, const std::string& activation) {
+  TORCH_CHECK_VALUE(activation == "none" || activation == "relu", op, ": activation must be 'none' or 'relu', got '",
+                    activation, "'");
+  return activation == "relu";
+}
+
 const char* dtype_name(c10::ScalarType t) {
   switch (t) {
     case c10::kFloat: return "float32";

@@ -39,6 +39,10 @@ const char* dtype_name(c10::ScalarType t);
 int cuda_runtime_version();
 int cuda_driver_version();
 
+// Whether `activation`, an argument of operator `op`, is "relu" (else "none"); a ValueError naming the
+// operator and the value for anything else.
+bool relu_activation(const char* op, const std::string& activation);
+
 #ifdef GPUOPT_WITH_CUDA
 // The CUDA layer's type for a float16, bfloat16 or float32 tensor (anything else: float32; the
 // operators check their dtypes first).

@@ -47,11 +47,7 @@ std::atomic<int> g_kernel{0};
 std::atomic<int> g_warps{0};
 std::atomic<int> g_vector{0};
 
-bool relu(const std::string& activation) {
-  TORCH_CHECK_VALUE(activation == "none" || activation == "relu", kOp,
-                    ": activation must be 'none' or 'relu', got '", activation, "'");
-  return activation == "relu";
-}
+bool relu(const std::string& activation) { return relu_activation(kOp, activation); }
 
 void check_device(const char* name, const at::Tensor& t, const at::Tensor& x) {
   TORCH_CHECK_VALUE(t.device() == x.device(), kOp, ": ", name, " must be on x's device (",

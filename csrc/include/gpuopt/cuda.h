@@ -147,6 +147,11 @@ class DeviceAllocator final : public gpuopt::RawAllocator {
 // results are checkable exactly on the host. Also what flush_l2 writes (every byte is stored).
 void fill_pattern(std::uint32_t* out, std::int64_t n, std::uint32_t seed, cudaStream_t stream);
 
+// Whether `device` runs this binary's tensor-core (mma.sync) code: compute capability 8.0+ and its code
+// for that device built for 8.0 or newer (a build for 7.5 alone would JIT its compute_75 PTX there,
+// whose MMA is compiled out). Asked once per device (made current for the query).
+bool mma_code_runs(int device);
+
 // ---- int8 weight-only linear for decode-sized batches: out[m, n] = (sum_k x[m, k] * w[n, k]) *
 // scales[n] + bias[n], accumulated in fp32, written in x's type. Bandwidth-bound: the weight is
 // streamed once with 16-byte loads, for all rows of x. Two kernels:

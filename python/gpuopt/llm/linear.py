@@ -2,9 +2,10 @@
 
 At batch 1 a decode step is a chain of matrix-vector products, each reading one weight matrix once.
 :class:`DecodeLinear` runs ``torch.ops.gpuopt.decode_linear``: for 1 to 8 rows of fp16/bf16 a
-bandwidth-bound tensor-core kernel of gpuopt's with the bias (and a ReLU, where the model applies one
-right after) in its epilogue -- one kernel where cuBLAS runs a GEMM, at times a split-K reduction, and
-the ReLU; for longer inputs (the prefill) ATen's linear, i.e. cuBLAS.
+bandwidth-bound tensor-core kernel of gpuopt's with the bias (and a ReLU, where a known layer applies one
+right after: OPT's MLP) in its epilogue -- one kernel where cuBLAS runs a GEMM, at times a split-K reduction, and
+the ReLU; for longer inputs (the prefill) ATen's linear, i.e. cuBLAS. Inference only: the operator has
+no autograd formula.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class DecodeLinear(nn.Module):
 
     def __init__(self, linear: nn.Linear, activation: str = "none"):
         super().__init__()
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"linear must be a torch.nn.Linear (weight [out, in]), got {type(linear).__name__}")
         if activation not in ("none", "relu"):
             raise ValueError(f"activation must be 'none' or 'relu', got {activation!r}")
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -39,33 +42,45 @@ class DecodeLinear(nn.Module):
                 f"activation={self.activation}")
 
 
-def use_decode_linear(model: nn.Module) -> int:
+# Decoder layers whose forward applies ``activation_fn`` once, to ``fc1``'s output only, and hands the
+# result to ``fc2`` (transformers' OPT): :func:`fuse_relu` may move a ReLU there into ``fc1``.
+RELU_MLP_LAYERS: tuple[str, ...] = ("OPTDecoderLayer",)
+
+
+def use_decode_linear(model: nn.Module, relu: bool = True) -> int:
     """Replaces, in place, every plain ``nn.Linear`` of ``model`` with a float16/bfloat16 weight by a
-    :class:`DecodeLinear` and fuses ReLUs (:func:`fuse_relu`); returns how many linear layers were replaced."""
+    :class:`DecodeLinear` and, with ``relu``, fuses ReLUs (:func:`fuse_relu`); returns how many linear
+    layers were replaced."""
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear and child.weight.dtype in DTYPES:
                 setattr(module, name, DecodeLinear(child))
                 count += 1
-    fuse_relu(model)
+    if relu:
+        fuse_relu(model)
     return count
 
 
-def fuse_relu(model: nn.Module) -> int:
-    """Moves the ReLU of every ``fc1``, ``activation_fn`` (``nn.ReLU``), ``fc2`` trio of siblings (OPT's MLP)
-    into ``fc1``'s epilogue where ``fc1`` is one of gpuopt's layers (a :class:`DecodeLinear` or an int8
-    weight-only linear: both take ``activation``), ``activation_fn`` becoming ``nn.Identity``; returns how
-    many were fused."""
+def fuse_relu(model: nn.Module, layers: tuple[str, ...] = RELU_MLP_LAYERS) -> int:
+    """Moves the ReLU of every layer whose class name is in ``layers`` (whose forward applies
+    ``activation_fn`` to ``fc1``'s output only, then ``fc2``: :data:`RELU_MLP_LAYERS`) into ``fc1``'s
+    epilogue, where ``activation_fn`` is an ``nn.ReLU`` and ``fc1`` one of gpuopt's layers that take an
+    ``activation`` (a :class:`DecodeLinear` or an int8 weight-only linear); ``activation_fn`` becomes
+    ``nn.Identity``. Returns how many were fused."""
+    from ..quant import Int8WeightOnlyLinear
+
     count = 0
     for module in model.modules():
+        if type(module).__name__ not in layers:
+            continue
         fc1, act = getattr(module, "fc1", None), getattr(module, "activation_fn", None)
-        if (getattr(fc1, "activation", None) == "none" and isinstance(act, nn.ReLU)
-                and isinstance(getattr(module, "fc2", None), nn.Module)):
+        if (isinstance(fc1, (DecodeLinear, Int8WeightOnlyLinear)) and fc1.activation == "none"
+                and type(act) is nn.ReLU and isinstance(getattr(module, "fc2", None), nn.Module)):
             fc1.activation = "relu"
             module.activation_fn = nn.Identity()
             count += 1
     return count
 
 
-__all__ = ["DTYPES", "DecodeLinear", "fuse_relu", "use_decode_linear"]
+__all__ = ["DTYPES", "RELU_MLP_LAYERS", "DecodeLinear", "fuse_relu", "use_decode_linear"]

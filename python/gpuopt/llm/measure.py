@@ -171,7 +171,7 @@ class DecodeResult:
     parity: _parity.DecodeParity | None = None
     parity_error: str | None = None
     fused_projections: int = 0  # groups of sibling projections run as one linear layer (gpuopt.llm.fuse)
-    decode_linears: int = 0  # linear layers run by gpuopt's decode kernel (gpuopt.llm.linear)
+    decode_linears: int = 0  # linear layers swapped to gpuopt's decode kernel (gpuopt.llm.linear; 1-8 rows run it)
     attention: str = "model"  # the decode step's attention: the model's own or gpuopt's (gpuopt.llm.attention)
     kv_writes_in_attention: int = 0  # attention modules whose kernel writes the step's key and value (llm.cache)
     build_s: float = 0.0
@@ -358,7 +358,9 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
         result = _result(models, decoder, m, got, path=path, precision=precision, index=index, element=element,
                          kv_per_token=kv_per_token, ceilings=ceilings, build_s=build_s)
         result.fused_projections = models.fused_groups.get(precision, 0) if fuse else 0
-        result.decode_linears = models.decode_linears.get(precision, 0) if fuse else 0
+        # layers swapped to gpuopt's decode linear kernel, 0 where the setting forced cuBLAS at capture
+        result.decode_linears = (models.decode_linears.get(precision, 0)
+                                 if fuse and _C.decode_linear_kernel() == "auto" else 0)
         result.attention = decoder.attention
         result.kv_writes_in_attention = decoder.deferred_writes
         if decoder.attention_note:

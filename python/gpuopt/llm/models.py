@@ -196,13 +196,14 @@ def linear_params(model: torch.nn.Module) -> int:
     """Weights that multiply activations (everything but lookup tables, norms and biases): 2 x this many
     FLOPs per token of a forward pass, attention aside."""
     from ..quant import is_quantized_linear
+    from .linear import DecodeLinear
 
     conv1d = _conv1d_class()
     n = 0
     seen: set[tuple] = set()
     for module in model.modules():
         w = None
-        if (isinstance(module, torch.nn.Linear) or (conv1d is not None and isinstance(module, conv1d))
+        if (isinstance(module, (torch.nn.Linear, DecodeLinear)) or (conv1d is not None and isinstance(module, conv1d))
                 or is_quantized_linear(module)):
             w = module.weight
         if w is not None and _storage_key(w) not in seen:

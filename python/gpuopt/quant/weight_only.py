@@ -24,6 +24,8 @@ class Int8WeightOnlyLinear(torch.nn.Module):
     True
     """
 
+    activation = "none"  # the class default, for instances pickled before the attribute existed
+
     def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, activation: str = "none"):
         super().__init__()
         if activation not in ("none", "relu"):
