@@ -8,6 +8,8 @@ namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
+static_assert(kernels::kLinearChunk == kDecodeLinearChunk, "the kernel's chunk is the one cuda.h documents");
+
 // 16-byte loads per weight row, lane and chunk: forced by p.vector (where k allows), else 2 where k %
 // 64 == 0 (a row's chunk is then 128 contiguous bytes, a whole L2 line), else 1.
 int vector_for(const DecodeLinearParams& p) {
@@ -17,8 +19,9 @@ int vector_for(const DecodeLinearParams& p) {
 
 // Warps per block: forced by p.warps, else one batch of loads per warp, 4 to 16 warps (k = 2048 and more
 // give 16). Measured on the H100 in OPT-1.3B's decode step (static-graph-compile, every layer in one
-// layout): 16 warps with 2 loads per row and chunk 1.459 ms per token, 8 warps 1.497, 8 warps with one
-// load 1.649, cuBLAS 1.640; alone in a graph of 24 calls, 32 warps matched 16 for 2048 x 8192 only.
+// layout; benchmarks/llm_decode_layouts.py, results/llm_decode-layouts-*): 16 warps with 2 loads per row
+// and chunk 1.459 ms per token, 8 warps 1.497, 8 warps with one load 1.649, cuBLAS 1.640; alone in a
+// graph of 24 calls, 32 warps matched 16 for 2048 x 8192 only.
 int warps_for(const DecodeLinearParams& p, int vector) {
   if (p.warps != 0) return p.warps;
   const std::int64_t want = p.k / (kDecodeLinearChunk * vector) / (kernels::kLinearLoads / vector);
