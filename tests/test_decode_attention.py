@@ -6,6 +6,7 @@ and logits as the model's own attention, and the model restored afterwards."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -207,6 +208,63 @@ def test_append_opcheck_and_compile_on_cpu(rng):
     assert torch.equal(k, k2) and torch.equal(v, v2)  # the compiled call wrote the caches in place too
 
 
+@pytest.mark.parametrize("position", [0, 5, 9])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_causal_append_attends_to_the_rows_up_to_the_position_on_cpu(position, with_mask, rng):
+    """causal=True: the rows [0, position] (and the mask's, if one is given), whatever the rows past the
+    position hold."""
+    q, k, v, kn, vn, pos, causal_mask = _append_inputs(2, 4, 2, 10, 16, torch.float32, rng, position)
+    k[:, :, position + 1:] = 1e4  # stale rows past the position: attended, they would dominate
+    extra = torch.rand(2, 4, 1, 10, generator=rng) < 0.7 if with_mask else None
+    if extra is not None:
+        extra[..., position] = True
+    want_mask = causal_mask if extra is None else causal_mask & extra
+    k2, v2 = k.clone(), v.clone()
+    want = ops.decode_attention_append(q, k2, v2, kn, vn, pos, want_mask)
+    got = ops.decode_attention_append(q, k, v, kn, vn, pos, extra, None, True)
+    assert torch.equal(k, k2) and torch.equal(v, v2)
+    torch.testing.assert_close(got, want)
+    torch.library.opcheck(ops.decode_attention_append.default, (q, k, v, kn, vn, pos, extra, None, True))
+
+
+def test_is_causal_mask_accepts_exactly_the_causal_mask():
+    pos = torch.tensor([4])
+    causal = (torch.arange(9) <= 4)[None, None, None, :]
+    assert llm_attention.is_causal_mask(causal, pos, 9)
+    assert llm_attention.is_causal_mask(causal.expand(3, 2, 1, 9).contiguous(), pos, 9)
+    assert not llm_attention.is_causal_mask(causal, torch.tensor([5]), 9)  # another position
+    holed = causal.expand(3, 1, 1, 9).clone()
+    holed[1, 0, 0, 2] = False  # a padded row
+    assert not llm_attention.is_causal_mask(holed, pos, 9)
+    assert not llm_attention.is_causal_mask(None, pos, 9)  # no mask: every key, not the causal ones
+    assert not llm_attention.is_causal_mask(causal.float(), pos, 9)
+    assert not llm_attention.is_causal_mask(causal[..., :8], pos, 9)
+
+
+def test_a_mask_that_is_not_the_causal_one_keeps_being_read(monkeypatch, rng):
+    """A layer whose check saw another mask (padding, a window) keeps handing the mask to the operator."""
+    layer = llm_cache.layer_class()(max_cache_len=8, length=torch.tensor(3))
+    module = torch.nn.Module()
+    module.__dict__[llm_cache.ATTRIBUTE] = layer
+    first = torch.randn(1, 2, 3, 16, generator=rng)
+    layer.update(first, first + 1)
+    layer.defer = layer.check_mask = True
+    mask = (torch.arange(8) <= 3)[None, None, None, :].clone()
+    mask[..., 1] = False
+    seen = []
+    real = ops.decode_attention_append
+
+    def spy(*args):
+        seen.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(torch.ops.gpuopt, "decode_attention_append", spy)
+    kn = torch.randn(1, 2, 1, 16, generator=rng)
+    keys, values = layer.update(kn, kn)
+    llm_attention.attention(module, torch.randn(1, 4, 1, 16, generator=rng), keys, values, mask)
+    assert layer.mask_is_causal is False and seen[0][6] is mask and seen[0][8] is False
+
+
 # ---- the attention function inside transformers' models ------------------------------------------------
 
 pytest.importorskip("transformers")
@@ -239,6 +297,9 @@ def test_the_static_step_with_gpuopts_attention_matches_the_model_and_restores_i
         assert model.config._attn_implementation == "gpuopt"
         # every layer's cache update is the kernel's (decode_attention_append), from one shared fill level
         assert d.deferred_writes == layers
+        # the eager check step saw each layer's mask be the causal one: the operator bounds the keys by
+        # the position instead of reading a mask (the tokens below are the reference's all the same)
+        assert d.causal_in_kernel == layers and all(layer.causal for layer in d.cache.layers)
         assert len({id(layer.cumulative_length) for layer in d.cache.layers}) == 1
         tokens, logits = d.forced_logits(ref_tokens, n)
         # the check step, the two warm-up steps, then n - 1 teacher-forced steps, each through every layer
@@ -301,6 +362,8 @@ def test_the_compiled_step_writes_the_cache_only_through_the_kernel(tiny_models)
     layers = models.config.num_hidden_layers
     calls = [line for line in code.splitlines() if "torch.ops.gpuopt.decode_attention_append.default(" in line]
     assert len(calls) == layers, calls
+    # no mask handed over: causal, the keys bounded by the position (mask None, causal True)
+    assert all(re.search(r", None, [^,()]+, True\)", line) for line in calls), calls
     assert "clone" not in code
     # the only index_copy left is the Decoder's own token record
     assert code.count("index_copy") == sum(line.count("index_copy") for line in code.splitlines()
@@ -567,18 +630,20 @@ def test_cuda_append_runs_the_kernel_and_a_position_outside_the_cache_writes_not
 
 
 @pytest.mark.gpuopt_gpu
-@pytest.mark.parametrize("keys", [256, 4096])  # one block per head; split-KV
-def test_cuda_append_captured_in_a_graph_follows_the_position_in_place(keys, rng):
+@pytest.mark.parametrize("keys", [256, 4096])  # one cluster (Hopper) or block per head; split-KV
+@pytest.mark.parametrize("causal", [False, True])  # the mask read, or the keys bounded by the position
+def test_cuda_append_captured_in_a_graph_follows_the_position_in_place(keys, causal, rng):
     q, k, v, kn, vn, pos, _ = _append_inputs(1, 32, 8, keys, 64, torch.float16, rng, 0, device="cuda")
     mask = (torch.arange(keys, device="cuda") <= pos)[None, None, None, :]
+    args = (None, None, True) if causal else (mask,)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        ops.decode_attention_append(q, k, v, kn, vn, pos, mask)
+        ops.decode_attention_append(q, k, v, kn, vn, pos, *args)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = ops.decode_attention_append(q, k, v, kn, vn, pos, mask)
+        out = ops.decode_attention_append(q, k, v, kn, vn, pos, *args)
     for position in (1, 2, 1500 % keys, keys - 1):
         pos.fill_(position)
         mask.copy_((torch.arange(keys, device="cuda") <= position)[None, None, None, :])
@@ -588,6 +653,66 @@ def test_cuda_append_captured_in_a_graph_follows_the_position_in_place(keys, rng
         torch.cuda.synchronize()
         assert torch.equal(k[:, :, position], kn[:, :, 0]) and torch.equal(v[:, :, position], vn[:, :, 0])
         _check(out, q, k, v, mask)
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("b,h,hkv,keys,d,position", [(1, 32, 32, 384, 64, 200), (1, 32, 32, 384, 64, 0),
+                                                     (1, 32, 32, 384, 64, 383), (2, 8, 2, 100, 128, 57),
+                                                     (1, 4, 4, 1000, 256, 999), (1, 2, 1, 70, 32, 3),
+                                                     (1, 8, 2, 5000, 64, 3000), (4, 32, 32, 700, 64, 650)])
+@pytest.mark.parametrize("cluster", [True, False])
+def test_cuda_causal_append_reads_no_row_past_the_position(dtype, b, h, hkv, keys, d, position, cluster, rng):
+    """causal=True, no mask: the answer of the causal mask, with the rows past the position NaN (a block
+    that read one would spread it), whether short caches split over a cluster or not."""
+    q, k, v, kn, vn, pos, m = _append_inputs(b, h, hkv, keys, d, dtype, rng, position, device="cuda")
+    want_k, want_v = k.clone(), v.clone()
+    want_k[:, :, position] = kn[:, :, 0]
+    want_v[:, :, position] = vn[:, :, 0]
+    k[:, :, position:] = float("nan")
+    v[:, :, position:] = float("nan")
+    previous = gpuopt._C.decode_attention_cluster(cluster)
+    try:
+        got = ops.decode_attention_append(q, k, v, kn, vn, pos, None, None, True)
+    finally:
+        gpuopt._C.decode_attention_cluster(previous)
+    assert torch.equal(k[:, :, :position + 1], want_k[:, :, :position + 1])
+    assert torch.equal(v[:, :, :position + 1], want_v[:, :, :position + 1])
+    want_k[:, :, position + 1:] = 0  # masked: any value gives the reference's answer
+    want_v[:, :, position + 1:] = 0
+    _check(got, q, want_k, want_v, m)
+
+
+@pytest.mark.gpuopt_gpu
+def test_cuda_short_cache_splits_over_a_cluster_on_hopper_and_the_setting_turns_it_off(rng):
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread block clusters need compute capability 9.0")
+    q, k, v, kn, vn, pos, m = _append_inputs(1, 32, 32, 384, 64, torch.float16, rng, 200, device="cuda")
+    assert gpuopt._C.decode_attention_cluster() is True  # the default
+
+    def kernels(args):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            out = ops.decode_attention_append(q, k, v, kn, vn, pos, *args)
+            torch.cuda.synchronize()
+        _check(out, q, k, v, m)
+        return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+    for args in ((m,), (None, None, True)):
+        names = kernels(args)
+        assert len(names) == 1 and "decode_attention<__half, 64, true>" in names[0], names  # no combine kernel
+    assert gpuopt._C.decode_attention_cluster(False) is True
+    try:
+        names = kernels((None, None, True))
+        assert len(names) == 1 and "decode_attention<__half, 64, false>" in names[0], names
+    finally:
+        assert gpuopt._C.decode_attention_cluster(True) is False
+    # many (batch, head) pairs fill the device without splitting
+    q8, k8, v8, kn8, vn8, pos8, m8 = _append_inputs(8, 32, 32, 384, 64, torch.float16, rng, 200, device="cuda")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        ops.decode_attention_append(q8, k8, v8, kn8, vn8, pos8, None, None, True)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert len(names) == 1 and "decode_attention<__half, 64, false>" in names[0], names
 
 
 @pytest.mark.gpuopt_gpu

@@ -463,3 +463,19 @@ def test_sweep_records_failures_and_goes_on(tmp_path, monkeypatch):
     assert len(saved.rows) == 4 and saved.spec["kind"] == "llm"
     assert len(msgs) == 4
     assert "tiny-gpt2" in str(res.table()) and "LLM decode" in res.to_markdown()
+
+
+@pytest.mark.parametrize("n", [50272, 32000, 50257, 1031, 64])
+def test_split_argmax_is_argmax_with_its_first_index(n, rng):
+    """The compiled step's two-level argmax: the same index as argmax, the first of tied maxima (within a
+    chunk, across chunks, across the whole row), for vocabularies with and without a usable divisor."""
+    from gpuopt.llm.paths import split_argmax
+
+    x = torch.randn(3, n, generator=rng).half()
+    torch.testing.assert_close(split_argmax(x), x.argmax(-1), rtol=0, atol=0)
+    x[0] = 0
+    x[1, [n // 3, n // 3 + 1, n - 1]] = 100  # a tie inside a chunk and one in the last chunk
+    x[2, [n - 1, n // 2]] = 100
+    got = split_argmax(x)
+    assert got.tolist() == [0, n // 3, n // 2] == x.argmax(-1).tolist()
+    assert split_argmax(x[0]).shape == () and split_argmax(x[:, None]).shape == (3, 1)

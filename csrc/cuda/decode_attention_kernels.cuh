@@ -12,8 +12,14 @@
 // warps through shared memory. Masked keys
 // cost one byte read: their K and V rows are never loaded. A long cache with few (batch, head)
 // pairs is split over several blocks per pair (FlashDecoding's split-KV), each writing its maximum,
-// sum and unnormalised output to a float32 workspace that decode_attention_combine reduces.
+// sum and unnormalised output to a float32 workspace that decode_attention_combine reduces. On
+// Hopper a short cache is split too, over the blocks of one thread block cluster (kCluster): the
+// first block of the cluster combines the others' parts from their shared memory, in the same kernel.
+//
+// Causal (appending only): the keys attended are those up to the new token's row, [0, position];
+// the splits divide that range, read from the device, instead of the whole cache.
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -53,7 +59,7 @@ struct DecodeAttentionArgs {
   T* out;                     // [batch, 1, heads, D], contiguous
   float* partial;             // split-KV: [batch, heads, splits, D + 2] (max, sum, output); else nullptr
   int heads, group, keys;     // group = heads / kv_heads
-  int split_keys;             // keys per split (blockIdx.z)
+  bool causal;                // attend to keys [0, *position] only (appending)
   long long qb, qh;           // element strides
   long long kb, kh, kl, vb, vh, vl;
   long long mb, mh, ml;       // element strides of mask (0 where broadcast)
@@ -102,7 +108,9 @@ __device__ __forceinline__ void to_floats(const uint4 (&raw)[kLoads], float (&f)
   }
 }
 
-template <typename T, int D>
+// kCluster: the grid's blockIdx.z splits of a (head, batch row) form one cluster (Hopper), combined by
+// its first block; otherwise a.partial (split-KV over a workspace) or one block per pair.
+template <typename T, int D, bool kCluster = false>
 __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAttentionArgs<T> a) {
   using R = AttnRow<T, D>;
   constexpr int kU = R::kUnroll;
@@ -114,8 +122,13 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAtt
 
   const int h = static_cast<int>(blockIdx.x);
   const int b = static_cast<int>(blockIdx.y);
-  const int first = static_cast<int>(blockIdx.z) * a.split_keys;
-  const int end = min(a.keys, first + a.split_keys);
+  // The keys this block attends: its split of [0, limit), limit the cache's length or, causal, the
+  // appended row's position + 1 (0 for a negative position, the whole cache past its end).
+  const long long position = a.k_new != nullptr ? *a.position : -1;
+  const int limit = !a.causal ? a.keys : position < 0 ? 0 : position < a.keys ? static_cast<int>(position) + 1 : a.keys;
+  const int per = (limit + static_cast<int>(gridDim.z) - 1) / static_cast<int>(gridDim.z);
+  const int first = static_cast<int>(blockIdx.z) * per;
+  const int end = min(limit, first + per);
   const int hk = h / a.group;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) >> 5;
@@ -139,8 +152,7 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAtt
   const T* knew = nullptr;
   const T* vnew = nullptr;
   if (a.k_new != nullptr) {
-    const long long p = *a.position;
-    pos = p >= 0 && p < a.keys ? static_cast<int>(p) : -1;
+    pos = position >= 0 && position < a.keys ? static_cast<int>(position) : -1;
     knew = a.k_new + b * a.nkb + hk * a.nkh;
     vnew = a.v_new + b * a.nvb + hk * a.nvh;
     // The first query head of the KV head writes the row, in the split that holds it.
@@ -257,6 +269,46 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAtt
   float total = 0.0f;
   for (int w = 0; w < warps; ++w) total = fmaf(part_sum[w], weight[w], total);
   const long long pair = static_cast<long long>(b) * a.heads + h;
+  if constexpr (kCluster) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // This split's maximum, sum and unnormalised output in shared memory; the cluster's first block
+    // reads every split's (distributed shared memory) and writes the output.
+    __shared__ float split_out[D];
+    __shared__ float split_stat[2];
+    if (threadIdx.x == 0) {
+      split_stat[0] = m;
+      split_stat[1] = total;
+    }
+    for (int d = static_cast<int>(threadIdx.x); d < D; d += static_cast<int>(blockDim.x)) {
+      float o = 0.0f;
+      for (int w = 0; w < warps; ++w) o = fmaf(part_acc[w][d], weight[w], o);
+      split_out[d] = o;
+    }
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    if (cluster.block_rank() == 0) {
+      const int splits = static_cast<int>(cluster.num_blocks());
+      float mm = -INFINITY;
+      for (int r = 0; r < splits; ++r) mm = fmaxf(mm, cluster.map_shared_rank(split_stat, r)[0]);
+      T* out = a.out + pair * D;
+      for (int d = static_cast<int>(threadIdx.x); d < D; d += static_cast<int>(blockDim.x)) {
+        float sum = 0.0f, o = 0.0f;
+        for (int r = 0; r < splits; ++r) {
+          const float* stat = cluster.map_shared_rank(split_stat, r);
+          const float w = mm == -INFINITY ? 0.0f : exp2f(stat[0] - mm);  // 0 for a split that saw no key
+          sum = fmaf(stat[1], w, sum);
+          o = fmaf(cluster.map_shared_rank(split_out, r)[d], w, o);
+        }
+        out[d] = from_float<T>(sum > 0.0f ? o / sum : 0.0f);
+      }
+    }
+    cluster.sync();  // a block's shared memory must outlive the first block's reads of it
+#else
+    __trap();  // launched only where the device runs code built for 9.0+ (decode_attention.cu)
+#endif
+    return;
+  }
   if (a.partial != nullptr) {  // this split's maximum, sum and unnormalised output
     float* p = a.partial + (pair * gridDim.z + blockIdx.z) * (D + 2);
     if (threadIdx.x == 0) {

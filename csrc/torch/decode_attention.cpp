@@ -11,20 +11,22 @@
 //       may attend to given zeros.
 //
 //   gpuopt::decode_attention_append(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k,
-//       Tensor v, Tensor position, Tensor? mask=None, float? scale=None) -> Tensor
+//       Tensor v, Tensor position, Tensor? mask=None, float? scale=None, bool causal=False) -> Tensor
 //       The same attention after writing the new token's key and value (k and v [B, Hkv, 1, D]) into
 //       the caches at row `position` (an int64 tensor of one element on their device) -- a static KV
 //       cache's update and the decode step's attention in one kernel. The mask must let the new row
-//       through. On the CPU a position outside the cache is an IndexError; on CUDA (where checking
+//       through. causal: only rows [0, position] are attended (with the mask, if any, as well) -- a
+//       decode step's causal mask without a mask tensor; the kernel then reads no row past position. On the CPU a position outside the cache is an IndexError; on CUDA (where checking
 //       it would synchronize) the kernel writes nothing, and the reference path (other head sizes,
 //       strided rows) stops at index_copy_'s device-side assertion.
 //
 // CUDA: gpuopt's decode kernel (gpuopt/cuda.h, decode_attention; a long cache split over several
-// blocks per head, their parts in a workspace from torch's allocator) where it applies (D 32, 64, 128
-// or 256, aligned rows), else the same float32 reference as the CPU kernel. Capturable in a CUDA
-// graph. Meta: shapes only.
+// blocks per head, their parts in a workspace from torch's allocator; on Hopper a short one over the
+// blocks of a cluster) where it applies (D 32, 64, 128 or 256, aligned rows), else the same float32
+// reference as the CPU kernel. Capturable in a CUDA graph. Meta: shapes only.
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/matmul.h>
 #include <ATen/ops/repeat_interleave.h>
@@ -34,11 +36,13 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
 
+#include "decode_attention.h"
 #include "device.h"
 
 #ifdef GPUOPT_WITH_CUDA
@@ -50,6 +54,8 @@
 
 namespace gpuopt::torch_ext {
 namespace {
+
+std::atomic<bool> g_cluster{true};  // decode_attention_cluster
 
 // The operator and its cache arguments, as the messages name them.
 struct Names {
@@ -174,6 +180,15 @@ void write_rows(const at::Tensor& k_cache, const at::Tensor& v_cache, const Appe
   v_cache.index_copy_(2, index, a.v);
 }
 
+// The mask the reference attends with: `mask`, and with causal the rows [0, position] only (computed
+// on the position's device: no synchronization).
+std::optional<at::Tensor> reference_mask(const at::Tensor& k_cache, const at::Tensor& position,
+                                         const std::optional<at::Tensor>& mask, bool causal) {
+  if (!causal) return mask;
+  at::Tensor rows = at::arange(k_cache.size(2), position.options()).le(position.reshape({})).view({1, 1, 1, -1});
+  return mask.has_value() ? mask->logical_and(rows) : rows;
+}
+
 at::Tensor decode_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const std::optional<at::Tensor>& mask, std::optional<double> scale) {
   check_args(q, k, v, mask, scale);
@@ -182,17 +197,19 @@ at::Tensor decode_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
 
 at::Tensor decode_attention_append_cpu(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
                                        const at::Tensor& k, const at::Tensor& v, const at::Tensor& position,
-                                       const std::optional<at::Tensor>& mask, std::optional<double> scale) {
+                                       const std::optional<at::Tensor>& mask, std::optional<double> scale,
+                                       bool causal) {
   const Append a = checked_append(q, k_cache, v_cache, k, v, position, mask, scale);
   const std::int64_t row = position.item<std::int64_t>();  // a host value on the CPU
   TORCH_CHECK_INDEX(row >= 0 && row < k_cache.size(2), kAppend.op, ": position must be in [0, ", k_cache.size(2),
                     ") (the caches' keys), got ", row);
   write_rows(k_cache, v_cache, a);
-  return reference(q, k_cache, v_cache, mask, scale_of(q, scale));
+  return reference(q, k_cache, v_cache, reference_mask(k_cache, position, mask, causal), scale_of(q, scale));
 }
 
 at::Tensor run_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                    const std::optional<at::Tensor>& mask, std::optional<double> scale, const Append* append) {
+                    const std::optional<at::Tensor>& mask, std::optional<double> scale, const Append* append,
+                    bool causal = false) {
 #ifdef GPUOPT_WITH_CUDA
   const c10::cuda::CUDAGuard guard(q.device());
   const std::int64_t batch = q.size(0), heads = q.size(1), dim = q.size(3);
@@ -227,6 +244,8 @@ at::Tensor run_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   }
   p.scale = static_cast<float>(scale_of(q, scale));
   p.device = q.device().index();
+  p.causal = causal;
+  p.cluster = g_cluster.load();
   bool contiguous_rows = q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1;
   if (append != nullptr) {
     p.k_new = append->k.const_data_ptr();
@@ -250,12 +269,14 @@ at::Tensor run_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
     cuda::decode_attention(p, c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
     return out;
   }
-  if (append != nullptr) write_rows(k, v, *append);
-  return reference(q, k, v, mask, scale_of(q, scale));
+  if (append == nullptr) return reference(q, k, v, mask, scale_of(q, scale));
+  write_rows(k, v, *append);
+  return reference(q, k, v, reference_mask(k, append->position, mask, causal), scale_of(q, scale));
 #else
   (void)mask;
   (void)scale;
   (void)append;
+  (void)causal;
   require_cuda("gpuopt::decode_attention on a CUDA tensor");
   return {};
 #endif
@@ -269,7 +290,8 @@ at::Tensor decode_attention_cuda(const at::Tensor& q, const at::Tensor& k, const
 
 at::Tensor decode_attention_append_cuda(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
                                         const at::Tensor& k, const at::Tensor& v, const at::Tensor& position,
-                                        const std::optional<at::Tensor>& mask, std::optional<double> scale) {
+                                        const std::optional<at::Tensor>& mask, std::optional<double> scale,
+                                        bool causal) {
   const Append a = checked_append(q, k_cache, v_cache, k, v, position, mask, scale);
   // Several blocks write the caches: rows that overlap in memory (an expanded cache) would race.
   at::assert_no_internal_overlap(k_cache);
@@ -277,7 +299,7 @@ at::Tensor decode_attention_append_cuda(const at::Tensor& q, at::Tensor& k_cache
   at::assert_no_overlap(k_cache, v_cache);
   at::assert_no_overlap(k_cache, k);
   at::assert_no_overlap(v_cache, v);
-  return run_cuda(q, k_cache, v_cache, mask, scale, &a);
+  return run_cuda(q, k_cache, v_cache, mask, scale, &a, causal);
 }
 
 at::Tensor decode_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -288,19 +310,25 @@ at::Tensor decode_attention_meta(const at::Tensor& q, const at::Tensor& k, const
 
 at::Tensor decode_attention_append_meta(const at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
                                         const at::Tensor& k, const at::Tensor& v, const at::Tensor& position,
-                                        const std::optional<at::Tensor>& mask, std::optional<double> scale) {
+                                        const std::optional<at::Tensor>& mask, std::optional<double> scale,
+                                        bool /*causal*/) {
   checked_append(q, k_cache, v_cache, k, v, position, mask, scale);
   return at::empty_symint({q.sym_size(0), 1, q.sym_size(1), q.sym_size(3)}, q.options());
 }
 
 }  // namespace
+
+bool decode_attention_cluster() { return g_cluster.load(); }
+
+bool set_decode_attention_cluster(bool enabled) { return g_cluster.exchange(enabled); }
+
 }  // namespace gpuopt::torch_ext
 
 TORCH_LIBRARY_FRAGMENT(gpuopt, m) {
   m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask=None, float? scale=None) -> Tensor");
   m.def(
       "decode_attention_append(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, "
-      "Tensor position, Tensor? mask=None, float? scale=None) -> Tensor");
+      "Tensor position, Tensor? mask=None, float? scale=None, bool causal=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {

@@ -84,13 +84,29 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
         if not torch.compiler.is_compiling():
             calls += 1
         if pending is not None:  # written by the kernel, which reads the new row from them
+            if layer.check_mask:
+                layer.mask_is_causal = is_causal_mask(attention_mask, layer.cumulative_length, key.shape[2])
+            # A mask known to be the causal one (gpuopt.llm.cache) is not read: the kernel bounds the keys
+            # by the position, and the mask's computation is left out of a compiled step.
+            mask = None if layer.causal else attention_mask
             return torch.ops.gpuopt.decode_attention_append(query, key, value, pending[0], pending[1],
-                                                            layer.cumulative_length, attention_mask, scaling), None
+                                                            layer.cumulative_length, mask, scaling,
+                                                            layer.causal), None
         return torch.ops.gpuopt.decode_attention(query, key, value, attention_mask, scaling), None
     if pending is not None:
         layer.write(*pending)
     return _sdpa()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                    is_causal=is_causal, **kwargs)
+
+
+def is_causal_mask(mask: Any, position: torch.Tensor, keys: int) -> bool:
+    """Whether ``mask`` (a decode step's, broadcastable to [batch, heads, 1, keys]) lets exactly the rows
+    [0, position] through for every batch row and head. Reads the device (synchronizes): for a check
+    on an eager step, not for the step itself."""
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[-1] != keys:
+        return False
+    rows = torch.arange(keys, device=mask.device) <= position.to(mask.device).reshape(())
+    return bool(torch.equal(mask, rows.view(1, 1, 1, keys).expand(mask.shape)))
 
 
 def register() -> None:
@@ -130,4 +146,4 @@ def restore(model: torch.nn.Module, before: str | None) -> None:
         model.set_attn_implementation(before)
 
 
-__all__ = ["DIMS", "NAME", "attention", "can_use", "register", "restore", "takes", "use"]
+__all__ = ["DIMS", "NAME", "attention", "can_use", "is_causal_mask", "register", "restore", "takes", "use"]

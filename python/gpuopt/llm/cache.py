@@ -50,6 +50,12 @@ def layer_class() -> type | None:
             self.cumulative_length = length  # lazy_initialization's .to(device) keeps this very tensor
             self.defer = False
             self.pending: tuple[torch.Tensor, torch.Tensor] | None = None
+            # causal: the attention function may bound the keys by the fill level (rows [0, position])
+            # instead of reading the mask -- set by the owner once it has seen that the model's mask is
+            # exactly that (check_mask: record in mask_is_causal whether the next one-token step's was).
+            self.causal = False
+            self.check_mask = False
+            self.mask_is_causal: bool | None = None
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                    **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,6 +138,7 @@ def undefer_writes(model: torch.nn.Module, cache: Any = None) -> None:
         if cls is not None and isinstance(layer, cls):
             layer.take()
             layer.defer = False
+            layer.causal = layer.check_mask = False
     for module in model.modules():
         module.__dict__.pop(ATTRIBUTE, None)
 

@@ -174,6 +174,7 @@ class DecodeResult:
     decode_linears: int = 0  # linear layers swapped to gpuopt's decode kernel (gpuopt.llm.linear; 1-8 rows run it)
     attention: str = "model"  # the decode step's attention: the model's own or gpuopt's (gpuopt.llm.attention)
     kv_writes_in_attention: int = 0  # attention modules whose kernel writes the step's key and value (llm.cache)
+    causal_in_kernel: int = 0  # of those, how many bound the keys by the position instead of reading a mask
     build_s: float = 0.0
     warnings: list[str] = field(default_factory=list)
 
@@ -363,6 +364,7 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
                                  if fuse and _C.decode_linear_kernel() == "auto" else 0)
         result.attention = decoder.attention
         result.kv_writes_in_attention = decoder.deferred_writes
+        result.causal_in_kernel = decoder.causal_in_kernel
         if decoder.attention_note:
             result.warnings.append(decoder.attention_note)
         if parity:
