@@ -217,6 +217,11 @@ def test_fused_projections_generate_the_same_tokens_and_count_each_weight_once(t
     layers = models.config.num_hidden_layers
     assert models.fused_groups["fp32"] == {"tiny-llama": 2 * layers, "tiny-opt": layers, "tiny-gpt2": 0}[name]
     assert decode_weight_bytes(fused, 1) == decode_weight_bytes(models.reference, 1)
+    # OPT scales its query after the projection: folded into the fused weights, its scaling now 1.0
+    scaled = [m for m in fused.modules() if type(m).__name__ == "OPTAttention"]
+    assert len(scaled) == (layers if name == "tiny-opt" else 0)
+    head_dim = models.config.hidden_size // models.config.num_attention_heads
+    assert all(m.scaling == 1.0 and m.q_proj.first_scale == head_dim ** -0.5 for m in scaled)
     prompt = models.prompt(2, 7)
     n = 9
     ref_tokens, ref_logits = models.reference_run(prompt, n)
@@ -479,3 +484,33 @@ def test_split_argmax_is_argmax_with_its_first_index(n, rng):
     got = split_argmax(x)
     assert got.tolist() == [0, n // 3, n // 2] == x.argmax(-1).tolist()
     assert split_argmax(x[0]).shape == () and split_argmax(x[:, None]).shape == (3, 1)
+
+
+def test_a_query_scale_is_folded_into_the_fused_weights_of_the_classes_named(rng):
+    """q_proj(x) * scaling, with scaling a power of two, gives the same bits from the fused layer with the
+    scale folded in and scaling 1.0; a class not named keeps its scale and its weights."""
+    from gpuopt.llm.fuse import fuse_projections
+
+    class OPTAttention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(16, 16) for _ in range(3))
+            self.scaling = 0.125
+
+        def forward(self, x):
+            return self.q_proj(x) * self.scaling, self.k_proj(x), self.v_proj(x)
+
+    class OtherAttention(OPTAttention):
+        pass
+
+    torch.manual_seed(0)
+    a, b = OPTAttention(), OtherAttention()
+    x = torch.randn(3, 16, generator=rng)
+    want_a, want_b = a(x), b(x)
+    assert fuse_projections(a) == 1 and fuse_projections(b) == 1
+    assert a.scaling == 1.0 and a.q_proj.first_scale == 0.125
+    assert b.scaling == 0.125 and b.q_proj.first_scale == 1.0
+    for got, want in ((a(x), want_a), (b(x), want_b)):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    with pytest.raises(TypeError, match="scaled_query must be a tuple of class names, got 'OPTAttention'"):
+        fuse_projections(OPTAttention(), scaled_query="OPTAttention")

@@ -11,6 +11,12 @@ unfused fp32 reference).
 The model's own forward is unchanged: the first projection computes all outputs and returns its
 slice, the others return theirs from that same call (and compute afresh if called on another input,
 so a model that does not follow the q, k, v order stays correct, only unfused).
+
+Attention layers that scale the query projection's output in their forward (``q_proj(x) *
+self.scaling``: :data:`SCALED_QUERY_LAYERS`) get the scale folded into the query rows of the fused
+weight and bias, and ``scaling`` set to 1.0: a multiplication by one, which torch.compile drops, instead
+of a kernel per layer and step. For a power-of-two scale (OPT's head sizes 64 and 256: 1/8, 1/16) the
+outputs are the same bits; otherwise they differ by the rounding of the scaled weights.
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ from torch import nn
 
 # The sibling projections fused, in the order a model's forward calls them.
 GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+# Attention classes whose forward computes ``q_proj(hidden_states) * self.scaling`` and uses ``scaling``
+# for nothing else (transformers 4.5x-5.x): the scale is folded into the fused query rows.
+SCALED_QUERY_LAYERS: tuple[str, ...] = ("OPTAttention",)
 
 
 def _version(x: torch.Tensor) -> int | None:
@@ -37,12 +46,15 @@ def _version(x: torch.Tensor) -> int | None:
 class FusedProjections(nn.Module):
     """Several linear layers reading one input, as one (``linear``, their weights concatenated)."""
 
-    def __init__(self, linears: list[nn.Linear]):
+    def __init__(self, linears: list[nn.Linear], first_scale: float = 1.0):
+        """``first_scale`` multiplies the first projection's weight and bias (a scale its output got
+        after the call, folded in)."""
         super().__init__()
         first = linears[0]
         w = first.weight
         has_bias = any(m.bias is not None for m in linears)
         self.sizes = tuple(m.out_features for m in linears)
+        self.first_scale = first_scale
         self.linear = nn.Linear(first.in_features, sum(self.sizes), bias=has_bias, device=w.device, dtype=w.dtype)
         with torch.no_grad():
             self.linear.weight.copy_(torch.cat([m.weight for m in linears]))
@@ -50,6 +62,10 @@ class FusedProjections(nn.Module):
                 self.linear.bias.copy_(torch.cat([m.bias if m.bias is not None else
                                                   torch.zeros(m.out_features, device=w.device, dtype=w.dtype)
                                                   for m in linears]))
+            if first_scale != 1.0:  # in the parameters' dtype, as the model scales its output
+                self.linear.weight[:self.sizes[0]].mul_(first_scale)
+                if has_bias:
+                    self.linear.bias[:self.sizes[0]].mul_(first_scale)
         self.linear.requires_grad_(False)
         # The last input, its version counter and its outputs, None where handed out already (released
         # once every part was taken, so that a long prefill's activations are not kept until the next call).
@@ -74,7 +90,7 @@ class FusedProjections(nn.Module):
         return self.linear(x).split(self.sizes, dim=-1)[index]
 
     def extra_repr(self) -> str:
-        return f"sizes={self.sizes}"
+        return f"sizes={self.sizes}" + (f", first_scale={self.first_scale}" if self.first_scale != 1.0 else "")
 
 
 class ProjectionPart(nn.Module):
@@ -92,9 +108,12 @@ class ProjectionPart(nn.Module):
         return f"index={self.index}"
 
 
-def fuse_projections(model: nn.Module) -> int:
+def fuse_projections(model: nn.Module, scaled_query: tuple[str, ...] = SCALED_QUERY_LAYERS) -> int:
     """Fuses, in place, every group of :data:`GROUPS` found as plain ``nn.Linear`` siblings with one
-    input size, dtype and device; returns how many groups were fused."""
+    input size, dtype and device; returns how many groups were fused. In modules whose class is named in
+    ``scaled_query``, the query's ``scaling`` (a float) is folded into the fused weights and set to 1.0."""
+    if isinstance(scaled_query, str) or not all(isinstance(n, str) for n in scaled_query):
+        raise TypeError(f"fuse_projections: scaled_query must be a tuple of class names, got {scaled_query!r}")
     count = 0
     for module in list(model.modules()):
         for names in GROUPS:
@@ -105,7 +124,12 @@ def fuse_projections(model: nn.Module) -> int:
             if any(m.in_features != linears[0].in_features or m.weight.dtype != w0.dtype or
                    m.weight.device != w0.device for m in linears):
                 continue
-            fused = FusedProjections(linears)
+            scale = getattr(module, "scaling", None)
+            fold = (names[0] == "q_proj" and type(module).__name__ in scaled_query and isinstance(scale, float)
+                    and not isinstance(scale, bool))
+            fused = FusedProjections(linears, first_scale=scale if fold else 1.0)
+            if fold:
+                module.scaling = 1.0
             setattr(module, names[0], fused)
             for i, n in enumerate(names[1:], start=1):
                 setattr(module, n, ProjectionPart(fused, i))
@@ -113,4 +137,4 @@ def fuse_projections(model: nn.Module) -> int:
     return count
 
 
-__all__ = ["GROUPS", "FusedProjections", "ProjectionPart", "fuse_projections"]
+__all__ = ["GROUPS", "SCALED_QUERY_LAYERS", "FusedProjections", "ProjectionPart", "fuse_projections"]
