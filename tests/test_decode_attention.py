@@ -630,7 +630,7 @@ def test_cuda_append_runs_the_kernel_and_a_position_outside_the_cache_writes_not
 
 
 @pytest.mark.gpuopt_gpu
-@pytest.mark.parametrize("keys", [256, 4096])  # one cluster (Hopper) or block per head; split-KV
+@pytest.mark.parametrize("keys", [256, 4096])  # one block per head; split-KV
 @pytest.mark.parametrize("causal", [False, True])  # the mask read, or the keys bounded by the position
 def test_cuda_append_captured_in_a_graph_follows_the_position_in_place(keys, causal, rng):
     q, k, v, kn, vn, pos, _ = _append_inputs(1, 32, 8, keys, 64, torch.float16, rng, 0, device="cuda")
@@ -661,58 +661,21 @@ def test_cuda_append_captured_in_a_graph_follows_the_position_in_place(keys, cau
                                                      (1, 32, 32, 384, 64, 383), (2, 8, 2, 100, 128, 57),
                                                      (1, 4, 4, 1000, 256, 999), (1, 2, 1, 70, 32, 3),
                                                      (1, 8, 2, 5000, 64, 3000), (4, 32, 32, 700, 64, 650)])
-@pytest.mark.parametrize("cluster", [True, False])
-def test_cuda_causal_append_reads_no_row_past_the_position(dtype, b, h, hkv, keys, d, position, cluster, rng):
+def test_cuda_causal_append_reads_no_row_past_the_position(dtype, b, h, hkv, keys, d, position, rng):
     """causal=True, no mask: the answer of the causal mask, with the rows past the position NaN (a block
-    that read one would spread it), whether short caches split over a cluster or not."""
+    that read one would spread it), with and without split-KV (5,000 keys)."""
     q, k, v, kn, vn, pos, m = _append_inputs(b, h, hkv, keys, d, dtype, rng, position, device="cuda")
     want_k, want_v = k.clone(), v.clone()
     want_k[:, :, position] = kn[:, :, 0]
     want_v[:, :, position] = vn[:, :, 0]
     k[:, :, position:] = float("nan")
     v[:, :, position:] = float("nan")
-    previous = gpuopt._C.decode_attention_cluster(cluster)
-    try:
-        got = ops.decode_attention_append(q, k, v, kn, vn, pos, None, None, True)
-    finally:
-        gpuopt._C.decode_attention_cluster(previous)
+    got = ops.decode_attention_append(q, k, v, kn, vn, pos, None, None, True)
     assert torch.equal(k[:, :, :position + 1], want_k[:, :, :position + 1])
     assert torch.equal(v[:, :, :position + 1], want_v[:, :, :position + 1])
     want_k[:, :, position + 1:] = 0  # masked: any value gives the reference's answer
     want_v[:, :, position + 1:] = 0
     _check(got, q, want_k, want_v, m)
-
-
-@pytest.mark.gpuopt_gpu
-def test_cuda_short_cache_splits_over_a_cluster_on_hopper_and_the_setting_turns_it_off(rng):
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("thread block clusters need compute capability 9.0")
-    q, k, v, kn, vn, pos, m = _append_inputs(1, 32, 32, 384, 64, torch.float16, rng, 200, device="cuda")
-    assert gpuopt._C.decode_attention_cluster() is True  # the default
-
-    def kernels(args):
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            out = ops.decode_attention_append(q, k, v, kn, vn, pos, *args)
-            torch.cuda.synchronize()
-        _check(out, q, k, v, m)
-        return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-    for args in ((m,), (None, None, True)):
-        names = kernels(args)
-        assert len(names) == 1 and "decode_attention<__half, 64, true>" in names[0], names  # no combine kernel
-    assert gpuopt._C.decode_attention_cluster(False) is True
-    try:
-        names = kernels((None, None, True))
-        assert len(names) == 1 and "decode_attention<__half, 64, false>" in names[0], names
-    finally:
-        assert gpuopt._C.decode_attention_cluster(True) is False
-    # many (batch, head) pairs fill the device without splitting
-    q8, k8, v8, kn8, vn8, pos8, m8 = _append_inputs(8, 32, 32, 384, 64, torch.float16, rng, 200, device="cuda")
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        ops.decode_attention_append(q8, k8, v8, kn8, vn8, pos8, None, None, True)
-        torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    assert len(names) == 1 and "decode_attention<__half, 64, false>" in names[0], names
 
 
 @pytest.mark.gpuopt_gpu

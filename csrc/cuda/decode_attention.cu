@@ -1,4 +1,3 @@
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -23,51 +22,8 @@ int warps_for(std::int64_t keys) {
   return static_cast<int>(warps < kernels::kAttnMaxWarps ? warps : kernels::kAttnMaxWarps);
 }
 
-// A short cache's splits over one cluster: at most the portable cluster size, each of at least
-// kClusterKeys keys.
-constexpr std::int64_t kClusterMax = 8;
-constexpr std::int64_t kClusterKeys = 64;
-
-// Whether the binary's code for `device` was built for 9.0+ (clusters, distributed shared memory).
-bool cluster_code_runs(int device) {
-  constexpr int kDevices = 64;
-  static std::atomic<int> cache[kDevices] = {};  // 0 unknown, 1 yes, 2 no
-  if (device >= 0 && device < kDevices) {
-    const int known = cache[device].load(std::memory_order_relaxed);
-    if (known != 0) return known == 1;
-  }
-  bool runs = device_attribute(cudaDevAttrComputeCapabilityMajor, device) >= 9;
-  if (runs) {
-    int current = 0;
-    GPUOPT_CHECK_CUDA(cudaGetDevice(&current));
-    if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(device));
-    cudaFuncAttributes attributes = {};
-    const cudaError_t status = cudaFuncGetAttributes(&attributes, kernels::decode_attention<__half, 64, true>);
-    if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(current));
-    if (status != cudaSuccess) (void)cudaGetLastError();  // no code for the device: not left for the next check
-    runs = status == cudaSuccess && attributes.ptxVersion >= 90;
-  }
-  if (device >= 0 && device < kDevices) cache[device].store(runs ? 1 : 2, std::memory_order_relaxed);
-  return runs;
-}
-
-// Blocks of one cluster per (batch, head) pair for a cache of at most kSplitKeys keys: 1 (no cluster),
-// or where clusters run and the pairs are fewer than the SMs, enough for about one block per SM
-// (decode is latency-bound: one block streams a head's keys at a fraction of the memory bandwidth).
-std::int64_t cluster_splits_for(const DecodeAttentionParams& p) {
-  if (!p.cluster || p.keys > kSplitKeys) return 1;
-  const std::int64_t pairs = p.batch * p.heads;
-  const std::int64_t sms = device_attribute(cudaDevAttrMultiProcessorCount, p.device);
-  if (pairs < 1 || pairs >= sms) return 1;
-  std::int64_t s = (sms + pairs - 1) / pairs;
-  s = s < kClusterMax ? s : kClusterMax;
-  const std::int64_t most = (p.keys + kClusterKeys - 1) / kClusterKeys;
-  s = s < most ? s : most;
-  return s > 1 && cluster_code_runs(p.device) ? s : 1;
-}
-
-// Blocks per (batch, head) pair through the workspace: 1, or for a cache longer than kSplitKeys,
-// enough splits of at least kSplitKeys keys for two blocks per SM.
+// Blocks per (batch, head) pair: 1, or for a cache longer than kSplitKeys, enough splits of at least
+// kSplitKeys keys for two blocks per SM.
 std::int64_t splits_for(const DecodeAttentionParams& p) {
   if (p.keys <= kSplitKeys) return 1;
   const std::int64_t pairs = p.batch * p.heads;
@@ -111,25 +67,8 @@ void launch(const DecodeAttentionParams& p, cudaStream_t stream) {
   a.nvb = p.v_new_stride_b;
   a.nvh = p.v_new_stride_h;
   a.position = reinterpret_cast<const long long*>(p.position);
-  const std::int64_t cluster = splits > 1 ? 1 : cluster_splits_for(p);
-  const std::int64_t blocks = splits > 1 ? splits : cluster;  // per pair
-  const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch), static_cast<unsigned>(blocks));
-  const dim3 threads(static_cast<unsigned>(warps_for<T, D>((p.keys + blocks - 1) / blocks) * 32));
-  if (cluster > 1) {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = threads;
-    config.stream = stream;
-    cudaLaunchAttribute attribute[1];
-    attribute[0].id = cudaLaunchAttributeClusterDimension;
-    attribute[0].val.clusterDim.x = 1;
-    attribute[0].val.clusterDim.y = 1;
-    attribute[0].val.clusterDim.z = static_cast<unsigned>(cluster);
-    config.attrs = attribute;
-    config.numAttrs = 1;
-    GPUOPT_CHECK_CUDA(cudaLaunchKernelEx(&config, kernels::decode_attention<T, D, true>, a));
-    return;
-  }
+  const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch), static_cast<unsigned>(splits));
+  const dim3 threads(static_cast<unsigned>(warps_for<T, D>((p.keys + splits - 1) / splits) * 32));
   kernels::decode_attention<T, D><<<grid, threads, 0, stream>>>(a);
   GPUOPT_CHECK_LAUNCH();
   if (splits > 1) {

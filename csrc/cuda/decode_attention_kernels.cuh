@@ -12,14 +12,11 @@
 // warps through shared memory. Masked keys
 // cost one byte read: their K and V rows are never loaded. A long cache with few (batch, head)
 // pairs is split over several blocks per pair (FlashDecoding's split-KV), each writing its maximum,
-// sum and unnormalised output to a float32 workspace that decode_attention_combine reduces. On
-// Hopper a short cache is split too, over the blocks of one thread block cluster (kCluster): the
-// first block of the cluster combines the others' parts from their shared memory, in the same kernel.
+// sum and unnormalised output to a float32 workspace that decode_attention_combine reduces.
 //
 // Causal (appending only): the keys attended are those up to the new token's row, [0, position];
 // the splits divide that range, read from the device, instead of the whole cache.
 
-#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -108,9 +105,7 @@ __device__ __forceinline__ void to_floats(const uint4 (&raw)[kLoads], float (&f)
   }
 }
 
-// kCluster: the grid's blockIdx.z splits of a (head, batch row) form one cluster (Hopper), combined by
-// its first block; otherwise a.partial (split-KV over a workspace) or one block per pair.
-template <typename T, int D, bool kCluster = false>
+template <typename T, int D>
 __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAttentionArgs<T> a) {
   using R = AttnRow<T, D>;
   constexpr int kU = R::kUnroll;
@@ -269,46 +264,6 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAtt
   float total = 0.0f;
   for (int w = 0; w < warps; ++w) total = fmaf(part_sum[w], weight[w], total);
   const long long pair = static_cast<long long>(b) * a.heads + h;
-  if constexpr (kCluster) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    // This split's maximum, sum and unnormalised output in shared memory; the cluster's first block
-    // reads every split's (distributed shared memory) and writes the output.
-    __shared__ float split_out[D];
-    __shared__ float split_stat[2];
-    if (threadIdx.x == 0) {
-      split_stat[0] = m;
-      split_stat[1] = total;
-    }
-    for (int d = static_cast<int>(threadIdx.x); d < D; d += static_cast<int>(blockDim.x)) {
-      float o = 0.0f;
-      for (int w = 0; w < warps; ++w) o = fmaf(part_acc[w][d], weight[w], o);
-      split_out[d] = o;
-    }
-    namespace cg = cooperative_groups;
-    cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();
-    if (cluster.block_rank() == 0) {
-      const int splits = static_cast<int>(cluster.num_blocks());
-      float mm = -INFINITY;
-      for (int r = 0; r < splits; ++r) mm = fmaxf(mm, cluster.map_shared_rank(split_stat, r)[0]);
-      T* out = a.out + pair * D;
-      for (int d = static_cast<int>(threadIdx.x); d < D; d += static_cast<int>(blockDim.x)) {
-        float sum = 0.0f, o = 0.0f;
-        for (int r = 0; r < splits; ++r) {
-          const float* stat = cluster.map_shared_rank(split_stat, r);
-          const float w = mm == -INFINITY ? 0.0f : exp2f(stat[0] - mm);  // 0 for a split that saw no key
-          sum = fmaf(stat[1], w, sum);
-          o = fmaf(cluster.map_shared_rank(split_out, r)[d], w, o);
-        }
-        out[d] = from_float<T>(sum > 0.0f ? o / sum : 0.0f);
-      }
-    }
-    cluster.sync();  // a block's shared memory must outlive the first block's reads of it
-#else
-    __trap();  // launched only where the device runs code built for 9.0+ (decode_attention.cu)
-#endif
-    return;
-  }
   if (a.partial != nullptr) {  // this split's maximum, sum and unnormalised output
     float* p = a.partial + (pair * gridDim.z + blockIdx.z) * (D + 2);
     if (threadIdx.x == 0) {

@@ -7,7 +7,6 @@
 #include <string>
 
 #include "../torch/decode.h"
-#include "../torch/decode_attention.h"
 #include "../torch/decode_linear.h"
 #include "../torch/int8_linear.h"
 #include "../torch/timing.h"
@@ -107,18 +106,6 @@ void bind_llm(py::module_& m) {
       "float16/bfloat16, K a multiple of 32, compute capability 8.0+; cuBLAS otherwise) or 'cublas' (always "
       "ATen's linear). With a name, sets it process-wide and returns the previous one; without, returns it. "
       "A captured graph keeps what it captured. For tests and benchmarks.");
-
-  m.def(
-      "decode_attention_cluster",
-      [](const std::optional<bool>& enabled) {
-        return enabled.has_value() ? torch_ext::set_decode_attention_cluster(*enabled)
-                                   : torch_ext::decode_attention_cluster();
-      },
-      py::arg("enabled") = py::none(),
-      "Whether torch.ops.gpuopt.decode_attention's kernel may split a short cache (at most 1024 keys) over the "
-      "blocks of a thread block cluster when the (batch, head) pairs are fewer than the SMs (compute capability "
-      "9.0+; the default), or runs one block per pair. With a value, sets it process-wide and returns the "
-      "previous one; without, returns it. A captured graph keeps what it captured. For tests and benchmarks.");
 
   m.def(
       "decode_linear_layout",

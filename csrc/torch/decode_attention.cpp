@@ -21,9 +21,8 @@
 //       strided rows) stops at index_copy_'s device-side assertion.
 //
 // CUDA: gpuopt's decode kernel (gpuopt/cuda.h, decode_attention; a long cache split over several
-// blocks per head, their parts in a workspace from torch's allocator; on Hopper a short one over the
-// blocks of a cluster) where it applies (D 32, 64, 128 or 256, aligned rows), else the same float32
-// reference as the CPU kernel. Capturable in a CUDA graph. Meta: shapes only.
+// blocks per head, their parts in a workspace from torch's allocator) where it applies (D 32, 64, 128
+// or 256, aligned rows), else the same float32 reference as the CPU kernel. Capturable in a CUDA graph. Meta: shapes only.
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
@@ -36,13 +35,11 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
 
-#include "decode_attention.h"
 #include "device.h"
 
 #ifdef GPUOPT_WITH_CUDA
@@ -54,8 +51,6 @@
 
 namespace gpuopt::torch_ext {
 namespace {
-
-std::atomic<bool> g_cluster{true};  // decode_attention_cluster
 
 // The operator and its cache arguments, as the messages name them.
 struct Names {
@@ -245,7 +240,6 @@ at::Tensor run_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   p.scale = static_cast<float>(scale_of(q, scale));
   p.device = q.device().index();
   p.causal = causal;
-  p.cluster = g_cluster.load();
   bool contiguous_rows = q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1;
   if (append != nullptr) {
     p.k_new = append->k.const_data_ptr();
@@ -317,10 +311,6 @@ at::Tensor decode_attention_append_meta(const at::Tensor& q, at::Tensor& k_cache
 }
 
 }  // namespace
-
-bool decode_attention_cluster() { return g_cluster.load(); }
-
-bool set_decode_attention_cluster(bool enabled) { return g_cluster.exchange(enabled); }
 
 }  // namespace gpuopt::torch_ext
 

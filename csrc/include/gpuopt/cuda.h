@@ -292,10 +292,6 @@ struct DecodeAttentionParams {
   // Appending only: attend to rows [0, *position] (a decode step's causal mask, kept on the device)
   // instead of the whole cache; mask, if any, applies as well.
   bool causal = false;
-  // Whether a short cache (at most 1024 keys) with fewer (batch, head) pairs than SMs may be split over
-  // the blocks of a thread block cluster, combined in the kernel (where the device and the binary's
-  // code are 9.0+); false: one block per pair.
-  bool cluster = true;
 };
 
 // Whether decode_attention takes p: head_dim 32, 64, 128 or 256; batch, heads, kv_heads and keys >= 1
