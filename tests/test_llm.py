@@ -514,3 +514,36 @@ def test_a_query_scale_is_folded_into_the_fused_weights_of_the_classes_named(rng
         assert all(torch.equal(g, w) for g, w in zip(got, want))
     with pytest.raises(TypeError, match="scaled_query must be a tuple of class names, got 'OPTAttention'"):
         fuse_projections(OPTAttention(), scaled_query="OPTAttention")
+
+
+def test_drop_mul_by_one_removes_only_a_multiplication_that_changes_nothing():
+    """The compiled step's pass (gpuopt.llm.passes): x * 1 and 1.0 * x go; x * 2, an int tensor times 1.0
+    (a float product) and a product whose input is later written in place stay."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from gpuopt.llm.passes import DropMulByOne
+
+    def f(x, i):
+        a = x * 1.0
+        b = 1 * x
+        c = x * 2.0
+        d = i * 1.0  # int64 -> float32: not x
+        return a + b + c + d
+
+    def g(x):
+        y = x * 1.0  # a copy: x is written below
+        x.add_(1)
+        return y
+
+    x, i = torch.randn(4), torch.arange(4)
+    gm = make_fx(f, tracing_mode="fake")(x, i)
+    drop = DropMulByOne()
+    drop(gm.graph)
+    gm.recompile()
+    assert drop.removed == 2
+    assert len(gm.graph.find_nodes(op="call_function", target=torch.ops.aten.mul.Tensor)) == 2
+    torch.testing.assert_close(gm(x, i), f(x, i))
+    gm = make_fx(g, tracing_mode="fake")(x.clone())
+    drop(gm.graph)
+    assert drop.removed == 0
+    assert drop.uuid() == "gpuopt.llm.passes.DropMulByOne/1"

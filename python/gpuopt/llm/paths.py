@@ -257,8 +257,11 @@ class Decoder:
                 # Every Decoder compiles the same bound methods: without a reset, dynamo's recompile
                 # limit (fullgraph=True makes hitting it an error) ends a sweep after a few cells.
                 reset_compile_caches()
-                prefill = torch.compile(prefill, fullgraph=True, dynamic=False)
-                decode = torch.compile(decode, fullgraph=True, dynamic=False)
+                # (gpuopt.llm.passes: the query's multiplication by one that fuse_projections leaves goes)
+                from . import passes as _passes
+
+                prefill = torch.compile(prefill, fullgraph=True, dynamic=False, options=_passes.compile_options())
+                decode = torch.compile(decode, fullgraph=True, dynamic=False, options=_passes.compile_options())
             self._prefill, self._decode = prefill, decode
             # Warm-up: loads kernels (CUDA lazy loading synchronizes on a kernel's first launch) and
             # compiles, all before any capture. One decode step fits even with new_tokens=1 (the cache
