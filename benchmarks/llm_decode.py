@@ -402,10 +402,12 @@ def part_attention(args, ceilings, results: dict, targets: list[Target]) -> None
         out["append_in_graph"] = r = _append_in_graph(g, args.quick)
         print(f"append in a CUDA graph, b1 h32/32 L384 at position 255, 24 layers, the mask read -> the keys "
               f"bounded by the position (causal): {r['mask_us_per_call']:.2f} -> {r['causal_us_per_call']:.2f} us "
-              f"per call ({r['speedup']:.2f}x [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}])", flush=True)
+              f"per call ({r['speedup']:.2f}x [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}]), max |diff| {r['max_abs_diff']:.2g}",
+              flush=True)
     except Exception as exc:  # noqa: BLE001 - recorded; the summary still prints
         traceback.print_exc()
         out["append_in_graph"] = {"error": f"{type(exc).__name__}: {exc}"}
+    _release()
     write(args, results, targets, final=False)
     rows = [r for r in out["shapes"].values() if "error" not in r]
     faster = sum(1 for r in rows if r["speedup"] > 1.0)
@@ -473,11 +475,14 @@ def _append_in_graph(g, quick, layers=24, cache=384, position=255) -> dict:
         for k, v in caches:
             ops.decode_attention_append(q, k, v, k_new, v_new, pos, None, None, True)
 
+    k, v = caches[0]
+    err = float((ops.decode_attention_append(q, k, v, k_new, v_new, pos, mask).float()
+                 - ops.decode_attention_append(q, k, v, k_new, v_new, pos, None, None, True).float()).abs().max())
     cmp = gpuopt.compare(masked, causal, labels=("mask", "causal"), mode="graph", calls_per_sample=1,
                          max_time_s=0.5 if quick else 1.5)
     return {"layers": layers, "cache": cache, "position": position,
             "mask_us_per_call": cmp.baseline_ms * 1e3 / layers, "causal_us_per_call": cmp.candidate_ms * 1e3 / layers,
-            "speedup": cmp.speedup, "ci": list(cmp.ci), "verdict": cmp.verdict}
+            "speedup": cmp.speedup, "ci": list(cmp.ci), "verdict": cmp.verdict, "max_abs_diff": err}
 
 
 def _kind(name: str) -> str:

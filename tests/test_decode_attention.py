@@ -241,8 +241,9 @@ def test_is_causal_mask_accepts_exactly_the_causal_mask():
     assert not llm_attention.is_causal_mask(causal[..., :8], pos, 9)
 
 
-def test_a_mask_that_is_not_the_causal_one_keeps_being_read(monkeypatch, rng):
-    """A layer whose check saw another mask (padding, a window) keeps handing the mask to the operator."""
+def test_the_check_records_a_mask_that_is_not_the_causal_one_and_hands_it_over(monkeypatch, rng):
+    """On the check step, a mask with a hole (padding) is recorded as not causal; a layer not set causal
+    hands the mask to the operator."""
     layer = llm_cache.layer_class()(max_cache_len=8, length=torch.tensor(3))
     module = torch.nn.Module()
     module.__dict__[llm_cache.ATTRIBUTE] = layer
@@ -262,7 +263,27 @@ def test_a_mask_that_is_not_the_causal_one_keeps_being_read(monkeypatch, rng):
     kn = torch.randn(1, 2, 1, 16, generator=rng)
     keys, values = layer.update(kn, kn)
     llm_attention.attention(module, torch.randn(1, 4, 1, 16, generator=rng), keys, values, mask)
-    assert layer.mask_is_causal is False and seen[0][6] is mask and seen[0][8] is False
+    assert layer.mask_is_causal is False and not layer.causal
+    assert seen[0][6] is mask and seen[0][8] is False
+
+
+def test_a_decoder_whose_masks_are_not_all_causal_keeps_reading_them(tiny_models, monkeypatch):
+    """When the check step sees any layer's mask differ from the causal one, no layer drops its mask: the
+    Decoder records 0 causal layers and still generates the reference's tokens."""
+    models = tiny_models["tiny-opt"]
+    seen = iter([True, False] + [True] * 100)  # the second layer's mask is not the causal one
+    monkeypatch.setattr(llm_attention, "is_causal_mask", lambda *a: next(seen))
+    prompt = models.prompt(1, 6)
+    n = 5
+    ref_tokens, _ = models.reference_run(prompt, n)
+    d = Decoder(models.reference, "static", prompt, n, gpuopt._C.StepClock(-1, n), torch.float32, attention="gpuopt")
+    try:
+        assert d.deferred_writes == models.config.num_hidden_layers >= 2
+        assert d.causal_in_kernel == 0 and not any(layer.causal for layer in d.cache.layers)
+        tokens, _ = d.forced_logits(ref_tokens, n)
+    finally:
+        d.close()
+    assert torch.equal(tokens, ref_tokens)
 
 
 # ---- the attention function inside transformers' models ------------------------------------------------
@@ -660,22 +681,44 @@ def test_cuda_append_captured_in_a_graph_follows_the_position_in_place(keys, cau
 @pytest.mark.parametrize("b,h,hkv,keys,d,position", [(1, 32, 32, 384, 64, 200), (1, 32, 32, 384, 64, 0),
                                                      (1, 32, 32, 384, 64, 383), (2, 8, 2, 100, 128, 57),
                                                      (1, 4, 4, 1000, 256, 999), (1, 2, 1, 70, 32, 3),
-                                                     (1, 8, 2, 5000, 64, 3000), (4, 32, 32, 700, 64, 650)])
-def test_cuda_causal_append_reads_no_row_past_the_position(dtype, b, h, hkv, keys, d, position, rng):
-    """causal=True, no mask: the answer of the causal mask, with the rows past the position NaN (a block
-    that read one would spread it), with and without split-KV (5,000 keys)."""
+                                                     (1, 8, 2, 5000, 64, 3000), (4, 32, 32, 700, 64, 650),
+                                                     (2, 4, 2, 40, 80, 7)])  # 80: the reference on CUDA
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_cuda_causal_append_reads_no_row_past_the_position(dtype, b, h, hkv, keys, d, position, with_mask, rng):
+    """causal=True: the answer of the causal mask (and the given mask, if any), with the rows past the
+    position NaN (a block that read one would spread it), with and without split-KV (5,000 keys), and
+    through the float32 reference (head size 80)."""
     q, k, v, kn, vn, pos, m = _append_inputs(b, h, hkv, keys, d, dtype, rng, position, device="cuda")
+    extra = None
+    if with_mask:
+        extra = torch.rand(b, h, 1, keys, generator=rng).to("cuda") < 0.7
+        extra[..., position] = True
+        m = m & extra
     want_k, want_v = k.clone(), v.clone()
     want_k[:, :, position] = kn[:, :, 0]
     want_v[:, :, position] = vn[:, :, 0]
     k[:, :, position:] = float("nan")
     v[:, :, position:] = float("nan")
-    got = ops.decode_attention_append(q, k, v, kn, vn, pos, None, None, True)
+    got = ops.decode_attention_append(q, k, v, kn, vn, pos, extra, None, True)
     assert torch.equal(k[:, :, :position + 1], want_k[:, :, :position + 1])
     assert torch.equal(v[:, :, :position + 1], want_v[:, :, :position + 1])
     want_k[:, :, position + 1:] = 0  # masked: any value gives the reference's answer
     want_v[:, :, position + 1:] = 0
     _check(got, q, want_k, want_v, m)
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("keys", [384, 5000])  # one block per head; split-KV
+def test_cuda_causal_append_outside_the_cache_writes_nothing(keys, rng):
+    """A position past the end attends to the whole cache, a negative one to no key (zeros); neither writes."""
+    q, k, v, kn, vn, _, _ = _append_inputs(1, 8, 2, keys, 64, torch.float16, rng, 0, device="cuda")
+    before = (k.clone(), v.clone())
+    out = ops.decode_attention_append(q, k, v, kn, vn, torch.tensor([keys], device="cuda"), None, None, True)
+    torch.cuda.synchronize()
+    assert torch.equal(k, before[0]) and torch.equal(v, before[1])
+    _check(out, q, k, v, None)
+    out = ops.decode_attention_append(q, k, v, kn, vn, torch.tensor([-1], device="cuda"), None, None, True)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.equal(k, before[0])
 
 
 @pytest.mark.gpuopt_gpu

@@ -484,6 +484,21 @@ def test_split_argmax_is_argmax_with_its_first_index(n, rng):
     got = split_argmax(x)
     assert got.tolist() == [0, n // 3, n // 2] == x.argmax(-1).tolist()
     assert split_argmax(x[0]).shape == () and split_argmax(x[:, None]).shape == (3, 1)
+    x[1, n // 2] = float("nan")  # argmax counts NaN as the maximum
+    assert split_argmax(x)[1] == x.argmax(-1)[1] == n // 2
+
+
+def test_split_argmax_compiled_keeps_the_first_index(rng):
+    """The compiled step runs inductor's lowering of the two reductions: ties and all, argmax's answer."""
+    from gpuopt.llm.paths import split_argmax
+
+    x = torch.randn(4, 50272, generator=rng)
+    x[0] = 0
+    x[1, [7, 8, 50271]] = 50
+    x[2, [50271, 3000]] = 50
+    torch._dynamo.reset()
+    got = torch.compile(split_argmax, fullgraph=True, dynamic=False)(x)
+    assert got.tolist() == x.argmax(-1).tolist() == [0, 7, 3000, int(x[3].argmax())]
 
 
 def test_a_query_scale_is_folded_into_the_fused_weights_of_the_classes_named(rng):
@@ -535,6 +550,9 @@ def test_drop_mul_by_one_removes_only_a_multiplication_that_changes_nothing():
         x.add_(1)
         return y
 
+    def h(x):
+        return x * 1.0 + 0, x * 1.0  # the second is the graph's output: it would be the input itself
+
     x, i = torch.randn(4), torch.arange(4)
     gm = make_fx(f, tracing_mode="fake")(x, i)
     drop = DropMulByOne()
@@ -546,4 +564,9 @@ def test_drop_mul_by_one_removes_only_a_multiplication_that_changes_nothing():
     gm = make_fx(g, tracing_mode="fake")(x.clone())
     drop(gm.graph)
     assert drop.removed == 0
-    assert drop.uuid() == "gpuopt.llm.passes.DropMulByOne/1"
+    gm = make_fx(h, tracing_mode="fake")(x)
+    drop(gm.graph)
+    gm.recompile()
+    assert drop.removed == 1 and gm(x)[1] is not x
+    # inductor's FX graph cache keys on it: the same for the same pass
+    assert drop.uuid() == DropMulByOne().uuid() and len(drop.uuid()) >= 16

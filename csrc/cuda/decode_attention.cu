@@ -116,6 +116,9 @@ std::int64_t decode_attention_workspace(const DecodeAttentionParams& p) {
 }
 
 void decode_attention(const DecodeAttentionParams& p, cudaStream_t stream) {
+  GPUOPT_CHECK_VALUE(!p.causal || p.k_new != nullptr,
+                     "decode_attention: causal=true bounds the keys by the appended row's position and needs "
+                     "appending (k_new, v_new, position); got k_new=nullptr");
   GPUOPT_CHECK_VALUE(decode_attention_supported(p),
                      "decode_attention: needs head_dim 32, 64, 128 or 256, batch 1..65535, heads a multiple "
                      "of kv_heads, keys >= 1 and 16-byte aligned rows; got batch=", p.batch, ", heads=",

@@ -16,13 +16,16 @@
 //       the caches at row `position` (an int64 tensor of one element on their device) -- a static KV
 //       cache's update and the decode step's attention in one kernel. The mask must let the new row
 //       through. causal: only rows [0, position] are attended (with the mask, if any, as well) -- a
-//       decode step's causal mask without a mask tensor; the kernel then reads no row past position. On the CPU a position outside the cache is an IndexError; on CUDA (where checking
-//       it would synchronize) the kernel writes nothing, and the reference path (other head sizes,
-//       strided rows) stops at index_copy_'s device-side assertion.
+//       decode step's causal mask without a mask tensor; the kernel then reads no row past position.
+//       On the CPU a position outside the cache is an IndexError; on CUDA (where checking it would
+//       synchronize) the kernel writes nothing (causal: a negative position attends to no key and
+//       gives zeros, one past the end to the whole cache), and the reference path (other head
+//       sizes, strided rows) stops at index_copy_'s device-side assertion.
 //
 // CUDA: gpuopt's decode kernel (gpuopt/cuda.h, decode_attention; a long cache split over several
 // blocks per head, their parts in a workspace from torch's allocator) where it applies (D 32, 64, 128
-// or 256, aligned rows), else the same float32 reference as the CPU kernel. Capturable in a CUDA graph. Meta: shapes only.
+// or 256, aligned rows), else the same float32 reference as the CPU kernel. Capturable in a CUDA
+// graph. Meta: shapes only.
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
@@ -311,7 +314,6 @@ at::Tensor decode_attention_append_meta(const at::Tensor& q, at::Tensor& k_cache
 }
 
 }  // namespace
-
 }  // namespace gpuopt::torch_ext
 
 TORCH_LIBRARY_FRAGMENT(gpuopt, m) {

@@ -289,8 +289,9 @@ struct DecodeAttentionParams {
   const void* v_new = nullptr;
   std::int64_t k_new_stride_b = 0, k_new_stride_h = 0, v_new_stride_b = 0, v_new_stride_h = 0;
   const std::int64_t* position = nullptr;
-  // Appending only: attend to rows [0, *position] (a decode step's causal mask, kept on the device)
-  // instead of the whole cache; mask, if any, applies as well.
+  // Appending only (needs k_new): attend to rows [0, *position] (a decode step's causal mask, kept on
+  // the device) instead of the whole cache; mask, if any, applies as well. A negative position attends
+  // to no key (zeros), one at or past the end to the whole cache.
   bool causal = false;
 };
 

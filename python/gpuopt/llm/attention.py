@@ -99,13 +99,13 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
                    is_causal=is_causal, **kwargs)
 
 
-def is_causal_mask(mask: Any, position: torch.Tensor, keys: int) -> bool:
+def is_causal_mask(mask: Any, position: torch.Tensor | int, keys: int) -> bool:
     """Whether ``mask`` (a decode step's, broadcastable to [batch, heads, 1, keys]) lets exactly the rows
     [0, position] through for every batch row and head. Reads the device (synchronizes): for a check
     on an eager step, not for the step itself."""
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[-1] != keys:
         return False
-    rows = torch.arange(keys, device=mask.device) <= position.to(mask.device).reshape(())
+    rows = torch.arange(keys, device=mask.device) <= torch.as_tensor(position, device=mask.device).reshape(())
     return bool(torch.equal(mask, rows.view(1, 1, 1, keys).expand(mask.shape)))
 
 

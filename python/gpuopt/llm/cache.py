@@ -139,6 +139,7 @@ def undefer_writes(model: torch.nn.Module, cache: Any = None) -> None:
             layer.take()
             layer.defer = False
             layer.causal = layer.check_mask = False
+            layer.mask_is_causal = None
     for module in model.modules():
         module.__dict__.pop(ATTRIBUTE, None)
 

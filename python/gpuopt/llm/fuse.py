@@ -15,8 +15,10 @@ so a model that does not follow the q, k, v order stays correct, only unfused).
 Attention layers that scale the query projection's output in their forward (``q_proj(x) *
 self.scaling``: :data:`SCALED_QUERY_LAYERS`) get the scale folded into the query rows of the fused
 weight and bias, and ``scaling`` set to 1.0: a multiplication by one, which torch.compile drops, instead
-of a kernel per layer and step. For a power-of-two scale (OPT's head sizes 64 and 256: 1/8, 1/16) the
-outputs are the same bits; otherwise they differ by the rounding of the scaled weights.
+of a kernel per layer and step. With a power-of-two scale (OPT's head sizes 64 and 256: 1/8, 1/16) the
+outputs are the same bits in fp32 and bf16; in fp16 a weight below 2^-11 in magnitude becomes subnormal
+once scaled and loses bits (the scale is folded in fp32, before the cast). Other scales differ by the
+rounding of the scaled weights. Every cell's parity check compares with the unfused fp32 reference.
 """
 
 from __future__ import annotations
@@ -112,7 +114,7 @@ def fuse_projections(model: nn.Module, scaled_query: tuple[str, ...] = SCALED_QU
     """Fuses, in place, every group of :data:`GROUPS` found as plain ``nn.Linear`` siblings with one
     input size, dtype and device; returns how many groups were fused. In modules whose class is named in
     ``scaled_query``, the query's ``scaling`` (a float) is folded into the fused weights and set to 1.0."""
-    if isinstance(scaled_query, str) or not all(isinstance(n, str) for n in scaled_query):
+    if not isinstance(scaled_query, (tuple, list)) or not all(isinstance(n, str) for n in scaled_query):
         raise TypeError(f"fuse_projections: scaled_query must be a tuple of class names, got {scaled_query!r}")
     count = 0
     for module in list(model.modules()):
@@ -125,8 +127,7 @@ def fuse_projections(model: nn.Module, scaled_query: tuple[str, ...] = SCALED_QU
                    m.weight.device != w0.device for m in linears):
                 continue
             scale = getattr(module, "scaling", None)
-            fold = (names[0] == "q_proj" and type(module).__name__ in scaled_query and isinstance(scale, float)
-                    and not isinstance(scale, bool))
+            fold = names[0] == "q_proj" and type(module).__name__ in scaled_query and isinstance(scale, float)
             fused = FusedProjections(linears, first_scale=scale if fold else 1.0)
             if fold:
                 module.scaling = 1.0

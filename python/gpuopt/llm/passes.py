@@ -21,14 +21,18 @@ def _one(value: Any) -> bool:
 
 
 def _written(node: torch.fx.Node) -> bool:
-    """Whether an operator writes ``node``'s value in place (an argument its schema marks as written)."""
+    """Whether an operator writes ``node``'s value in place: an argument (positional or keyword) its
+    schema marks as written, or a write into a view of it."""
     for user in node.users:
         schema = getattr(user.target, "_schema", None)
         if user.op != "call_function" or schema is None:
             continue
-        for arg, spec in zip(user.args, schema.arguments):
+        for i, spec in enumerate(schema.arguments):
+            arg = user.args[i] if i < len(user.args) else user.kwargs.get(spec.name)
             if arg is node and spec.alias_info is not None and spec.alias_info.is_write:
                 return True
+        if schema.returns and schema.returns[0].alias_info is not None and _written(user):  # a view of node
+            return True
     return False
 
 
@@ -53,12 +57,20 @@ class DropMulByOne(CustomGraphPass):
                     and before.shape == after.shape and before.dtype == after.dtype
                     and before.device == after.device) or _written(x):
                 continue
+            if any(user.op == "output" for user in node.users):  # the graph would return x itself (an input, say)
+                continue
             node.replace_all_uses_with(x)
             graph.erase_node(node)
             self.removed += 1
 
     def uuid(self) -> str:
-        return "gpuopt.llm.passes.DropMulByOne/1"
+        # inductor's FX graph cache keys on it: a changed pass must not reuse graphs the old one made
+        try:
+            from torch._inductor.custom_graph_pass import get_hash_for_files
+
+            return get_hash_for_files((__file__,)).hex()
+        except ImportError:
+            return "gpuopt.llm.passes.DropMulByOne/2"
 
 
 def compile_options() -> dict[str, Any]:

@@ -1,0 +1,34 @@
+"""Inductor's programmatic dependent launch (``triton.enable_pdl``: its Triton kernels launched early,
+waiting on the previous kernel in the device) in gpuopt's compiled decode step: OPT-1.3B
+static-graph-compile, batch 1, prompt 128, 256 new tokens, each cell with and without it in turn.
+
+    python benchmarks/llm_decode_pdl.py fp16:base,fp16:pdl,int8wo:base,int8wo:pdl,fp16:base,fp16:pdl
+
+Prints VARIANT lines (no JSON). The run the README cites, on the H100 (torch 2.11.0+cu130, transformers
+5.17, 73aa1ea): ``results/llm_decode-pdl-73aa1ea-nvidia-h100-80gb-hbm3.log``. Not adopted: slower.
+"""
+import sys
+import time
+
+import torch
+
+from gpuopt.llm import Models, measure_decode, passes
+
+base_options = passes.compile_options
+models = Models("opt-1.3b", "cuda")
+plan = sys.argv[1].split(",")  # e.g. fp16:base,fp16:pdl,...
+res = {s: [] for s in plan}
+for s in plan:
+    precision, variant = s.split(":")
+    passes.compile_options = (lambda: {**base_options(), "triton.enable_pdl": True}) if variant == "pdl" else base_options
+    t0 = time.time()
+    try:
+        r = measure_decode(models, path="static-graph-compile", precision=precision, batch_size=1, prompt_len=128,
+                           new_tokens=256, parity=variant == "pdl", max_time_s=3.0)
+        res[s].append(r.tpot_ms["mean"])
+        par = f"; {r.parity.summary()}" if r.parity is not None else ""
+        print(f"VARIANT {s}: TPOT {r.tpot_ms['mean']:.4f} ms [{time.time() - t0:.0f}s]{par}", flush=True)
+    except Exception as exc:
+        print(f"VARIANT {s}: ERROR {type(exc).__name__}: {exc}", flush=True)
+    torch.cuda.empty_cache()
+passes.compile_options = base_options
