@@ -214,16 +214,20 @@ def test_causal_append_attends_to_the_rows_up_to_the_position_on_cpu(position, w
     """causal=True: the rows [0, position] (and the mask's, if one is given), whatever the rows past the
     position hold."""
     q, k, v, kn, vn, pos, causal_mask = _append_inputs(2, 4, 2, 10, 16, torch.float32, rng, position)
-    k[:, :, position + 1:] = 1e4  # stale rows past the position: attended, they would dominate
     extra = torch.rand(2, 4, 1, 10, generator=rng) < 0.7 if with_mask else None
     if extra is not None:
         extra[..., position] = True
     want_mask = causal_mask if extra is None else causal_mask & extra
-    k2, v2 = k.clone(), v.clone()
-    want = ops.decode_attention_append(q, k2, v2, kn, vn, pos, want_mask)
+    clean_k, clean_v = k.clone(), v.clone()
+    clean_k[:, :, position] = kn[:, :, 0]
+    clean_v[:, :, position] = vn[:, :, 0]
+    clean_k[:, :, position + 1:] = 0
+    clean_v[:, :, position + 1:] = 0
+    k[:, :, position + 1:] = float("nan")  # rows past the position: attended, or even multiplied by 0, they give NaN
+    v[:, :, position + 1:] = float("nan")
     got = ops.decode_attention_append(q, k, v, kn, vn, pos, extra, None, True)
-    assert torch.equal(k, k2) and torch.equal(v, v2)
-    torch.testing.assert_close(got, want)
+    assert torch.equal(k[:, :, :position + 1], clean_k[:, :, :position + 1])
+    _check(got, q, clean_k, clean_v, want_mask)
     torch.library.opcheck(ops.decode_attention_append.default, (q, k, v, kn, vn, pos, extra, None, True))
 
 

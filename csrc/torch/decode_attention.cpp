@@ -122,6 +122,9 @@ at::Tensor reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   at::Tensor scores = at::matmul(q.to(at::kFloat), kf.transpose(-1, -2)).mul_(scale);  // [B, H, 1, L]
   at::Tensor probs;
   if (mask.has_value()) {
+    // Masked rows take no part, whatever they hold (the kernel never reads them): a NaN or inf there
+    // would otherwise reach the output through 0 * NaN in the product with V.
+    vf = vf.masked_fill(mask->logical_not().transpose(-1, -2), 0.0);
     scores.masked_fill_(mask->logical_not(), -std::numeric_limits<float>::infinity());
     probs = at::softmax(scores, -1);
     // A row with every key masked is NaN after the softmax: zeros instead, as the kernel gives.
