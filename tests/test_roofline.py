@@ -450,3 +450,24 @@ def test_roofline_draws_into_the_given_axes():
         assert right.get_xscale() == "log" and len(fig.axes) == 2
     finally:
         plt.close(fig)
+
+
+def test_gpuopts_operators_are_counted_as_what_they_compute():
+    """FlopCounterMode counts an operator without a formula as 0: gpuopt registers one for its decode and
+    int8 weight-only linear layers (2 * rows * K * N, once: the CPU kernels' inner ATen calls are not
+    counted again) and its decode attention (4 * B * H * L * D)."""
+    from gpuopt.llm.linear import DecodeLinear
+    from gpuopt.quant.weight_only import quantize_int8_weight_only
+
+    lin = torch.nn.Linear(64, 48)
+    x = torch.randn(3, 64)
+    assert count_flops(lin, x) == 2 * 3 * 64 * 48
+    assert count_flops(DecodeLinear(lin), x) == 2 * 3 * 64 * 48
+    q = quantize_int8_weight_only(torch.nn.Sequential(torch.nn.Linear(64, 48)), torch.float32)
+    assert count_flops(q, x) == 2 * 3 * 64 * 48
+    qry, k = torch.randn(2, 8, 1, 16), torch.randn(2, 4, 30, 16)
+
+    def attend(q):
+        return torch.ops.gpuopt.decode_attention(q, k, k, None)
+
+    assert count_flops(attend, qry) == 4 * 2 * 8 * 30 * 16

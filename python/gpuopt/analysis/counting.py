@@ -3,6 +3,7 @@ moves (forward hooks on the leaf modules). The roofline places measured runs aga
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any
 
@@ -15,10 +16,44 @@ def _nbytes(tensors: list[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+_FORMULAS_REGISTERED = False
+
+
+def _matmul_flops(x_shape, w_shape, *args: Any, out_shape=None, **kwargs: Any) -> int:
+    """x [..., K] times weight [N, K]^T: 2 * rows * K * N."""
+    return 2 * math.prod(x_shape[:-1]) * x_shape[-1] * w_shape[0]
+
+
+def _decode_attention_flops(q_shape, k_shape, *args: Any, out_shape=None, **kwargs: Any) -> int:
+    """One query per (batch row, head) against every key of the cache, scores then values: 4 * B * H * L * D
+    (as torch counts SDPA: the keys a mask lets through are not known from the shapes)."""
+    b, h, _, d = q_shape
+    return 4 * b * h * k_shape[2] * d
+
+
+def register_flop_formulas() -> None:
+    """Registers FLOP formulas for gpuopt's own operators with ``torch.utils.flop_counter`` (an operator
+    without one counts 0): ``decode_linear`` and ``int8_weight_only_linear`` as matrix products,
+    ``decode_attention`` and ``decode_attention_append`` as attention over the whole cache. Idempotent;
+    :func:`count_flops` calls it. Needs gpuopt's compiled extension (where the operators live)."""
+    global _FORMULAS_REGISTERED
+    if _FORMULAS_REGISTERED:
+        return
+    from torch.utils.flop_counter import register_flop_formula
+
+    from .._ext import _C  # noqa: F401  (loads the extension, which registers the operators)
+
+    ops = torch.ops.gpuopt
+    register_flop_formula([ops.decode_linear, ops.int8_weight_only_linear])(_matmul_flops)
+    register_flop_formula([ops.decode_attention, ops.decode_attention_append])(_decode_attention_flops)
+    _FORMULAS_REGISTERED = True
+
+
 def count_flops(model: Any, inputs: Any) -> float:
     """FLOPs of one forward call, counted by ``torch.utils.flop_counter.FlopCounterMode`` under
     ``torch.no_grad()`` (a multiply-add is 2 FLOPs; matmuls, convolutions and attention are counted,
-    elementwise ops are not).
+    gpuopt's decode and int8 weight-only linear layers and decode attention too
+    (:func:`register_flop_formulas`), elementwise ops are not).
 
     ``inputs``: a tensor (one positional argument), a tuple/list (positional), a dict (keyword).
 
@@ -31,6 +66,7 @@ def count_flops(model: Any, inputs: Any) -> float:
     if not callable(model):
         raise TypeError(f"model must be an nn.Module or a callable, got {type(model).__name__}")
     args, kwargs = split_inputs(inputs)
+    register_flop_formulas()
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
         model(*args, **kwargs)
