@@ -139,7 +139,6 @@ class Decoder:
         self.attention_note = ""
         self._attention_before: str | None = None
         self.deferred_writes = 0  # attention modules whose kernel writes their new key and value
-        self.causal_in_kernel = 0  # of those, how many bound the keys by the position instead of reading the mask
         if getattr(getattr(model, "config", None), "_attn_implementation", None) == _attention.NAME:
             raise RuntimeError("the model runs gpuopt's decode attention for another Decoder that is still open "
                                "(close it first): a Decoder sets the attention for its own life")
@@ -294,7 +293,6 @@ class Decoder:
         elif layers and all(layer.mask_is_causal for layer in layers):
             for layer in layers:
                 layer.causal = True
-            self.causal_in_kernel = len(layers)
         if _attention.calls == before:
             self.attention = "model"
             self.attention_note = (f"gpuopt's decode attention did not apply to {type(self.model).__name__} "
@@ -303,7 +301,14 @@ class Decoder:
             _attention.restore(self.model, self._attention_before)
             self._attention_before = None
             _cache.undefer_writes(self.model, self.cache)
-            self.deferred_writes = self.causal_in_kernel = 0
+            self.deferred_writes = 0
+
+    @property
+    def causal_in_kernel(self) -> int:
+        """Attention modules whose kernel bounds the keys by the position instead of reading the mask
+        (their cache layers' ``causal``, set by the check step; undefer_writes clears it)."""
+        return sum(1 for layer in getattr(getattr(self, "cache", None), "layers", None) or []
+                   if getattr(layer, "causal", False))
 
     def _on(self, side: Any) -> Any:
         """A context running work on ``side`` (a CUDA stream ordered after the current one, and the
@@ -458,7 +463,7 @@ class Decoder:
             finally:
                 if self.deferred_writes:
                     _cache.undefer_writes(self.model, getattr(self, "cache", None))
-                    self.deferred_writes = self.causal_in_kernel = 0
+                    self.deferred_writes = 0
         finally:
             for name in ("cache", "_prefill", "_decode", "_prefill_logits", "_decode_logits", "_cache", "_last",
                          "_fill_levels"):
