@@ -35,12 +35,20 @@ from gpuopt.llm import Models, measure_decode
 from gpuopt.llm.measure import default_attention, token_times
 from gpuopt.llm.paths import Decoder
 
+# What the opt part measures the fast path without (each a cell right after the fast path's, since the H100's
+# clocks drift under its power cap over a run): fusing the sibling projections, gpuopt's decode attention,
+# its decode linear kernel, programmatic dependent launch of its kernels (fp16 and int8wo).
+ABLATIONS = ("unfused", "model-attention", "cublas-linears", "no-pdl")
+
 
 def _extra(p):
     p.add_argument("--parts", default="opt,paths,batch,sweep")
     p.add_argument("--model", default="opt-1.3b")
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--ablations", default=",".join(ABLATIONS),
+                   help="what the opt part also measures the fast path without, right after it (comma list of "
+                        + ", ".join(ABLATIONS) + "; empty for none)")
     p.add_argument("--extra-paths", default="static,hf-static-compile,static-graph-compile",
                    help="paths of the 'paths' part, at batch 1 in fp16 (comma list)")
 
@@ -117,21 +125,44 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
     # What fusing the sibling projections (q/k/v; on by default in gpuopt's static paths) brings: the
     # fast path without it, in the same run and right after the fused paths (the H100's clocks drift
     # under its power cap over a run: the two are compared close together).
-    unfused = run(best, "fp16", label=f"fp16+{best}+unfused", fuse=False) if best else None
+    ablations = {a for a in args.ablations.split(",") if a}
+    unknown = ablations - set(ABLATIONS)
+    if unknown:
+        raise ValueError(f"--ablations: unknown {sorted(unknown)}; allowed: {', '.join(ABLATIONS)}")
+    unfused = (run(best, "fp16", label=f"fp16+{best}+unfused", fuse=False)
+               if best and "unfused" in ablations else None)
     # The same for gpuopt's decode attention (on by default where the model takes it): the fast path
     # with the model's own attention (SDPA), right after.
     own_attention = (run(best, "fp16", label=f"fp16+{best}+model-attention", attention="model")
-                     if fast is not None and fast.attention == "gpuopt" else None)
+                     if fast is not None and fast.attention == "gpuopt" and "model-attention" in ablations else None)
     # gpuopt's decode linear kernel (on by default in the fp16/bf16 static paths): the fast path with cuBLAS
     # linear layers instead, right after (the setting is read when the step is captured).
     cublas_linears = None
-    if fast is not None and fast.decode_linears:
+    if fast is not None and fast.decode_linears and "cublas-linears" in ablations:
         before = gpuopt._C.decode_linear_kernel("cublas")
         try:
             cublas_linears = run(best, "fp16", label=f"fp16+{best}+cublas-linears")
         finally:
             gpuopt._C.decode_linear_kernel(before)
+    # Programmatic dependent launch of gpuopt's decode kernels (on by default, compute capability 9.0+):
+    # the fast path without it, right after (read when the step is captured), and the same for int8wo.
+    pdl = "no-pdl" in ablations and gpuopt._C.programmatic_launch()
+
+    def without_pdl(precision):
+        before = gpuopt._C.programmatic_launch(False)
+        try:
+            return run(best, precision, label=f"{precision}+{best}+no-pdl")
+        finally:
+            gpuopt._C.programmatic_launch(before)
+
+    no_pdl = without_pdl("fp16") if fast is not None and pdl else None
     int8 = run(best, "int8wo") if best else None
+    int8_no_pdl = without_pdl("int8wo") if int8 is not None and pdl else None
+    for label, on, off in (("fp16", fast, no_pdl), ("int8wo", int8, int8_no_pdl)):
+        if on is not None and off is not None:
+            results["opt"][f"pdl_speedup_{label}"] = off.tpot_ms["mean"] / on.tpot_ms["mean"]
+            print(f"programmatic launch, {label}: TPOT {off.tpot_ms['mean']:.3f} (without) -> "
+                  f"{on.tpot_ms['mean']:.3f} ms ({results['opt'][f'pdl_speedup_{label}']:.3f}x)", flush=True)
     if fast is not None and cublas_linears is not None:
         results["opt"]["decode_linear_speedup"] = cublas_linears.tpot_ms["mean"] / fast.tpot_ms["mean"]
         print(f"gpuopt's decode linear kernel: {fast.decode_linears} layers, TPOT {cublas_linears.tpot_ms['mean']:.3f} "
@@ -498,7 +529,9 @@ def _kind(name: str) -> str:
 def _step_breakdown(args, models, b, p, n, results, targets) -> None:
     """Where a decode step's time goes, for each fast path in fp16: the kernels of its captured graph
     (torch.profiler around graph replays), their count and summed time by kind (GEMM/GEMV, attention,
-    other), against the step's TPOT; the rest is the GPU's time between kernels."""
+    other), against the step's TPOT; the rest is the GPU's time between kernels. Under programmatic
+    dependent launch a kernel starts while the one before it finishes, so kernels overlap: their summed
+    time can exceed the TPOT (``between_kernels_us`` is then negative, the overlap)."""
     from torch.profiler import ProfilerActivity, profile
 
     out = {}

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "decode_attention_kernels.cuh"
+#include "pdl.cuh"
 #include "gpuopt/cuda.h"
 
 namespace gpuopt::cuda {
@@ -69,12 +70,10 @@ void launch(const DecodeAttentionParams& p, cudaStream_t stream) {
   a.position = reinterpret_cast<const long long*>(p.position);
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch), static_cast<unsigned>(splits));
   const dim3 threads(static_cast<unsigned>(warps_for<T, D>((p.keys + splits - 1) / splits) * 32));
-  kernels::decode_attention<T, D><<<grid, threads, 0, stream>>>(a);
-  GPUOPT_CHECK_LAUNCH();
+  launch_programmatic(kernels::decode_attention<T, D>, grid, threads, p.device, stream, a);
   if (splits > 1) {
-    kernels::decode_attention_combine<T, D><<<dim3(grid.x, grid.y), D, 0, stream>>>(
-        p.workspace, a.out, a.heads, static_cast<int>(splits));
-    GPUOPT_CHECK_LAUNCH();
+    launch_programmatic(kernels::decode_attention_combine<T, D>, dim3(grid.x, grid.y), dim3(D), p.device, stream,
+                        p.workspace, a.out, a.heads, static_cast<int>(splits));
   }
 }
 

@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "int8_linear_kernels.cuh"  // to_float, from_float, unpack2
+#include "pdl.cuh"
 
 namespace gpuopt::cuda::kernels {
 
@@ -114,6 +115,10 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAtt
   __shared__ float part_sum[kAttnMaxWarps];
   __shared__ float weight[kAttnMaxWarps];
   __shared__ float block_max;
+  // Under programmatic launch (pdl.cuh): the query, the rows to append and the cache all come from
+  // earlier kernels, so nothing is read before the wait.
+  allow_next_grid();
+  wait_for_prior_grid();
 
   const int h = static_cast<int>(blockIdx.x);
   const int b = static_cast<int>(blockIdx.y);
@@ -291,6 +296,8 @@ __global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAtt
 template <typename T, int D>
 __global__ void decode_attention_combine(const float* __restrict__ partial, T* __restrict__ out, int heads,
                                          int splits) {
+  allow_next_grid();
+  wait_for_prior_grid();
   const long long pair = static_cast<long long>(blockIdx.y) * heads + blockIdx.x;
   const float* p = partial + pair * splits * (D + 2);
   float m = -INFINITY;

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "int8_linear_kernels.cuh"  // mma_16816, word, from_float, to_float
+#include "pdl.cuh"
 
 namespace gpuopt::cuda::kernels {
 
@@ -31,11 +32,14 @@ __device__ __forceinline__ void linear_mma_words(const uint4& wl, const uint4& w
 // chunk, so a row's chunk is kVec * 64 contiguous bytes. kWarps warps take chunks w, w + kWarps, ...
 // (batches of kLinearLoads / kVec chunks first, then one at a time) and add up in shared memory. Needs k
 // % (kVec * 32) == 0, 16-byte aligned x and weight, 1 <= rows <= 8; launched with kWarps * 32 threads and
-// ceil(n_cols / 16) blocks. kVec: 1, 2 or 4.
+// ceil(n_cols / 16) blocks. kVec: 1, 2 or 4. Under programmatic launch (pdl.cuh) with constant_weight,
+// each warp's first batch of weight loads is issued before the wait for the prior kernel (for k = 2048
+// and 16 warps, that is all of them).
 template <typename T, int kWarps, int kVec, bool kRelu>  // T: __half or __nv_bfloat16
 __global__ void __launch_bounds__(kWarps * 32)
     decode_linear_mma(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
-                      T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k) {
+                      T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k, bool constant_weight) {
+  allow_next_grid();
   constexpr int kChunk = kVec * kLinearChunk;
   constexpr int kBatch = kLinearLoads / kVec;
   __shared__ float partial[kWarps][8][16];  // [warp][x row][output column]
@@ -53,6 +57,13 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const std::int64_t chunks = k / kChunk;
   std::int64_t c = warp;
+  // Each pass loads a whole batch (the weights first: the first batch's before the wait for the prior
+  // kernel where the weight is constant), then runs its MMAs.
+  bool waited = false;
+  if (!constant_weight) {
+    wait_for_prior_grid();
+    waited = true;
+  }
   for (; c + (kBatch - 1) * kWarps < chunks; c += kBatch * kWarps) {
     uint4 wl[kBatch][kVec], wh[kBatch][kVec], xv[kBatch][kVec];
 #pragma unroll
@@ -62,8 +73,17 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int v = 0; v < kVec; ++v) {
         wl[i][v] = __ldg(reinterpret_cast<const uint4*>(w_lo + off) + v);
         wh[i][v] = __ldg(reinterpret_cast<const uint4*>(w_hi + off) + v);
-        xv[i][v] = __ldg(reinterpret_cast<const uint4*>(x_row + off) + v);
       }
+    }
+    if (!waited) {
+      wait_for_prior_grid();
+      waited = true;
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const std::int64_t off = (c + i * kWarps) * kChunk;
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) xv[i][v] = __ldg(reinterpret_cast<const uint4*>(x_row + off) + v);
     }
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
@@ -71,6 +91,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int v = 0; v < kVec; ++v) linear_mma_words<T>(wl[i][v], wh[i][v], xv[i][v], acc);
     }
   }
+  if (!waited) wait_for_prior_grid();
   for (; c < chunks; c += kWarps) {
     const std::int64_t off = c * kChunk;
 #pragma unroll

@@ -3,6 +3,7 @@
 
 #include "gpuopt/cuda.h"
 #include "int8_linear_kernels.cuh"
+#include "pdl.cuh"
 
 namespace gpuopt::cuda {
 namespace {
@@ -13,10 +14,9 @@ template <typename T, int kRows, bool kRelu>
 void launch(const Int8LinearParams& p, cudaStream_t stream) {
   constexpr int kWarps = kernels::kInt8LinearWarps;
   const auto blocks = static_cast<unsigned>((p.n + kWarps - 1) / kWarps);
-  kernels::int8_linear<T, kRows, kRelu><<<blocks, kWarps * 32, 0, stream>>>(
-      static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32, static_cast<const T*>(p.bias),
-      static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
-  GPUOPT_CHECK_LAUNCH();
+  launch_programmatic(kernels::int8_linear<T, kRows, kRelu>, dim3(blocks), dim3(kWarps * 32), p.device, stream,
+                      static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32, static_cast<const T*>(p.bias),
+                      static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k, p.constant_weight);
 }
 
 // The smallest row tile that holds p.rows: five instantiations per type instead of sixteen.
@@ -48,10 +48,10 @@ void launch_simt(const Int8LinearParams& p, cudaStream_t stream) {
 template <typename T, int kTiles, int kWarps, int kVec, bool kRelu>
 void launch_mma(const Int8LinearParams& p, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((p.n + 15) / 16);
-  kernels::int8_linear_mma<T, kTiles, kWarps, kVec, kRelu><<<blocks, kWarps * 32, 0, stream>>>(
-      static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32, static_cast<const T*>(p.bias),
-      static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
-  GPUOPT_CHECK_LAUNCH();
+  launch_programmatic(kernels::int8_linear_mma<T, kTiles, kWarps, kVec, kRelu>, dim3(blocks), dim3(kWarps * 32),
+                      p.device, stream, static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32,
+                      static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k,
+                      p.constant_weight);
 }
 
 // 16-byte loads per weight row, lane and chunk: forced by p.mma_vector (where k allows), else 2 where k
@@ -125,7 +125,17 @@ int cc_major(int device) {
   return v;
 }
 
+std::atomic<bool> g_programmatic{true};
+
 }  // namespace
+
+bool programmatic_launch() { return g_programmatic.load(); }
+
+bool set_programmatic_launch(bool enabled) { return g_programmatic.exchange(enabled); }
+
+bool programmatic_launch_runs(int device) {
+  return g_programmatic.load(std::memory_order_relaxed) && cc_major(device) >= 9;
+}
 
 // Whether `device` runs this binary's tensor-core (mma.sync) code: compute capability 8.0+ and, in this
 // binary, its code for that device built for 8.0 or newer (a build for 7.5 alone would run its

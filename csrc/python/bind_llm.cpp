@@ -108,6 +108,18 @@ void bind_llm(py::module_& m) {
       "A captured graph keeps what it captured. For tests and benchmarks.");
 
   m.def(
+      "programmatic_launch",
+      [](std::optional<bool> enabled) {
+        return enabled.has_value() ? torch_ext::set_programmatic_launch(*enabled) : torch_ext::programmatic_launch();
+      },
+      py::arg("enabled") = py::none(),
+      "Whether gpuopt's decode kernels (decode_linear, int8_weight_only_linear, decode_attention) launch with "
+      "programmatic dependent launch on compute capability 9.0+ (default True): each may start while the kernel "
+      "before it finishes, and with constant_weight=True loads its first weights before waiting for it. With a "
+      "value, sets it process-wide and returns the previous one; without, returns it. A captured graph keeps "
+      "what it captured. For benchmarks that compare the two.");
+
+  m.def(
       "decode_linear_layout",
       [](const std::optional<int>& warps, const std::optional<int>& vector) {
         if (!warps.has_value() && !vector.has_value()) return torch_ext::decode_linear_layout();

@@ -17,5 +17,10 @@ std::string set_decode_linear_kernel(const std::string& name);
 // returns the previous pair; ValueError for any other value.
 std::pair<int, int> decode_linear_layout();
 std::pair<int, int> set_decode_linear_layout(int warps, int vector);
+// Whether the decode kernels (decode_linear, int8_weight_only_linear, decode_attention) launch with
+// programmatic dependent launch on compute capability 9.0+ (csrc/cuda/pdl.cuh; default true). Read at each
+// call: a captured graph keeps what it captured. set_ returns the previous value.
+bool programmatic_launch();
+bool set_programmatic_launch(bool enabled);
 
 }  // namespace gpuopt::torch_ext

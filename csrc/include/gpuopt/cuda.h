@@ -152,6 +152,13 @@ void fill_pattern(std::uint32_t* out, std::int64_t n, std::uint32_t seed, cudaSt
 // whose MMA is compiled out). Asked once per device (made current for the query).
 bool mma_code_runs(int device);
 
+// Programmatic dependent launch of the decode kernels (decode_linear, int8_linear, decode_attention;
+// csrc/cuda/pdl.cuh): on by default, used where `device` has compute capability 9.0+. Process-wide;
+// set_ returns the previous value. For benchmarks that compare the two.
+bool programmatic_launch();
+bool set_programmatic_launch(bool enabled);
+bool programmatic_launch_runs(int device);
+
 // ---- int8 weight-only linear for decode-sized batches: out[m, n] = (sum_k x[m, k] * w[n, k]) *
 // scales[n] + bias[n], accumulated in fp32, written in x's type. Bandwidth-bound: the weight is
 // streamed once with 16-byte loads, for all rows of x. Two kernels:
@@ -189,6 +196,7 @@ struct Int8LinearParams {
   int mma_warps = 0;  // the tensor-core kernel's warps per block (splitting K): 0 chosen from n and k, or 4, 8, 16, 32
   int mma_vector = 0;  // its 16-byte loads per weight row, lane and chunk: 0 chosen (2 where k % 128 == 0), 1, 2
   bool relu = false;   // out = max(out, 0)
+  bool constant_weight = false;  // as DecodeLinearParams::constant_weight (the weight only, not the scales)
 };
 
 // The most rows int8_linear takes: past that the GEMM is no longer bandwidth-bound, and a
@@ -223,6 +231,9 @@ struct DecodeLinearParams {
   int device = 0;  // the CUDA device of every pointer
   int warps = 0;   // warps per block: 0 chosen from k (one batch of loads per warp), or 4, 8, 16, 32
   int vector = 0;  // 16-byte loads per weight row, lane and chunk: 0 chosen, 1, 2, 4 (the largest k allows)
+  // No kernel just before this one in the stream writes the weight (a model's parameter): under
+  // programmatic launch (pdl.cuh) the kernel then loads its first weights before waiting for that kernel.
+  bool constant_weight = false;
 };
 
 // The most rows decode_linear takes (one MMA tile): past that a cuBLAS GEMM is as fast.

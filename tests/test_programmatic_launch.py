@@ -1,0 +1,159 @@
+"""Programmatic dependent launch of gpuopt's decode kernels (csrc/cuda/pdl.cuh): the process-wide setting,
+the operators' ``constant_weight`` argument (opcheck, the same values either way); on a GPU, a chain of the
+kernels in a CUDA graph -- each reading what the one before it wrote, one of them a weight written right
+before it -- gives, replay after replay with new inputs, exactly what the same calls give launched plainly.
+A kernel that read its input (or a weight it was not promised constant) before waiting for the kernel
+before it would read the previous replay's values there."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gpuopt  # noqa: F401  (loading gpuopt._C registers the operators)
+from gpuopt import _C
+
+ops = torch.ops.gpuopt
+
+
+@pytest.fixture
+def launch_setting():
+    """Restores the process-wide setting after the test."""
+    before = _C.programmatic_launch()
+    yield
+    _C.programmatic_launch(before)
+
+
+def test_the_setting_is_process_wide_and_on_by_default(launch_setting):
+    assert _C.programmatic_launch() is True
+    assert _C.programmatic_launch(False) is True and _C.programmatic_launch() is False
+    assert _C.programmatic_launch(True) is False and _C.programmatic_launch() is True
+
+
+def test_constant_weight_is_an_argument_of_both_linear_operators(rng):
+    x = torch.randn(3, 32, generator=rng)
+    w = torch.randn(16, 32, generator=rng)
+    b = torch.randn(16, generator=rng)
+    for constant in (False, True):
+        torch.library.opcheck(ops.decode_linear.default, (x, w, b, "relu", constant))
+        assert torch.equal(ops.decode_linear(x, w, b, "relu", constant_weight=constant),
+                           ops.decode_linear(x, w, b, "relu"))
+    q = torch.randint(-127, 128, (16, 32), dtype=torch.int8, generator=rng)
+    s = torch.rand(16, generator=rng)
+    for constant in (False, True):
+        torch.library.opcheck(ops.int8_weight_only_linear.default, (x, q, s, b, "none", constant))
+        assert torch.equal(ops.int8_weight_only_linear(x, q, s, b, constant_weight=constant),
+                           ops.int8_weight_only_linear(x, q, s, b))
+
+
+def test_the_decode_modules_promise_constant_weights(rng):
+    """DecodeLinear and Int8WeightOnlyLinear pass constant_weight=True (their weights are parameters or
+    buffers that nothing writes while they run); the op's default stays False for other callers."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from gpuopt.llm.linear import DecodeLinear
+    from gpuopt.quant.weight_only import Int8WeightOnlyLinear
+
+    seen = []
+    position = {ops.decode_linear.default: 4, ops.int8_weight_only_linear.default: 5}  # of constant_weight
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in position:
+                i = position[func]
+                seen.append(args[i] if len(args) > i else (kwargs or {}).get("constant_weight", False))
+            return func(*args, **(kwargs or {}))
+
+    lin = torch.nn.Linear(32, 16).to(torch.bfloat16)
+    x = torch.randn(2, 32, generator=rng).to(torch.bfloat16)
+    with Spy():
+        DecodeLinear(lin)(x)
+        Int8WeightOnlyLinear.from_float(lin)(x)
+    assert seen == [True, True], seen
+
+
+# ---- GPU -------------------------------------------------------------------------------------------------
+
+
+def _needs_mma():
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("gpuopt's decode kernels need compute capability 8.0+")
+
+
+def _chain(x, w1, b1, q2, s2, w3_base, w3_scale, w4, k_cache, v_cache, position, heads, d):
+    """decode_linear (constant weight) -> int8 linear with ReLU (constant weight) -> a weight computed by the
+    kernel right before -> decode_linear on it (not constant) -> the q/k/v projection's output appended
+    to a KV cache and attended (decode_attention_append) -> decode_linear again."""
+    h1 = ops.decode_linear(x, w1, b1, "none", True)
+    h2 = ops.int8_weight_only_linear(h1, q2, s2, None, "relu", True)
+    w3 = w3_base * w3_scale  # written by the kernel right before the one that reads it
+    qkv = ops.decode_linear(h2, w3, None, "none", False)  # [1, 3 * heads * d]
+    q, k, v = qkv.view(1, 1, 3, heads, d).unbind(2)
+    att = ops.decode_attention_append(q.transpose(1, 2), k_cache, v_cache, k.transpose(1, 2), v.transpose(1, 2),
+                                      position, None, None, True)  # [1, heads, 1, d]
+    return ops.decode_linear(att.reshape(1, heads * d), w4, None, "none", True)
+
+
+@pytest.mark.gpuopt_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_chain_of_decode_kernels_in_a_graph_reads_each_others_outputs(dtype, launch_setting):
+    _needs_mma()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    heads, d, keys, k = 8, 64, 256, 2048
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=g) * scale).to(dtype)
+
+    x = rand(1, k)
+    w1, b1 = rand(k, k, scale=k ** -0.5), rand(k)
+    q2 = torch.randint(-127, 128, (k, k), device="cuda", dtype=torch.int8, generator=g)
+    s2 = (torch.rand(k, device="cuda", generator=g) * 0.01).to(dtype)
+    w3_base, w3_scale = rand(3 * heads * d, k, scale=k ** -0.5), rand(1, k)
+    w4 = rand(k, heads * d, scale=(heads * d) ** -0.5)
+    caches = [rand(1, heads, keys, d), rand(1, heads, keys, d)]
+    position = torch.tensor([5], device="cuda")
+    args = (x, w1, b1, q2, s2, w3_base, w3_scale, w4, *caches, position, heads, d)
+
+    _C.programmatic_launch(True)  # read at capture: the graph keeps programmatic edges (on 9.0+)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        _chain(*args)  # warm-up outside the capture
+        with torch.cuda.graph(graph, stream=stream):
+            out = _chain(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    _C.programmatic_launch(False)
+    for step in range(6):
+        x.copy_(rand(1, k))
+        w3_scale.copy_(rand(1, k))
+        position.fill_(6 + step)
+        saved = [c.clone() for c in caches]
+        graph.replay()
+        after = [c.clone() for c in caches]
+        for c, s in zip(caches, saved):
+            c.copy_(s)
+        want = _chain(*args)  # launched plainly
+        torch.cuda.synchronize()
+        assert torch.isfinite(want).all()
+        assert torch.equal(out, want), f"replay {step}: the graph's chain differs from the plain launches"
+        assert all(torch.equal(a, c) for a, c in zip(after, caches)), f"replay {step}: the cache rows differ"
+
+
+@pytest.mark.gpuopt_gpu
+def test_eager_calls_with_the_launch_on_and_off_agree(launch_setting):
+    """Back-to-back eager calls (the next kernel queued while the one before runs): identical values."""
+    _needs_mma()
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(4, 2048, device="cuda", generator=g).half()
+    ws = [(torch.randn(2048, 2048, device="cuda", generator=g) / 45).half() for _ in range(6)]
+    got = {}
+    for on in (True, False):
+        _C.programmatic_launch(on)
+        h = x
+        for w in ws:
+            h = ops.decode_linear(h, w, None, "relu", True)
+        got[on] = h.clone()
+    torch.cuda.synchronize()
+    assert torch.isfinite(got[True]).all() and got[True].abs().sum() > 0
+    assert torch.equal(got[True], got[False])
