@@ -1,9 +1,8 @@
-"""Programmatic dependent launch of gpuopt's decode kernels (csrc/cuda/pdl.cuh): the process-wide setting,
-the operators' ``constant_weight`` argument (opcheck, the same values either way); on a GPU, a chain of the
-kernels in a CUDA graph -- each reading what the one before it wrote, one of them a weight written right
-before it -- gives, replay after replay with new inputs, exactly what the same calls give launched plainly.
-A kernel that read its input (or a weight it was not promised constant) before waiting for the kernel
-before it would read the previous replay's values there."""
+"""Programmatic dependent launch of gpuopt's decode kernels (csrc/cuda/pdl.cuh): the process-wide setting; on
+a GPU, a chain of the kernels in a CUDA graph -- each reading what the one before it wrote, one of them a
+weight written right before it -- gives, replay after replay with new inputs, exactly what the same calls
+give launched plainly. A kernel that read its input (or a weight) before waiting for the kernel before it
+would read the previous replay's values there."""
 
 from __future__ import annotations
 
@@ -30,48 +29,6 @@ def test_the_setting_is_process_wide_and_on_by_default(launch_setting):
     assert _C.programmatic_launch(True) is False and _C.programmatic_launch() is True
 
 
-def test_constant_weight_is_an_argument_of_both_linear_operators(rng):
-    x = torch.randn(3, 32, generator=rng)
-    w = torch.randn(16, 32, generator=rng)
-    b = torch.randn(16, generator=rng)
-    for constant in (False, True):
-        torch.library.opcheck(ops.decode_linear.default, (x, w, b, "relu", constant))
-        assert torch.equal(ops.decode_linear(x, w, b, "relu", constant_weight=constant),
-                           ops.decode_linear(x, w, b, "relu"))
-    q = torch.randint(-127, 128, (16, 32), dtype=torch.int8, generator=rng)
-    s = torch.rand(16, generator=rng)
-    for constant in (False, True):
-        torch.library.opcheck(ops.int8_weight_only_linear.default, (x, q, s, b, "none", constant))
-        assert torch.equal(ops.int8_weight_only_linear(x, q, s, b, constant_weight=constant),
-                           ops.int8_weight_only_linear(x, q, s, b))
-
-
-def test_the_decode_modules_promise_constant_weights(rng):
-    """DecodeLinear and Int8WeightOnlyLinear pass constant_weight=True (their weights are parameters or
-    buffers that nothing writes while they run); the op's default stays False for other callers."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from gpuopt.llm.linear import DecodeLinear
-    from gpuopt.quant.weight_only import Int8WeightOnlyLinear
-
-    seen = []
-    position = {ops.decode_linear.default: 4, ops.int8_weight_only_linear.default: 5}  # of constant_weight
-
-    class Spy(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func in position:
-                i = position[func]
-                seen.append(args[i] if len(args) > i else (kwargs or {}).get("constant_weight", False))
-            return func(*args, **(kwargs or {}))
-
-    lin = torch.nn.Linear(32, 16).to(torch.bfloat16)
-    x = torch.randn(2, 32, generator=rng).to(torch.bfloat16)
-    with Spy():
-        DecodeLinear(lin)(x)
-        Int8WeightOnlyLinear.from_float(lin)(x)
-    assert seen == [True, True], seen
-
-
 # ---- GPU -------------------------------------------------------------------------------------------------
 
 
@@ -81,17 +38,17 @@ def _needs_mma():
 
 
 def _chain(x, w1, b1, q2, s2, w3_base, w3_scale, w4, k_cache, v_cache, position, heads, d):
-    """decode_linear (constant weight) -> int8 linear with ReLU (constant weight) -> a weight computed by the
-    kernel right before -> decode_linear on it (not constant) -> the q/k/v projection's output appended
-    to a KV cache and attended (decode_attention_append) -> decode_linear again."""
-    h1 = ops.decode_linear(x, w1, b1, "none", True)
-    h2 = ops.int8_weight_only_linear(h1, q2, s2, None, "relu", True)
+    """decode_linear -> int8 linear with ReLU -> a weight computed by the kernel right before -> decode_linear
+    on it -> the q/k/v projection's output appended to a KV cache and attended (decode_attention_append) ->
+    decode_linear again."""
+    h1 = ops.decode_linear(x, w1, b1, "none")
+    h2 = ops.int8_weight_only_linear(h1, q2, s2, None, "relu")
     w3 = w3_base * w3_scale  # written by the kernel right before the one that reads it
-    qkv = ops.decode_linear(h2, w3, None, "none", False)  # [1, 3 * heads * d]
+    qkv = ops.decode_linear(h2, w3, None, "none")  # [1, 3 * heads * d]
     q, k, v = qkv.view(1, 1, 3, heads, d).unbind(2)
     att = ops.decode_attention_append(q.transpose(1, 2), k_cache, v_cache, k.transpose(1, 2), v.transpose(1, 2),
                                       position, None, None, True)  # [1, heads, 1, d]
-    return ops.decode_linear(att.reshape(1, heads * d), w4, None, "none", True)
+    return ops.decode_linear(att.reshape(1, heads * d), w4, None, "none")
 
 
 @pytest.mark.gpuopt_gpu
@@ -152,7 +109,7 @@ def test_eager_calls_with_the_launch_on_and_off_agree(launch_setting):
         _C.programmatic_launch(on)
         h = x
         for w in ws:
-            h = ops.decode_linear(h, w, None, "relu", True)
+            h = ops.decode_linear(h, w, None, "relu")
         got[on] = h.clone()
     torch.cuda.synchronize()
     assert torch.isfinite(got[True]).all() and got[True].abs().sum() > 0

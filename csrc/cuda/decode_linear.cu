@@ -34,8 +34,7 @@ void launch(const DecodeLinearParams& p, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((p.n + 15) / 16);
   launch_programmatic(kernels::decode_linear_mma<T, kWarps, kVec, kRelu>, dim3(blocks), dim3(kWarps * 32), p.device,
                       stream, static_cast<const T*>(p.x), static_cast<const T*>(p.weight),
-                      static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k,
-                      p.constant_weight);
+                      static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
 }
 
 template <typename T, int kVec, bool kRelu>

@@ -32,14 +32,13 @@ __device__ __forceinline__ void linear_mma_words(const uint4& wl, const uint4& w
 // chunk, so a row's chunk is kVec * 64 contiguous bytes. kWarps warps take chunks w, w + kWarps, ...
 // (batches of kLinearLoads / kVec chunks first, then one at a time) and add up in shared memory. Needs k
 // % (kVec * 32) == 0, 16-byte aligned x and weight, 1 <= rows <= 8; launched with kWarps * 32 threads and
-// ceil(n_cols / 16) blocks. kVec: 1, 2 or 4. Under programmatic launch (pdl.cuh) with constant_weight,
-// each warp's first batch of weight loads is issued before the wait for the prior kernel (for k = 2048
-// and 16 warps, that is all of them).
+// ceil(n_cols / 16) blocks. kVec: 1, 2 or 4. Under programmatic launch (pdl.cuh) each warp first asks for
+// its first batch's weight lines into L2, then waits for the kernel before.
+// At most 64 registers a thread (2048 threads an SM): more would halve the blocks an SM holds at 16 warps.
 template <typename T, int kWarps, int kVec, bool kRelu>  // T: __half or __nv_bfloat16
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
     decode_linear_mma(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
-                      T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k, bool constant_weight) {
-  allow_next_grid();
+                      T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k) {
   constexpr int kChunk = kVec * kLinearChunk;
   constexpr int kBatch = kLinearLoads / kVec;
   __shared__ float partial[kWarps][8][16];  // [warp][x row][output column]
@@ -57,13 +56,19 @@ __global__ void __launch_bounds__(kWarps * 32)
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const std::int64_t chunks = k / kChunk;
   std::int64_t c = warp;
-  // Each pass loads a whole batch (the weights first: the first batch's before the wait for the prior
-  // kernel where the weight is constant), then runs its MMAs.
-  bool waited = false;
-  if (!constant_weight) {
-    wait_for_prior_grid();
-    waited = true;
+  allow_next_grid();
+  // Lane t = 0 of each group asks for the line where each of its two rows' chunks of the first batch starts
+  // (the whole chunk for kVec = 2).
+  if (t == 0) {
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (c + i * kWarps < chunks) {
+        prefetch_l2(w_lo + (c + i * kWarps) * kChunk);
+        prefetch_l2(w_hi + (c + i * kWarps) * kChunk);
+      }
+    }
   }
+  wait_for_prior_grid();
   for (; c + (kBatch - 1) * kWarps < chunks; c += kBatch * kWarps) {
     uint4 wl[kBatch][kVec], wh[kBatch][kVec], xv[kBatch][kVec];
 #pragma unroll
@@ -73,17 +78,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int v = 0; v < kVec; ++v) {
         wl[i][v] = __ldg(reinterpret_cast<const uint4*>(w_lo + off) + v);
         wh[i][v] = __ldg(reinterpret_cast<const uint4*>(w_hi + off) + v);
+        xv[i][v] = __ldg(reinterpret_cast<const uint4*>(x_row + off) + v);
       }
-    }
-    if (!waited) {
-      wait_for_prior_grid();
-      waited = true;
-    }
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const std::int64_t off = (c + i * kWarps) * kChunk;
-#pragma unroll
-      for (int v = 0; v < kVec; ++v) xv[i][v] = __ldg(reinterpret_cast<const uint4*>(x_row + off) + v);
     }
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
@@ -91,7 +87,6 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int v = 0; v < kVec; ++v) linear_mma_words<T>(wl[i][v], wh[i][v], xv[i][v], acc);
     }
   }
-  if (!waited) wait_for_prior_grid();
   for (; c < chunks; c += kWarps) {
     const std::int64_t off = c * kChunk;
 #pragma unroll

@@ -16,7 +16,7 @@ void launch(const Int8LinearParams& p, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((p.n + kWarps - 1) / kWarps);
   launch_programmatic(kernels::int8_linear<T, kRows, kRelu>, dim3(blocks), dim3(kWarps * 32), p.device, stream,
                       static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32, static_cast<const T*>(p.bias),
-                      static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k, p.constant_weight);
+                      static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
 }
 
 // The smallest row tile that holds p.rows: five instantiations per type instead of sixteen.
@@ -50,8 +50,7 @@ void launch_mma(const Int8LinearParams& p, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((p.n + 15) / 16);
   launch_programmatic(kernels::int8_linear_mma<T, kTiles, kWarps, kVec, kRelu>, dim3(blocks), dim3(kWarps * 32),
                       p.device, stream, static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32,
-                      static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k,
-                      p.constant_weight);
+                      static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
 }
 
 // 16-byte loads per weight row, lane and chunk: forced by p.mma_vector (where k allows), else 2 where k

@@ -90,33 +90,14 @@ __device__ __forceinline__ void unpack_int8(const uint4 u, float (&w)[16]) {
 // load per lane per step, 512 bytes per warp), multiply with the matching 16 values of every row of
 // x (small, served from L1/L2), accumulate in fp32, then reduce across the warp with shuffles.
 // Needs k % 16 == 0 and 16-byte aligned x and weight (int8_linear_supported checks).
-template <typename T, int kRows>
-__device__ __forceinline__ void int8_simt_step(const T* __restrict__ x, const uint4& wq, int rows, std::int64_t k,
-                                               std::int64_t k0, float (&acc)[kRows]) {
-  float w[16];
-  unpack_int8(wq, w);
-#pragma unroll
-  for (int m = 0; m < kRows; ++m) {
-    if (m < rows) {
-      float xv[16];
-      load16(x + m * k + k0, xv);
-      float s = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 16; ++j) s = fmaf(xv[j], w[j], s);
-      acc[m] += s;
-    }
-  }
-}
-
-// Weight loads per lane issued before the wait for the prior kernel (pdl.cuh) where the weight is constant:
-// a 2048-long row's all.
-constexpr int kInt8EarlyLoads = 4;
+// 16-byte weight pieces per lane whose lines int8_linear asks for before its wait (a 2048-long row's all).
+constexpr int kInt8PrefetchSteps = 4;
 
 template <typename T, int kRows, bool kRelu>
 __global__ void __launch_bounds__(kInt8LinearWarps * 32)
     int8_linear(const T* __restrict__ x, const std::int8_t* __restrict__ weight,
                 const void* __restrict__ scales, bool scales_fp32, const T* __restrict__ bias,
-                T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k, bool constant_weight) {
+                T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k) {
   allow_next_grid();
   const int lane = static_cast<int>(threadIdx.x % 32);
   const std::int64_t n =
@@ -127,27 +108,31 @@ __global__ void __launch_bounds__(kInt8LinearWarps * 32)
   float acc[kRows];
 #pragma unroll
   for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
-
-  // The first kInt8EarlyLoads steps' weights, loaded before the wait where the weight is constant.
-  if (!constant_weight) wait_for_prior_grid();
-  uint4 early[kInt8EarlyLoads];
+  // Under programmatic launch (pdl.cuh): the first weight lines into L2, then the wait for the kernel before.
 #pragma unroll
-  for (int i = 0; i < kInt8EarlyLoads; ++i) {
+  for (int i = 0; i < kInt8PrefetchSteps; ++i) {
     const std::int64_t k0 = static_cast<std::int64_t>(lane + 32 * i) * 16;
-    early[i] = k0 < k ? __ldg(reinterpret_cast<const uint4*>(w_row + k0)) : make_uint4(0, 0, 0, 0);
+    if (k0 < k) prefetch_l2_line_start(w_row + k0);
   }
-  if (constant_weight) wait_for_prior_grid();
-#pragma unroll
-  for (int i = 0; i < kInt8EarlyLoads; ++i) {
-    const std::int64_t k0 = static_cast<std::int64_t>(lane + 32 * i) * 16;
-    if (k0 < k) int8_simt_step<T, kRows>(x, early[i], rows, k, k0, acc);
-  }
+  wait_for_prior_grid();
 
   // Unrolled so that several 16-byte weight loads per lane are in flight at once: a decode step's
   // matrices give only a few hundred blocks, so latency, not occupancy, has to be hidden.
 #pragma unroll 4
-  for (std::int64_t k0 = static_cast<std::int64_t>(lane + 32 * kInt8EarlyLoads) * 16; k0 < k; k0 += 32 * 16) {
-    int8_simt_step<T, kRows>(x, __ldg(reinterpret_cast<const uint4*>(w_row + k0)), rows, k, k0, acc);
+  for (std::int64_t k0 = static_cast<std::int64_t>(lane) * 16; k0 < k; k0 += 32 * 16) {
+    float w[16];
+    unpack_int8(__ldg(reinterpret_cast<const uint4*>(w_row + k0)), w);
+#pragma unroll
+    for (int m = 0; m < kRows; ++m) {
+      if (m < rows) {
+        float xv[16];
+        load16(x + m * k + k0, xv);
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) s = fmaf(xv[j], w[j], s);
+        acc[m] += s;
+      }
+    }
   }
 
 #pragma unroll
@@ -259,8 +244,7 @@ template <typename T, int kTiles, int kWarps, int kVec, bool kRelu>  // T: __hal
 __global__ void __launch_bounds__(kWarps * 32)
     int8_linear_mma(const T* __restrict__ x, const std::int8_t* __restrict__ weight,
                     const void* __restrict__ scales, bool scales_fp32, const T* __restrict__ bias,
-                    T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k, bool constant_weight) {
-  allow_next_grid();
+                    T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k) {
   constexpr int kChunk = kInt8MmaChunk * kVec;
   constexpr int kBatch = kInt8MmaBatch / kVec;
   static_assert(kBatch >= 1, "a batch holds at least one chunk");
@@ -294,13 +278,18 @@ __global__ void __launch_bounds__(kWarps * 32)
   const std::int64_t chunks = k / kChunk;
   constexpr std::int64_t kStride = kWarps;
   std::int64_t c = warp;
-  // Weights first: the first batch's before the wait for the prior kernel where the weight is constant
-  // (pdl.cuh).
-  bool waited = false;
-  if (!constant_weight) {
-    wait_for_prior_grid();
-    waited = true;
+  // Under programmatic launch (pdl.cuh): the first batch's weight lines into L2, then the wait.
+  allow_next_grid();
+  if (t == 0) {  // the line where each of the lane group's two rows' chunks of the first batch starts
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (c + i * kStride < chunks) {
+        prefetch_l2(w_lo + (c + i * kStride) * kChunk);
+        prefetch_l2(w_hi + (c + i * kStride) * kChunk);
+      }
+    }
   }
+  wait_for_prior_grid();
   for (; c + (kBatch - 1) * kStride < chunks; c += kBatch * kStride) {
     uint4 wl[kBatch][kVec], wh[kBatch][kVec], xv[kBatch][kVec][kTiles][2];
 #pragma unroll
@@ -310,17 +299,6 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int v = 0; v < kVec; ++v) {
         wl[i][v] = __ldg(reinterpret_cast<const uint4*>(w_lo + off + 16 * v));
         wh[i][v] = __ldg(reinterpret_cast<const uint4*>(w_hi + off + 16 * v));
-      }
-    }
-    if (!waited) {
-      wait_for_prior_grid();
-      waited = true;
-    }
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const std::int64_t off = (c + i * kStride) * kChunk;
-#pragma unroll
-      for (int v = 0; v < kVec; ++v) {
 #pragma unroll
         for (int tile = 0; tile < kTiles; ++tile) {
           const auto* q = reinterpret_cast<const uint4*>(x_row[tile] + off + 16 * v);
@@ -335,7 +313,6 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int v = 0; v < kVec; ++v) int8_mma_chunk<T, kTiles>(wl[i][v], wh[i][v], xv[i][v], acc);
     }
   }
-  if (!waited) wait_for_prior_grid();
   for (; c < chunks; c += kStride) {
     const std::int64_t off = c * kChunk;
 #pragma unroll

@@ -115,7 +115,7 @@ void bind_llm(py::module_& m) {
       py::arg("enabled") = py::none(),
       "Whether gpuopt's decode kernels (decode_linear, int8_weight_only_linear, decode_attention) launch with "
       "programmatic dependent launch on compute capability 9.0+ (default True): each may start while the kernel "
-      "before it finishes, and with constant_weight=True loads its first weights before waiting for it. With a "
+      "before it finishes, asking for its first weights into L2 before it waits for that kernel. With a "
       "value, sets it process-wide and returns the previous one; without, returns it. A captured graph keeps "
       "what it captured. For benchmarks that compare the two.");
 

@@ -1,13 +1,9 @@
 // gpuopt::decode_linear, a torch operator registered like those of ops.cpp (a fragment of the `gpuopt`
 // library that ops.cpp defines):
 //
-//   gpuopt::decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation="none",
-//                         bool constant_weight=False) -> Tensor
+//   gpuopt::decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation="none") -> Tensor
 //       out = act(x @ weight.T + bias), shape [..., N], for x of float16/bfloat16/float32 [..., K], a
-//       weight [N, K] and an optional bias [N] of x's dtype; activation "none" or "relu". constant_weight:
-//       the caller promises that no kernel queued just before this one writes the weight (a model's
-//       parameter); on compute capability 9.0+ the kernel then starts loading it while the kernel before
-//       it finishes (programmatic dependent launch, csrc/cuda/pdl.cuh). Results are the same either way.
+//       weight [N, K] and an optional bias [N] of x's dtype; activation "none" or "relu".
 //
 // CPU: ATen's linear. CUDA: for decode batches (1 to 8 rows of fp16/bf16, K a multiple of 32, aligned
 // contiguous data, compute capability 8.0+) gpuopt's bandwidth-bound tensor-core kernel with the bias
@@ -82,14 +78,13 @@ at::Tensor reference(const at::Tensor& x, const at::Tensor& weight, const std::o
 }
 
 at::Tensor decode_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                             const std::string& activation, bool constant_weight) {
-  (void)constant_weight;
+                             const std::string& activation) {
   check_args(x, weight, bias, activation);
   return reference(x, weight, bias, relu(activation));
 }
 
 at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                              const std::string& activation, bool constant_weight) {
+                              const std::string& activation) {
   check_args(x, weight, bias, activation);
   const bool apply_relu = relu(activation);
 #ifdef GPUOPT_WITH_CUDA
@@ -115,7 +110,6 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, con
   p.activation = apply_relu ? cuda::LinearActivation::kRelu : cuda::LinearActivation::kNone;
   p.warps = g_warps.load(std::memory_order_relaxed);
   p.vector = g_vector.load(std::memory_order_relaxed);
-  p.constant_weight = constant_weight;
   if (!cuda::decode_linear_supported(p)) return reference(x, weight, bias, apply_relu);
   at::Tensor out = at::empty({rows, n}, x.options());
   p.out = out.mutable_data_ptr();
@@ -125,15 +119,13 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, con
   return out.view(out_shape);
 #else
   (void)apply_relu;
-  (void)constant_weight;
   require_cuda("gpuopt::decode_linear on a CUDA tensor");
   return {};
 #endif
 }
 
 at::Tensor decode_linear_meta(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                              const std::string& activation, bool constant_weight) {
-  (void)constant_weight;
+                              const std::string& activation) {
   check_args(x, weight, bias, activation);
   std::vector<c10::SymInt> shape(x.sym_sizes().begin(), x.sym_sizes().end() - 1);
   shape.push_back(weight.sym_size(0));
@@ -175,8 +167,7 @@ bool set_programmatic_launch(bool enabled) { return g_programmatic.exchange(enab
 
 TORCH_LIBRARY_FRAGMENT(gpuopt, m) {
   m.def(
-      "decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation=\"none\", "
-      "bool constant_weight=False) -> Tensor");
+      "decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation=\"none\") -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gpuopt, CPU, m) { m.impl("decode_linear", &gpuopt::torch_ext::decode_linear_cpu); }

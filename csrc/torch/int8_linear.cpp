@@ -2,12 +2,11 @@
 // the `gpuopt` library that ops.cpp defines):
 //
 //   gpuopt::int8_weight_only_linear(Tensor x, Tensor weight, Tensor scales, Tensor? bias=None,
-//                                   str activation="none", bool constant_weight=False) -> Tensor
+//                                   str activation="none") -> Tensor
 //       out = act((x @ weight.float().T) * scales + bias) in x's dtype (act: "none" or "relu", applied in the
 //       kernel's epilogue), shape [..., N], for x of
 //       float16/bfloat16/float32 [..., K], an int8 weight [N, K] (contiguous), per-output-channel
-//       scales [N] (float32 or x's dtype) and an optional bias [N] of x's dtype. constant_weight: as
-//       gpuopt::decode_linear's (the weight only; the scales are read after the wait).
+//       scales [N] (float32 or x's dtype) and an optional bias [N] of x's dtype.
 //
 // CPU: the float32 reference through ATen. CUDA: for decode batches (1 to 16 rows, K a multiple
 // of 16, aligned x and weight) a bandwidth-bound kernel that reads the int8 weight once (half the
@@ -91,9 +90,7 @@ void check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
 }
 
 at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
-                           const std::optional<at::Tensor>& bias, const std::string& activation,
-                           bool constant_weight) {
-  (void)constant_weight;
+                           const std::optional<at::Tensor>& bias, const std::string& activation) {
   check_args(x, weight, scales, bias, activation);
   at::Tensor y = at::matmul(x.to(at::kFloat), weight.to(at::kFloat).t());
   y.mul_(scales.to(at::kFloat));
@@ -103,8 +100,7 @@ at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const 
 }
 
 at::Tensor int8_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
-                            const std::optional<at::Tensor>& bias, const std::string& activation,
-                            bool constant_weight) {
+                            const std::optional<at::Tensor>& bias, const std::string& activation) {
   check_args(x, weight, scales, bias, activation);
   const bool apply_relu = relu(activation);
 #ifdef GPUOPT_WITH_CUDA
@@ -135,7 +131,6 @@ at::Tensor int8_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const
   p.mma_warps = g_warps.load(std::memory_order_relaxed);
   p.mma_vector = g_vector.load(std::memory_order_relaxed);
   p.relu = apply_relu;
-  p.constant_weight = constant_weight;
   TORCH_CHECK_VALUE(p.kernel != cuda::Int8Kernel::kTensorCore || !cuda::int8_linear_supported(p) ||
                         cuda::int8_linear_tensor_cores(p),
                     kOp, ": int8_linear_kernel is 'tensor-core', which needs float16 or bfloat16 x (got ",
@@ -157,16 +152,13 @@ at::Tensor int8_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const
   return y.view(out_shape);
 #else
   (void)apply_relu;
-  (void)constant_weight;
   require_cuda("gpuopt::int8_weight_only_linear on a CUDA tensor");
   return {};
 #endif
 }
 
 at::Tensor int8_linear_meta(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
-                            const std::optional<at::Tensor>& bias, const std::string& activation,
-                            bool constant_weight) {
-  (void)constant_weight;
+                            const std::optional<at::Tensor>& bias, const std::string& activation) {
   check_args(x, weight, scales, bias, activation);
   std::vector<c10::SymInt> shape(x.sym_sizes().begin(), x.sym_sizes().end() - 1);
   shape.push_back(weight.sym_size(0));
@@ -207,7 +199,7 @@ int set_int8_linear_vector(int vector) {
 TORCH_LIBRARY_FRAGMENT(gpuopt, m) {
   m.def(
       "int8_weight_only_linear(Tensor x, Tensor weight, Tensor scales, Tensor? bias=None, "
-      "str activation=\"none\", bool constant_weight=False) -> Tensor");
+      "str activation=\"none\") -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {

@@ -196,7 +196,6 @@ struct Int8LinearParams {
   int mma_warps = 0;  // the tensor-core kernel's warps per block (splitting K): 0 chosen from n and k, or 4, 8, 16, 32
   int mma_vector = 0;  // its 16-byte loads per weight row, lane and chunk: 0 chosen (2 where k % 128 == 0), 1, 2
   bool relu = false;   // out = max(out, 0)
-  bool constant_weight = false;  // as DecodeLinearParams::constant_weight (the weight only, not the scales)
 };
 
 // The most rows int8_linear takes: past that the GEMM is no longer bandwidth-bound, and a
@@ -231,9 +230,6 @@ struct DecodeLinearParams {
   int device = 0;  // the CUDA device of every pointer
   int warps = 0;   // warps per block: 0 chosen from k (one batch of loads per warp), or 4, 8, 16, 32
   int vector = 0;  // 16-byte loads per weight row, lane and chunk: 0 chosen, 1, 2, 4 (the largest k allows)
-  // No kernel just before this one in the stream writes the weight (a model's parameter): under
-  // programmatic launch (pdl.cuh) the kernel then loads its first weights before waiting for that kernel.
-  bool constant_weight = false;
 };
 
 // The most rows decode_linear takes (one MMA tile): past that a cuBLAS GEMM is as fast.

@@ -21,9 +21,7 @@ DTYPES = (torch.float16, torch.bfloat16)
 class DecodeLinear(nn.Module):
     """``act(x @ weight.T + bias)`` through ``torch.ops.gpuopt.decode_linear``, on the parameters of the
     ``nn.Linear`` it replaces (shared, so a weight tied to an embedding stays tied). ``activation``:
-    "none" or "relu". The weight is taken as constant while the module runs (inference): on compute
-    capability 9.0+ the kernel starts loading it while the kernel before it finishes (programmatic
-    dependent launch; ``gpuopt._C.programmatic_launch`` turns that off)."""
+    "none" or "relu"."""
 
     def __init__(self, linear: nn.Linear, activation: str = "none"):
         super().__init__()
@@ -37,7 +35,7 @@ class DecodeLinear(nn.Module):
         self.activation = activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.gpuopt.decode_linear(x, self.weight, self.bias, self.activation, True)
+        return torch.ops.gpuopt.decode_linear(x, self.weight, self.bias, self.activation)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

@@ -53,10 +53,8 @@ class Int8WeightOnlyLinear(torch.nn.Module):
         return cls(q, scales.to(dtype), bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The int8 weight is a buffer no kernel writes while the module runs: constant_weight=True lets the
-        # kernel start loading it while the kernel before it finishes (compute capability 9.0+).
         return torch.ops.gpuopt.int8_weight_only_linear(x, self.weight, self.scales.to(x.dtype), self.bias,
-                                                        self.activation, True)
+                                                        self.activation)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
