@@ -32,8 +32,8 @@ __device__ __forceinline__ void linear_mma_words(const uint4& wl, const uint4& w
 // chunk, so a row's chunk is kVec * 64 contiguous bytes. kWarps warps take chunks w, w + kWarps, ...
 // (batches of kLinearLoads / kVec chunks first, then one at a time) and add up in shared memory. Needs k
 // % (kVec * 32) == 0, 16-byte aligned x and weight, 1 <= rows <= 8; launched with kWarps * 32 threads and
-// ceil(n_cols / 16) blocks. kVec: 1, 2 or 4. Under programmatic launch (pdl.cuh) each warp first asks for
-// its first batch's weight lines into L2, then waits for the kernel before.
+// ceil(n_cols / 16) blocks. kVec: 1, 2 or 4. Under programmatic launch (pdl.cuh) its blocks may start while
+// the kernel before finishes, and wait for it before any load.
 // At most 64 registers a thread (2048 threads an SM): more would halve the blocks an SM holds at 16 warps.
 template <typename T, int kWarps, int kVec, bool kRelu>  // T: __half or __nv_bfloat16
 __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
@@ -57,17 +57,6 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
   const std::int64_t chunks = k / kChunk;
   std::int64_t c = warp;
   allow_next_grid();
-  // Lane t = 0 of each group asks for the line where each of its two rows' chunks of the first batch starts
-  // (the whole chunk for kVec = 2).
-  if (t == 0) {
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      if (c + i * kWarps < chunks) {
-        prefetch_l2(w_lo + (c + i * kWarps) * kChunk);
-        prefetch_l2(w_hi + (c + i * kWarps) * kChunk);
-      }
-    }
-  }
   wait_for_prior_grid();
   for (; c + (kBatch - 1) * kWarps < chunks; c += kBatch * kWarps) {
     uint4 wl[kBatch][kVec], wh[kBatch][kVec], xv[kBatch][kVec];

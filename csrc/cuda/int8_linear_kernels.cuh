@@ -90,9 +90,6 @@ __device__ __forceinline__ void unpack_int8(const uint4 u, float (&w)[16]) {
 // load per lane per step, 512 bytes per warp), multiply with the matching 16 values of every row of
 // x (small, served from L1/L2), accumulate in fp32, then reduce across the warp with shuffles.
 // Needs k % 16 == 0 and 16-byte aligned x and weight (int8_linear_supported checks).
-// 16-byte weight pieces per lane whose lines int8_linear asks for before its wait (a 2048-long row's all).
-constexpr int kInt8PrefetchSteps = 4;
-
 template <typename T, int kRows, bool kRelu>
 __global__ void __launch_bounds__(kInt8LinearWarps * 32)
     int8_linear(const T* __restrict__ x, const std::int8_t* __restrict__ weight,
@@ -108,13 +105,7 @@ __global__ void __launch_bounds__(kInt8LinearWarps * 32)
   float acc[kRows];
 #pragma unroll
   for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
-  // Under programmatic launch (pdl.cuh): the first weight lines into L2, then the wait for the kernel before.
-#pragma unroll
-  for (int i = 0; i < kInt8PrefetchSteps; ++i) {
-    const std::int64_t k0 = static_cast<std::int64_t>(lane + 32 * i) * 16;
-    if (k0 < k) prefetch_l2_line_start(w_row + k0);
-  }
-  wait_for_prior_grid();
+  wait_for_prior_grid();  // under programmatic launch (pdl.cuh): for the kernel before, before any load
 
   // Unrolled so that several 16-byte weight loads per lane are in flight at once: a decode step's
   // matrices give only a few hundred blocks, so latency, not occupancy, has to be hidden.
@@ -278,17 +269,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   const std::int64_t chunks = k / kChunk;
   constexpr std::int64_t kStride = kWarps;
   std::int64_t c = warp;
-  // Under programmatic launch (pdl.cuh): the first batch's weight lines into L2, then the wait.
+  // Under programmatic launch (pdl.cuh): the blocks may start while the kernel before finishes, and wait
+  // for it before any load.
   allow_next_grid();
-  if (t == 0) {  // the line where each of the lane group's two rows' chunks of the first batch starts
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      if (c + i * kStride < chunks) {
-        prefetch_l2(w_lo + (c + i * kStride) * kChunk);
-        prefetch_l2(w_hi + (c + i * kStride) * kChunk);
-      }
-    }
-  }
   wait_for_prior_grid();
   for (; c + (kBatch - 1) * kStride < chunks; c += kBatch * kStride) {
     uint4 wl[kBatch][kVec], wh[kBatch][kVec], xv[kBatch][kVec][kTiles][2];
