@@ -146,7 +146,8 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
             gpuopt._C.decode_linear_kernel(before)
     # Programmatic dependent launch of gpuopt's decode kernels (on by default, compute capability 9.0+):
     # the fast path without it, right after (read when the step is captured), and the same for int8wo.
-    pdl = "no-pdl" in ablations and gpuopt._C.programmatic_launch()
+    pdl = ("no-pdl" in ablations and gpuopt._C.programmatic_launch()
+           and torch.cuda.get_device_capability()[0] >= 9)  # below 9.0 nothing launches programmatically
 
     def without_pdl(precision):
         before = gpuopt._C.programmatic_launch(False)

@@ -2,7 +2,9 @@
 a GPU, a chain of the kernels in a CUDA graph -- each reading what the one before it wrote, one of them a
 weight written right before it -- gives, replay after replay with new inputs, exactly what the same calls
 give launched plainly. A kernel that read its input (or a weight) before waiting for the kernel before it
-would read the previous replay's values there."""
+would read the previous replay's values there -- when the timing exposes it: a race can go unseen, so these
+tests catch a missing wait often, not always. They need compute capability 9.0+ (below, nothing launches
+programmatically and there is nothing to test)."""
 
 from __future__ import annotations
 
@@ -32,9 +34,16 @@ def test_the_setting_is_process_wide_and_on_by_default(launch_setting):
 # ---- GPU -------------------------------------------------------------------------------------------------
 
 
-def _needs_mma():
-    if torch.cuda.get_device_capability()[0] < 8:
-        pytest.skip("gpuopt's decode kernels need compute capability 8.0+")
+def _kernels_run(fn) -> list[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def _needs_programmatic_launch():
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs compute capability 9.0+ (it is off below)")
 
 
 def _chain(x, w1, b1, q2, s2, w3_base, w3_scale, w4, k_cache, v_cache, position, heads, d):
@@ -51,12 +60,25 @@ def _chain(x, w1, b1, q2, s2, w3_base, w3_scale, w4, k_cache, v_cache, position,
     return ops.decode_linear(att.reshape(1, heads * d), w4, None, "none")
 
 
+@pytest.fixture
+def int8_kernel(request):
+    """The int8 operator's kernel for the test (the process-wide setting, restored after)."""
+    before = _C.int8_linear_kernel(request.param)
+    yield request.param
+    _C.int8_linear_kernel(before)
+
+
 @pytest.mark.gpuopt_gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_a_chain_of_decode_kernels_in_a_graph_reads_each_others_outputs(dtype, launch_setting):
-    _needs_mma()
+@pytest.mark.parametrize("keys, first", [(256, 6), (4096, 3000)], ids=["one-block", "split-kv"])
+@pytest.mark.parametrize("int8_kernel", ["auto", "simt"], indirect=True)
+def test_a_chain_of_decode_kernels_in_a_graph_reads_each_others_outputs(dtype, keys, first, int8_kernel,
+                                                                        launch_setting):
+    """The attention is one block per head (256 keys) or split over blocks and combined by a second kernel
+    (4096 keys); the int8 linear layer runs the tensor-core kernel (auto, one row of N = 2048) or the SIMT one."""
+    _needs_programmatic_launch()
     g = torch.Generator(device="cuda").manual_seed(0)
-    heads, d, keys, k = 8, 64, 256, 2048
+    heads, d, k = 8, 64, 2048
 
     def rand(*shape, scale=1.0):
         return (torch.randn(*shape, device="cuda", generator=g) * scale).to(dtype)
@@ -80,11 +102,14 @@ def test_a_chain_of_decode_kernels_in_a_graph_reads_each_others_outputs(dtype, l
         with torch.cuda.graph(graph, stream=stream):
             out = _chain(*args)
     torch.cuda.current_stream().wait_stream(stream)
+    names = _kernels_run(graph.replay)
+    assert any("decode_attention_combine" in n for n in names) == (keys > 1024), names
+    assert any("int8_linear<" in n for n in names) == (int8_kernel == "simt"), names
     _C.programmatic_launch(False)
     for step in range(6):
         x.copy_(rand(1, k))
         w3_scale.copy_(rand(1, k))
-        position.fill_(6 + step)
+        position.fill_(first + step)
         saved = [c.clone() for c in caches]
         graph.replay()
         after = [c.clone() for c in caches]
@@ -100,7 +125,7 @@ def test_a_chain_of_decode_kernels_in_a_graph_reads_each_others_outputs(dtype, l
 @pytest.mark.gpuopt_gpu
 def test_eager_calls_with_the_launch_on_and_off_agree(launch_setting):
     """Back-to-back eager calls (the next kernel queued while the one before runs): identical values."""
-    _needs_mma()
+    _needs_programmatic_launch()
     g = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randn(4, 2048, device="cuda", generator=g).half()
     ws = [(torch.randn(2048, 2048, device="cuda", generator=g) / 45).half() for _ in range(6)]

@@ -34,7 +34,8 @@ __device__ __forceinline__ void linear_mma_words(const uint4& wl, const uint4& w
 // % (kVec * 32) == 0, 16-byte aligned x and weight, 1 <= rows <= 8; launched with kWarps * 32 threads and
 // ceil(n_cols / 16) blocks. kVec: 1, 2 or 4. Under programmatic launch (pdl.cuh) its blocks may start while
 // the kernel before finishes, and wait for it before any load.
-// At most 64 registers a thread (2048 threads an SM): more would halve the blocks an SM holds at 16 warps.
+// At most 64 registers a thread (2048 threads an SM at 64 registers: two 16-warp blocks): more would halve the
+// blocks an SM holds at 16 warps.
 template <typename T, int kWarps, int kVec, bool kRelu>  // T: __half or __nv_bfloat16
 __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
     decode_linear_mma(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,

@@ -132,36 +132,43 @@ bool programmatic_launch() { return g_programmatic.load(); }
 
 bool set_programmatic_launch(bool enabled) { return g_programmatic.exchange(enabled); }
 
+// The virtual architecture (major * 10 + minor) of this binary's code that `device` runs, 0 where it has
+// none: every kernel is built for the same list, so one kernel's answer holds for all. A build for 8.0
+// alone runs its compute_80 PTX on a 9.0 device, JIT-compiled, with the 9.0-only code compiled out.
+// Asked once per device (made current for the query).
+namespace {
+int code_arch(int device) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> cache[kDevices] = {};  // 0 unknown, else the answer + 1
+  if (device >= 0 && device < kDevices) {
+    const int known = cache[device].load(std::memory_order_relaxed);
+    if (known != 0) return known - 1;
+  }
+  int current = 0;
+  GPUOPT_CHECK_CUDA(cudaGetDevice(&current));
+  if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(device));
+  cudaFuncAttributes attributes = {};
+  const cudaError_t status = cudaFuncGetAttributes(&attributes, kernels::int8_linear_mma<__half, 1, 32, 1, false>);
+  if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(current));
+  // No code for this device in the binary (cudaErrorInvalidDeviceFunction, say): the callers' fallbacks run;
+  // the error is not left for the next check to find.
+  if (status != cudaSuccess) (void)cudaGetLastError();
+  const int arch = status == cudaSuccess ? attributes.ptxVersion : 0;
+  if (device >= 0 && device < kDevices) cache[device].store(arch + 1, std::memory_order_relaxed);
+  return arch;
+}
+}  // namespace
+
+// Programmatic launch needs the device (9.0+) and code built for it: in code JIT-compiled from an older
+// virtual architecture the kernels' trigger and wait are compiled out, and the attribute must not be set.
 bool programmatic_launch_runs(int device) {
-  return g_programmatic.load(std::memory_order_relaxed) && cc_major(device) >= 9;
+  return g_programmatic.load(std::memory_order_relaxed) && cc_major(device) >= 9 && code_arch(device) >= 90;
 }
 
 // Whether `device` runs this binary's tensor-core (mma.sync) code: compute capability 8.0+ and, in this
 // binary, its code for that device built for 8.0 or newer (a build for 7.5 alone would run its
 // compute_75 PTX there, JIT-compiled, whose MMA is compiled out). Asked once per device.
-bool mma_code_runs(int device) {
-  constexpr int kDevices = 64;
-  static std::atomic<int> cache[kDevices] = {};  // 0 unknown, 1 yes, 2 no
-  if (device >= 0 && device < kDevices) {
-    const int known = cache[device].load(std::memory_order_relaxed);
-    if (known != 0) return known == 1;
-  }
-  bool runs = cc_major(device) >= 8;
-  if (runs) {
-    int current = 0;
-    GPUOPT_CHECK_CUDA(cudaGetDevice(&current));
-    if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(device));
-    cudaFuncAttributes attributes = {};
-    const cudaError_t status = cudaFuncGetAttributes(&attributes, kernels::int8_linear_mma<__half, 1, 32, 1, false>);
-    if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(current));
-    // No code for this device in the binary (cudaErrorInvalidDeviceFunction, say): no tensor cores, and
-    // the callers' fallbacks run; the error is not left for the next check to find.
-    if (status != cudaSuccess) (void)cudaGetLastError();
-    runs = status == cudaSuccess && attributes.ptxVersion >= 80;
-  }
-  if (device >= 0 && device < kDevices) cache[device].store(runs ? 1 : 2, std::memory_order_relaxed);
-  return runs;
-}
+bool mma_code_runs(int device) { return cc_major(device) >= 8 && code_arch(device) >= 80; }
 
 bool int8_linear_tensor_cores(const Int8LinearParams& p) {
   return p.type != ActivationType::kFloat32 && p.k % kernels::kInt8MmaChunk == 0 && mma_code_runs(p.device);

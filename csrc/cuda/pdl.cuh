@@ -25,8 +25,8 @@ __device__ __forceinline__ void wait_for_prior_grid() {
 }
 
 // Lets the next kernel in the stream (if launched programmatically) start its blocks. Called first
-// thing: the next kernel waits for this one to complete before it touches its output, so this is
-// about when its blocks may start fetching their weights, not about data.
+// thing: the next kernel waits for this one to complete before it loads anything, so this is about when
+// its blocks may be scheduled, not about data.
 __device__ __forceinline__ void allow_next_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" :::);
@@ -35,8 +35,9 @@ __device__ __forceinline__ void allow_next_grid() {
 
 }  // namespace kernels
 
-// Launches `kernel` with programmatic dependent launch where programmatic_launch_runs(device) (the kernel
-// must call kernels::wait_for_prior_grid() before touching data others write), plainly otherwise.
+// Launches `kernel` with programmatic dependent launch where programmatic_launch_runs(device) (9.0+ and code
+// built for it; the kernel must call kernels::wait_for_prior_grid() before it touches memory), plainly
+// otherwise.
 template <typename... Params, typename... Args>
 void launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, int device, cudaStream_t stream,
                          Args&&... args) {

@@ -114,8 +114,8 @@ void bind_llm(py::module_& m) {
       },
       py::arg("enabled") = py::none(),
       "Whether gpuopt's decode kernels (decode_linear, int8_weight_only_linear, decode_attention) launch with "
-      "programmatic dependent launch on compute capability 9.0+ (default True): each may start while the kernel "
-      "before it finishes, asking for its first weights into L2 before it waits for that kernel. With a "
+      "programmatic dependent launch on compute capability 9.0+ with code built for it (default True): each may "
+      "start while the kernel before it finishes, and waits for it before any load. With a "
       "value, sets it process-wide and returns the previous one; without, returns it. A captured graph keeps "
       "what it captured. For benchmarks that compare the two.");
 

@@ -153,8 +153,9 @@ void fill_pattern(std::uint32_t* out, std::int64_t n, std::uint32_t seed, cudaSt
 bool mma_code_runs(int device);
 
 // Programmatic dependent launch of the decode kernels (decode_linear, int8_linear, decode_attention;
-// csrc/cuda/pdl.cuh): on by default, used where `device` has compute capability 9.0+. Process-wide;
-// set_ returns the previous value. For benchmarks that compare the two.
+// csrc/cuda/pdl.cuh): on by default, used where `device` has compute capability 9.0+ and this binary's
+// code for it is built for 9.0+ (programmatic_launch_runs). Process-wide; set_ returns the previous value.
+// For benchmarks that compare the two.
 bool programmatic_launch();
 bool set_programmatic_launch(bool enabled);
 bool programmatic_launch_runs(int device);
