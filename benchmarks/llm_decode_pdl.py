@@ -4,8 +4,10 @@ static-graph-compile, batch 1, prompt 128, 256 new tokens, each cell with and wi
 
     python benchmarks/llm_decode_pdl.py fp16:base,fp16:pdl,int8wo:base,int8wo:pdl,fp16:base,fp16:pdl
 
-Prints VARIANT lines (no JSON). The run the README cites, on the H100 (torch 2.11.0+cu130, transformers
-5.17, 73aa1ea): ``results/llm_decode-pdl-73aa1ea-nvidia-h100-80gb-hbm3.log``. Not adopted: slower.
+Prints VARIANT lines (no JSON). The runs the README cites, on the H100 (torch 2.11.0+cu130, transformers
+5.17): ``results/llm_decode-pdl-73aa1ea-nvidia-h100-80gb-hbm3.log`` (slower, while gpuopt's own kernels
+launched plainly) and ``results/llm_decode-pdl-59df1f2-nvidia-h100-80gb-hbm3.log`` (1.031x, with them
+launched programmatically too).
 """
 import sys
 import time
