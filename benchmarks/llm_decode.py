@@ -22,6 +22,7 @@ still run; the JSON is checkpointed after every cell (``"complete": false`` unti
 
 from __future__ import annotations
 
+import argparse
 import gc
 import math
 import time
@@ -41,12 +42,22 @@ from gpuopt.llm.paths import Decoder
 ABLATIONS = ("unfused", "model-attention", "cublas-linears", "no-pdl")
 
 
+def _ablations(text: str) -> set[str]:
+    """``--ablations``: checked when the arguments are parsed, before anything is measured."""
+    chosen = {a for a in text.split(",") if a}
+    unknown = chosen - set(ABLATIONS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {sorted(unknown)}; allowed: {', '.join(ABLATIONS)} "
+                                         "(a comma list, empty for none)")
+    return chosen
+
+
 def _extra(p):
     p.add_argument("--parts", default="opt,paths,batch,sweep")
     p.add_argument("--model", default="opt-1.3b")
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--prompt", type=int, default=128)
-    p.add_argument("--ablations", default=",".join(ABLATIONS),
+    p.add_argument("--ablations", type=_ablations, default=",".join(ABLATIONS),
                    help="what the opt part also measures the fast path without, right after it (comma list of "
                         + ", ".join(ABLATIONS) + "; empty for none)")
     p.add_argument("--extra-paths", default="static,hf-static-compile,static-graph-compile",
@@ -125,10 +136,7 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
     # What fusing the sibling projections (q/k/v; on by default in gpuopt's static paths) brings: the
     # fast path without it, in the same run and right after the fused paths (the H100's clocks drift
     # under its power cap over a run: the two are compared close together).
-    ablations = {a for a in args.ablations.split(",") if a}
-    unknown = ablations - set(ABLATIONS)
-    if unknown:
-        raise ValueError(f"--ablations: unknown {sorted(unknown)}; allowed: {', '.join(ABLATIONS)}")
+    ablations = args.ablations
     unfused = (run(best, "fp16", label=f"fp16+{best}+unfused", fuse=False)
                if best and "unfused" in ablations else None)
     # The same for gpuopt's decode attention (on by default where the model takes it): the fast path
