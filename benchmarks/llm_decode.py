@@ -13,7 +13,9 @@ transformers' generate, in one run on one device (issue 14 targets):
 Parts (``--parts``): ``opt`` (hf-generate, static-graph fp16 and int8wo at batch 1, token identity and
 the timer check), ``gemv`` (the int8 operator's kernel settings in a CUDA graph of 24 layers' calls, against each
 other and fp16 cuBLAS on the model's decode-step matrices, interleaved), ``linear`` (gpuopt's fp16 decode
-linear kernel in each of its layouts against cuBLAS on the same matrices, interleaved), ``attention`` (gpuopt's decode
+linear kernel in each of its layouts against cuBLAS on the same matrices, interleaved), ``chain`` (24 layers' fp16
+linear layers chained in a CUDA graph, launched plainly, programmatically, and programmatically with staged
+weights, interleaved), ``attention`` (gpuopt's decode
 attention operator against transformers' SDPA function on decode-step shapes, interleaved), ``paths`` (the other paths
 at batch 1), ``batch`` (batch sizes), ``sweep`` (a Results
 sweep of the built-in models with plots). A part that fails is recorded with its reason and the others
@@ -373,6 +375,73 @@ def _linear_layouts_in_graph(x, w16, opts) -> dict:
     return row
 
 
+CHAIN_VARIANTS = ("plain", "pdl", "pdl+stage")  # launch of part_chain's kernels compared
+
+
+def part_chain(args, ceilings, results: dict, targets: list[Target]) -> None:
+    """The decode step's chain of fp16 linear layers without the rest: 24 OPT-1.3B layers' q/k/v, out_proj,
+    fc1 (ReLU) and fc2, each reading the output of the one before, captured in one CUDA graph, launched
+    plainly (``plain``), programmatically (``pdl``: each kernel's blocks start while the one before
+    finishes and wait for it before any load) or programmatically with the first weights copied into
+    shared memory before that wait (``pdl+stage``: ``constant_weight=True``), compared interleaved. What
+    the step's linear layers lose between kernels: us per layer against its 67 MB at the measured HBM
+    read bandwidth."""
+    from gpuopt import _C
+
+    ops = torch.ops.gpuopt
+    g = torch.Generator(device="cuda").manual_seed(0)
+    layers = 24
+    shapes = [GEMV_SHAPES[name] for name in ("qkv", "out_proj", "fc1", "fc2")]
+    weights = [[(torch.randn(n, k, device="cuda", generator=g) / k ** 0.5).half() for n, k in shapes]
+               for _ in range(layers)]
+    h0 = torch.randn(1, 2048, device="cuda", generator=g).half()
+    layer_bytes = sum(n * k * 2 for n, k in shapes)
+    hbm = results.get("hbm_read_gbps")
+    out = results["chain"] = {"layers": layers, "layer_bytes": layer_bytes, "us_per_layer": {}, "vs": {}}
+    if hbm:
+        out["floor_us_per_layer"] = layer_bytes / hbm / 1e3
+
+    def chain(variant):
+        def call():  # the launch mode is read at capture: the graph keeps it
+            before = _C.programmatic_launch(variant != "plain")
+            try:
+                h = h0
+                for w_qkv, w_out, w_fc1, w_fc2 in weights:
+                    stage = variant == "pdl+stage"
+                    qkv = ops.decode_linear(h, w_qkv, None, "none", stage)
+                    a = ops.decode_linear(qkv[:, :2048], w_out, None, "none", stage)
+                    f = ops.decode_linear(a, w_fc1, None, "relu", stage)
+                    h = ops.decode_linear(f, w_fc2, None, "none", stage)
+                return h
+            finally:
+                _C.programmatic_launch(before)
+        return call
+
+    calls = {v: chain(v) for v in CHAIN_VARIANTS}
+    ref = calls["plain"]()
+    for v in CHAIN_VARIANTS[1:]:
+        if not torch.equal(calls[v](), ref):
+            out.setdefault("errors", {})[v] = "output differs from the plain launch's"
+    opts = {"mode": "graph", "calls_per_sample": 1, "max_time_s": 0.5 if args.quick else 1.5}
+    for base, cand in (("plain", "pdl"), ("pdl", "pdl+stage"), ("plain", "pdl+stage")):
+        try:
+            cmp = gpuopt.compare(calls[base], calls[cand], labels=(base, cand), **opts)
+        except Exception as exc:  # noqa: BLE001 - recorded; the other pairs still run
+            traceback.print_exc()
+            out.setdefault("errors", {})[f"{base} vs {cand}"] = f"{type(exc).__name__}: {exc}"
+            continue
+        out["us_per_layer"].setdefault(base, cmp.baseline_ms * 1e3 / layers)
+        out["us_per_layer"][cand] = cmp.candidate_ms * 1e3 / layers
+        out["vs"][f"{cand} vs {base}"] = {"speedup": cmp.speedup, "ci": list(cmp.ci), "verdict": cmp.verdict,
+                                          f"{base}_us": cmp.baseline_ms * 1e3 / layers,
+                                          f"{cand}_us": cmp.candidate_ms * 1e3 / layers}
+        share = (f", {layer_bytes / (cmp.candidate_ms * 1e3 / layers) / 1e3 / hbm * 100:.1f}% of HBM read"
+                 if hbm else "")
+        print(f"CHAIN {cand} vs {base}: {cmp.candidate_ms * 1e3 / layers:.2f} vs {cmp.baseline_ms * 1e3 / layers:.2f}"
+              f" us per layer, {cmp.speedup:.3f}x {cmp.verdict}{share}", flush=True)
+        write(args, results, targets, final=False)
+
+
 # (batch, heads, kv heads, cache length): decode steps of OPT-1.3B-like (32 heads) and Llama-1B-like
 # (32 query, 8 KV heads) layers, two thirds of the cache attended.
 ATTENTION_SHAPES = {f"b{b} h{h}/{hkv} L{cache}": (b, h, hkv, cache, cache - cache // 3)
@@ -727,8 +796,8 @@ def main() -> int:
         results["errors"]["ceilings"] = f"{type(exc).__name__}: {exc}"
         ceilings = None
     results["hbm_read_gbps"] = (ceilings or {}).get("measured", {}).get("hbm_read_gbps")
-    parts = {"opt": part_opt, "gemv": part_gemv, "linear": part_linear, "attention": part_attention, "paths": part_paths,
-             "batch": part_batch, "sweep": part_sweep}
+    parts = {"opt": part_opt, "gemv": part_gemv, "linear": part_linear, "chain": part_chain,
+             "attention": part_attention, "paths": part_paths, "batch": part_batch, "sweep": part_sweep}
     unknown = sorted(set(args.parts.split(",")) - set(parts))
     if unknown:
         raise SystemExit(f"unknown part(s) {', '.join(unknown)}; parts: {', '.join(parts)}")

@@ -22,7 +22,9 @@ plan = sys.argv[1].split(",")  # e.g. fp16:base,fp16:pdl,...
 res = {s: [] for s in plan}
 for s in plan:
     precision, variant = s.split(":")
-    passes.compile_options = (lambda: {**base_options(), "triton.enable_pdl": True}) if variant == "pdl" else base_options
+    passes.compile_options = (
+        (lambda device=None: {**base_options(device), "triton.enable_pdl": True}) if variant == "pdl"
+        else (lambda device=None: {k: v for k, v in base_options(device).items() if k != "triton.enable_pdl"}))
     t0 = time.time()
     try:
         r = measure_decode(models, path="static-graph-compile", precision=precision, batch_size=1, prompt_len=128,

@@ -32,3 +32,18 @@ def rng(seed: int) -> torch.Generator:
 def np_rng(seed: int) -> np.random.Generator:
     """A numpy generator seeded with the test's printed seed."""
     return np.random.default_rng(seed)
+
+
+def _cuda_kernels_run(fn, contains: str | None = None) -> list[str]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA and (contains is None or contains in e.name)]
+
+
+@pytest.fixture
+def kernels_run():
+    """``kernels_run(fn, contains=None)``: the names of the CUDA kernels ``fn()`` ran, in order (those whose
+    name contains ``contains``), from the profiler: which kernel an operator picked."""
+    return _cuda_kernels_run

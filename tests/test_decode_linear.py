@@ -201,13 +201,6 @@ def test_fused_llm_copies_run_decode_linears_with_the_same_logits(rng):
 # ---- CUDA ------------------------------------------------------------------------------------------------
 
 
-def _kernels_run(fn) -> list[str]:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-
 def _needs_mma():
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("gpuopt's decode linear kernel needs compute capability 8.0+")
@@ -226,7 +219,7 @@ def layout(request):
 @pytest.mark.parametrize("n,k", [(3, 32), (1000, 2048), (2048, 8192), (40, 160), (6144, 2048), (40, 192),
                                  (1000, 2368)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_cuda_kernel_matches_the_reference(m, n, k, dtype, layout, rng):
+def test_cuda_kernel_matches_the_reference(m, n, k, dtype, layout, rng, kernels_run):
     # n = 3, 1000 and 40 leave a partial 16-column tile; k = 32 is one chunk (3 idle warps of 4; 2 or 4 loads
     # per row fall back to 1 there and for 160, five chunks: no whole batch), 8192 whole batches per warp;
     # 8 rows fill the MMA's N.
@@ -235,7 +228,7 @@ def test_cuda_kernel_matches_the_reference(m, n, k, dtype, layout, rng):
     relu = n == 1000
     x, w, b = _inputs(lead, n, k, dtype, rng, bias=m != 3, device="cuda")
     act = "relu" if relu else "none"
-    names = _kernels_run(lambda: ops.decode_linear(x, w, b, act))
+    names = kernels_run(lambda: ops.decode_linear(x, w, b, act))
     assert len(names) == 1 and "decode_linear_mma" in names[0], names
     assert (", true>" in names[0]) is relu, names[0]
     warps, vector = layout
@@ -250,7 +243,7 @@ def test_cuda_kernel_matches_the_reference(m, n, k, dtype, layout, rng):
 
 @pytest.mark.gpuopt_gpu
 @pytest.mark.parametrize("case", ["9 rows", "k % 32", "unaligned x", "float32", "cublas setting", "strided weight"])
-def test_cases_the_kernel_does_not_take_run_atens_linear(case, rng, monkeypatch):
+def test_cases_the_kernel_does_not_take_run_atens_linear(case, rng, monkeypatch, kernels_run):
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     dtype = torch.float32 if case == "float32" else torch.float16
     m, k = (9, 64) if case == "9 rows" else (2, 48 if case == "k % 32" else 64)
@@ -262,7 +255,7 @@ def test_cases_the_kernel_does_not_take_run_atens_linear(case, rng, monkeypatch)
         w = torch.cat([w, w], dim=1)[:, ::2]
     before = _C.decode_linear_kernel("cublas" if case == "cublas setting" else "auto")
     try:
-        names = _kernels_run(lambda: ops.decode_linear(x, w, b, "relu"))
+        names = kernels_run(lambda: ops.decode_linear(x, w, b, "relu"))
         got = ops.decode_linear(x, w, b, "relu")
     finally:
         _C.decode_linear_kernel(before)
@@ -271,7 +264,7 @@ def test_cases_the_kernel_does_not_take_run_atens_linear(case, rng, monkeypatch)
 
 
 @pytest.mark.gpuopt_gpu
-def test_a_cuda_graph_replays_the_kernel(rng):
+def test_a_cuda_graph_replays_the_kernel(rng, kernels_run):
     _needs_mma()
     x, w, b = _inputs((2,), 2048, 2048, torch.float16, rng, device="cuda")
     static_x = x.clone()
@@ -283,7 +276,7 @@ def test_a_cuda_graph_replays_the_kernel(rng):
         with torch.cuda.graph(graph, stream=stream):
             out = ops.decode_linear(static_x, w, b, "relu")
     torch.cuda.current_stream().wait_stream(stream)
-    assert any("decode_linear_mma" in n for n in _kernels_run(graph.replay)), "the graph runs gpuopt's kernel"
+    assert any("decode_linear_mma" in n for n in kernels_run(graph.replay)), "the graph runs gpuopt's kernel"
     for _ in range(2):
         static_x.copy_(torch.randn_like(x))
         graph.replay()
@@ -300,7 +293,7 @@ def test_weight_on_another_device_is_refused(rng):
 
 
 @pytest.mark.gpuopt_gpu
-def test_compiled_module_runs_the_kernel(rng):
+def test_compiled_module_runs_the_kernel(rng, kernels_run):
     _needs_mma()
     net = _Net(d=64).to("cuda", torch.float16).eval()
     L.use_decode_linear(net)
@@ -309,6 +302,6 @@ def test_compiled_module_runs_the_kernel(rng):
         eager = net(x)
         compiled = torch.compile(net, fullgraph=True)
         got = compiled(x)
-        names = _kernels_run(lambda: compiled(x))
+        names = kernels_run(lambda: compiled(x))
     assert sum("decode_linear_mma" in n for n in names) == 7, names
     torch.testing.assert_close(got, eager, rtol=1e-2, atol=1e-2)

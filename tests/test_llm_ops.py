@@ -226,10 +226,10 @@ def test_cuda_matches_the_reference_and_the_cpu_operator(m, k, n, dtype, kernel,
 @pytest.mark.gpuopt_gpu
 @pytest.mark.parametrize("m,k", [(1, 528), (4, 528), (2, 12304), (1, 16)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_the_simt_kernel_takes_k_not_a_multiple_of_64(m, k, dtype, rng):
+def test_the_simt_kernel_takes_k_not_a_multiple_of_64(m, k, dtype, rng, kernels_run):
     # Only the SIMT kernel runs these (the tensor cores take 64-wide chunks): a partial last 512-wide step.
     x, w, s, b = _inputs((m,), 300, k, dtype, rng, bias=m != 2, scales_fp32=k != 528, device="cuda")
-    assert "int8_linear<" in _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b))[0]
+    assert "int8_linear<" in kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b), "kernels::int8_linear")[0]
     _check(ops.int8_weight_only_linear(x, w, s, b), x, w, s, b)
 
 
@@ -237,7 +237,7 @@ def test_the_simt_kernel_takes_k_not_a_multiple_of_64(m, k, dtype, rng):
 @pytest.mark.parametrize("vector", [1, 2])
 @pytest.mark.parametrize("warps", [4, 8, 16, 32])
 @pytest.mark.parametrize("m,n,k", [(1, 2048, 8192), (12, 1000, 2048), (3, 40, 64), (1, 3, 4096), (2, 300, 2368)])
-def test_the_tensor_core_kernel_with_each_layout_matches_the_reference(warps, vector, m, n, k, rng):
+def test_the_tensor_core_kernel_with_each_layout_matches_the_reference(warps, vector, m, n, k, rng, kernels_run):
     # The warps split K into chunks of 64 * vector: 4 warps over 128 chunks take 8 batches each, 32 warps over
     # one chunk leave 31 idle; K = 64 and 2368 (37 chunks of 64: whole batches, then single chunks) take one
     # load per row and chunk whatever is asked. A ReLU in the epilogue with 16 warps.
@@ -252,7 +252,7 @@ def test_the_tensor_core_kernel_with_each_layout_matches_the_reference(warps, ve
     try:
         x, w, s, b = _inputs((m,), n, k, dtype, rng, bias=m % 2 == 1, device="cuda")
         got = ops.int8_weight_only_linear(x, w, s, b, act)
-        names = _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b, act))
+        names = kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b, act), "kernels::int8_linear")
         v = vector if k % 128 == 0 else 1
         want_name = f", {warps}, {v}, {str(relu).lower()}>"
         assert len(names) == 1 and "int8_linear_mma" in names[0] and want_name in names[0], names
@@ -323,12 +323,6 @@ def test_unaligned_x_takes_the_dequantized_path(dtype, rng, monkeypatch):
     _check(ops.int8_weight_only_linear(xu, w, s, b), xu, w, s, b)
 
 
-def _kernels_run(fn) -> list[str]:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if "kernels::int8_linear" in e.name]
-
 
 @pytest.mark.gpuopt_gpu
 @pytest.mark.parametrize("m,n,k,dtype,which", [
@@ -347,7 +341,7 @@ def _kernels_run(fn) -> list[str]:
     (1, 256, 528, torch.bfloat16, "int8_linear<__nv_bfloat16, 1, false>"),
     (3, 256, 512, torch.float32, "int8_linear<float, 4, false>"),
     (17, 256, 512, torch.float16, None)])  # the dequantized GEMM
-def test_decode_rows_run_the_int8_kernel(m, n, k, dtype, which, rng):
+def test_decode_rows_run_the_int8_kernel(m, n, k, dtype, which, rng, kernels_run):
     # "auto" on this GPU (compute capability 8.0+): tensor cores for float16/bfloat16 with K % 64 == 0 from
     # two rows on (four for N > 16384), or K >= 4096, or N <= 2048, with two 16-byte loads per row and chunk
     # where K % 128 == 0 (chunks of 128, one 2-chunk batch per warp: K / 256 warps, 4 to 32; for N <= 2048
@@ -356,12 +350,12 @@ def test_decode_rows_run_the_int8_kernel(m, n, k, dtype, which, rng):
     if torch.cuda.get_device_capability()[0] < 8:
         pytest.skip("the tensor-core kernel needs compute capability 8.0+")
     x, w, s, b = _inputs((m,), n, k, dtype, rng, device="cuda")
-    names = _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b))
+    names = kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b), "kernels::int8_linear")
     assert (which is None and not names) or (len(names) == 1 and which in names[0]), names
 
 
 @pytest.mark.gpuopt_gpu
-def test_each_kernel_runs_when_asked_and_tensor_cores_refuse_what_they_cannot_run(rng):
+def test_each_kernel_runs_when_asked_and_tensor_cores_refuse_what_they_cannot_run(rng, kernels_run):
     from gpuopt import _C
 
     if torch.cuda.get_device_capability()[0] < 8:
@@ -370,9 +364,11 @@ def test_each_kernel_runs_when_asked_and_tensor_cores_refuse_what_they_cannot_ru
     try:
         _C.int8_linear_kernel("simt")
         simt = ops.int8_weight_only_linear(x, w, s, b)
-        assert "int8_linear<" in _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b))[0]
+        run = kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b), "kernels::int8_linear")
+        assert "int8_linear<" in run[0]
         _C.int8_linear_kernel("tensor-core")
-        assert "int8_linear_mma" in _kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b))[0]
+        run = kernels_run(lambda: ops.int8_weight_only_linear(x, w, s, b), "kernels::int8_linear")
+        assert "int8_linear_mma" in run[0]
         # the same sums in another order: within the dtype's rounding of the result
         torch.testing.assert_close(ops.int8_weight_only_linear(x, w, s, b), simt, rtol=2e-3, atol=2e-3)
         with pytest.raises(ValueError, match=r"int8_linear_kernel is 'tensor-core', which needs float16 or "

@@ -1,3 +1,4 @@
+#include <atomic>
 #include <cstdint>
 
 #include "decode_linear_kernels.cuh"
@@ -29,12 +30,36 @@ int warps_for(const DecodeLinearParams& p, int vector) {
   return want >= 16 ? 16 : want >= 8 ? 8 : 4;
 }
 
+// The staged form's dynamic shared memory (over 48 KiB from 16 warps on) allowed once per device.
+template <typename Kernel>
+void allow_staging(Kernel kernel, int warps, int device) {
+  constexpr int kDevices = 64;
+  static std::atomic<bool> allowed[kDevices] = {};  // one array per kernel: Kernel is its exact type
+  if (device >= 0 && device < kDevices && allowed[device].load(std::memory_order_relaxed)) return;
+  int current = 0;
+  GPUOPT_CHECK_CUDA(cudaGetDevice(&current));
+  if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(device));
+  const cudaError_t status =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kernels::kLinearStageBytes(warps));
+  if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(current));
+  GPUOPT_CHECK_CUDA(status);
+  if (device >= 0 && device < kDevices) allowed[device].store(true, std::memory_order_relaxed);
+}
+
+// Staging the first weights before the wait pays only where the kernel can start before the one before it
+// ends: under programmatic launch, for a weight the caller declares constant.
+bool stages(const DecodeLinearParams& p) { return p.constant_weight && programmatic_launch_runs(p.device); }
+
 template <typename T, int kWarps, int kVec, bool kRelu>
 void launch(const DecodeLinearParams& p, cudaStream_t stream) {
+  const auto kernel = kernels::decode_linear_mma<T, kWarps, kVec, kRelu>;
+  const bool stage = stages(p);
+  if (stage) allow_staging(kernel, kWarps, p.device);
   const auto blocks = static_cast<unsigned>((p.n + 15) / 16);
-  launch_programmatic(kernels::decode_linear_mma<T, kWarps, kVec, kRelu>, dim3(blocks), dim3(kWarps * 32), p.device,
-                      stream, static_cast<const T*>(p.x), static_cast<const T*>(p.weight),
-                      static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
+  launch_programmatic(kernel, dim3(blocks), dim3(kWarps * 32), stage ? kernels::kLinearStageBytes(kWarps) : 0,
+                      p.device, stream, static_cast<const T*>(p.x), static_cast<const T*>(p.weight),
+                      static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k,
+                      stage);
 }
 
 template <typename T, int kVec, bool kRelu>

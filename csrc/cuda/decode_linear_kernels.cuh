@@ -14,6 +14,30 @@ constexpr int kLinearChunk = 32;  // K per warp step and uint4 per row: 8 values
 constexpr int kLinearLoads = 4;   // uint4 of each weight row a lane loads before their MMAs (kVec per chunk)
 static_assert(kLinearLoads % 4 == 0, "a batch holds whole chunks of 1, 2 or 4 loads");
 
+// Dynamic shared memory of decode_linear_mma with `stage`: one batch of both weight rows of every lane.
+constexpr int kLinearStageBytes(int warps) { return kLinearLoads * 2 * warps * 32 * 16; }
+
+// 16 bytes from global to shared memory without a register (cp.async, 8.0+; bypasses L1); complete once
+// the issuing thread's copy_async_wait_all returns, and visible to that thread only.
+__device__ __forceinline__ void copy_async16(uint4* shared, const uint4* global) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(address), "l"(global) : "memory");
+#else
+  *shared = *global;
+#endif
+}
+__device__ __forceinline__ void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void copy_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+}
+
 // 8 consecutive values of weight rows g and g + 8 and of x's row g, at k = k0 + 0..7 for lane (g, t) with k0
 // = chunk * 32 kVec + 8 kVec t + 8 v (v over the lane's kVec words of the chunk), as two MMAs. The MMA's K positions {2t, 2t+1} and {2t+8, 2t+9}
 // of step j are taken as k = k0 + 4 j + {0, 1} and + {2, 3} (A and B agree, and the four lanes of a group
@@ -33,13 +57,16 @@ __device__ __forceinline__ void linear_mma_words(const uint4& wl, const uint4& w
 // (batches of kLinearLoads / kVec chunks first, then one at a time) and add up in shared memory. Needs k
 // % (kVec * 32) == 0, 16-byte aligned x and weight, 1 <= rows <= 8; launched with kWarps * 32 threads and
 // ceil(n_cols / 16) blocks. kVec: 1, 2 or 4. Under programmatic launch (pdl.cuh) its blocks may start while
-// the kernel before finishes, and wait for it before any load.
+// the kernel before finishes, and wait for it before any load -- except, with `stage` (a weight no kernel
+// writes while the step runs), the weights of each warp's first batch: those are copied into shared memory
+// (kLinearStageBytes(kWarps) of dynamic shared memory, cp.async) before the wait, so a block started
+// during the previous kernel's tail streams its weights while that kernel finishes, and only x waits.
 // At most 64 registers a thread (2048 threads an SM at 64 registers: two 16-warp blocks): more would halve the
 // blocks an SM holds at 16 warps.
 template <typename T, int kWarps, int kVec, bool kRelu>  // T: __half or __nv_bfloat16
 __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
     decode_linear_mma(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
-                      T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k) {
+                      T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k, bool stage) {
   constexpr int kChunk = kVec * kLinearChunk;
   constexpr int kBatch = kLinearLoads / kVec;
   __shared__ float partial[kWarps][8][16];  // [warp][x row][output column]
@@ -58,7 +85,41 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
   const std::int64_t chunks = k / kChunk;
   std::int64_t c = warp;
   allow_next_grid();
+  // [kBatch][kVec][weight row g, g + 8][thread]: a lane's words side by side with its warp's, so a warp
+  // writes and reads 512 contiguous bytes at a time (no bank conflicts).
+  extern __shared__ uint4 staged[];
+  const bool staged_batch = stage && c + (kBatch - 1) * kWarps < chunks;  // the same for the whole warp
+  const auto slot = [&](int i, int v, int h) { return ((i * kVec + v) * 2 + h) * kWarps * 32 + threadIdx.x; };
+  if (staged_batch) {
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const std::int64_t off = (c + i * kWarps) * kChunk;
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) {
+        copy_async16(&staged[slot(i, v, 0)], reinterpret_cast<const uint4*>(w_lo + off) + v);
+        copy_async16(&staged[slot(i, v, 1)], reinterpret_cast<const uint4*>(w_hi + off) + v);
+      }
+    }
+    copy_async_commit();
+  }
   wait_for_prior_grid();
+  if (staged_batch) {
+    uint4 xv[kBatch][kVec];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) {
+        xv[i][v] = __ldg(reinterpret_cast<const uint4*>(x_row + (c + i * kWarps) * kChunk) + v);
+      }
+    }
+    copy_async_wait_all();  // each thread reads only the words it copied: no barrier
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) linear_mma_words<T>(staged[slot(i, v, 0)], staged[slot(i, v, 1)], xv[i][v], acc);
+    }
+    c += kBatch * kWarps;
+  }
   for (; c + (kBatch - 1) * kWarps < chunks; c += kBatch * kWarps) {
     uint4 wl[kBatch][kVec], wh[kBatch][kVec], xv[kBatch][kVec];
 #pragma unroll

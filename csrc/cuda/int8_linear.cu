@@ -1,4 +1,3 @@
-#include <atomic>
 #include <cstdint>
 
 #include "gpuopt/cuda.h"
@@ -14,7 +13,7 @@ template <typename T, int kRows, bool kRelu>
 void launch(const Int8LinearParams& p, cudaStream_t stream) {
   constexpr int kWarps = kernels::kInt8LinearWarps;
   const auto blocks = static_cast<unsigned>((p.n + kWarps - 1) / kWarps);
-  launch_programmatic(kernels::int8_linear<T, kRows, kRelu>, dim3(blocks), dim3(kWarps * 32), p.device, stream,
+  launch_programmatic(kernels::int8_linear<T, kRows, kRelu>, dim3(blocks), dim3(kWarps * 32), 0, p.device, stream,
                       static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32, static_cast<const T*>(p.bias),
                       static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
 }
@@ -49,7 +48,7 @@ template <typename T, int kTiles, int kWarps, int kVec, bool kRelu>
 void launch_mma(const Int8LinearParams& p, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((p.n + 15) / 16);
   launch_programmatic(kernels::int8_linear_mma<T, kTiles, kWarps, kVec, kRelu>, dim3(blocks), dim3(kWarps * 32),
-                      p.device, stream, static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32,
+                      0, p.device, stream, static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32,
                       static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
 }
 
@@ -111,64 +110,7 @@ void launch_mma_rows(const Int8LinearParams& p, cudaStream_t stream) {
   }
 }
 
-// The compute capability's major number per device, asked once (a host query, no stream work).
-int cc_major(int device) {
-  constexpr int kDevices = 64;
-  static std::atomic<int> cache[kDevices] = {};
-  if (device < 0 || device >= kDevices) return device_attribute(cudaDevAttrComputeCapabilityMajor, device);
-  int v = cache[device].load(std::memory_order_relaxed);
-  if (v == 0) {
-    v = device_attribute(cudaDevAttrComputeCapabilityMajor, device);
-    cache[device].store(v, std::memory_order_relaxed);
-  }
-  return v;
-}
-
-std::atomic<bool> g_programmatic{true};
-
 }  // namespace
-
-bool programmatic_launch() { return g_programmatic.load(); }
-
-bool set_programmatic_launch(bool enabled) { return g_programmatic.exchange(enabled); }
-
-// The virtual architecture (major * 10 + minor) of this binary's code that `device` runs, 0 where it has
-// none: every kernel is built for the same list, so one kernel's answer holds for all. A build for 8.0
-// alone runs its compute_80 PTX on a 9.0 device, JIT-compiled, with the 9.0-only code compiled out.
-// Asked once per device (made current for the query).
-namespace {
-int code_arch(int device) {
-  constexpr int kDevices = 64;
-  static std::atomic<int> cache[kDevices] = {};  // 0 unknown, else the answer + 1
-  if (device >= 0 && device < kDevices) {
-    const int known = cache[device].load(std::memory_order_relaxed);
-    if (known != 0) return known - 1;
-  }
-  int current = 0;
-  GPUOPT_CHECK_CUDA(cudaGetDevice(&current));
-  if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(device));
-  cudaFuncAttributes attributes = {};
-  const cudaError_t status = cudaFuncGetAttributes(&attributes, kernels::int8_linear_mma<__half, 1, 32, 1, false>);
-  if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(current));
-  // No code for this device in the binary (cudaErrorInvalidDeviceFunction, say): the callers' fallbacks run;
-  // the error is not left for the next check to find.
-  if (status != cudaSuccess) (void)cudaGetLastError();
-  const int arch = status == cudaSuccess ? attributes.ptxVersion : 0;
-  if (device >= 0 && device < kDevices) cache[device].store(arch + 1, std::memory_order_relaxed);
-  return arch;
-}
-}  // namespace
-
-// Programmatic launch needs the device (9.0+) and code built for it: in code JIT-compiled from an older
-// virtual architecture the kernels' trigger and wait are compiled out, and the attribute must not be set.
-bool programmatic_launch_runs(int device) {
-  return g_programmatic.load(std::memory_order_relaxed) && cc_major(device) >= 9 && code_arch(device) >= 90;
-}
-
-// Whether `device` runs this binary's tensor-core (mma.sync) code: compute capability 8.0+ and, in this
-// binary, its code for that device built for 8.0 or newer (a build for 7.5 alone would run its
-// compute_75 PTX there, JIT-compiled, whose MMA is compiled out). Asked once per device.
-bool mma_code_runs(int device) { return cc_major(device) >= 8 && code_arch(device) >= 80; }
 
 bool int8_linear_tensor_cores(const Int8LinearParams& p) {
   return p.type != ActivationType::kFloat32 && p.k % kernels::kInt8MmaChunk == 0 && mma_code_runs(p.device);
@@ -195,7 +137,7 @@ void int8_linear(const Int8LinearParams& p, cudaStream_t stream) {
   GPUOPT_CHECK_VALUE(can_mma || p.kernel != Int8Kernel::kTensorCore,
                      "int8_linear: the tensor-core kernel needs float16 or bfloat16 x, k a multiple of ",
                      kernels::kInt8MmaChunk, " and compute capability 8.0 or newer; got k=", p.k,
-                     ", compute capability ", cc_major(p.device), ".x");
+                     ", compute capability ", device_attribute(cudaDevAttrComputeCapabilityMajor, p.device), ".x");
   // Auto: one row of x with k < 4096 and n > 2048 streams faster through the SIMT kernel in a decode
   // step (OPT-1.3B on an H100, int8 static-graph-compile: its q/k/v, fc1 and LM head took 387 us per
   // step in SIMT kernels, 400 us in tensor-core ones with 8 warps, 464 us in a SIMT variant staging x

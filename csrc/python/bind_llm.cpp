@@ -119,6 +119,11 @@ void bind_llm(py::module_& m) {
       "value, sets it process-wide and returns the previous one; without, returns it. A captured graph keeps "
       "what it captured. For benchmarks that compare the two.");
 
+  m.def("programmatic_launch_runs", &torch_ext::programmatic_launch_runs, py::arg("device"),
+        "Whether gpuopt's decode kernels launch programmatically on CUDA device `device` now: programmatic_launch() "
+        "is on, the device has compute capability 9.0+ and this build's code for it is built for 9.0+. False in a "
+        "build without CUDA; ValueError for a device index this process does not see.");
+
   m.def(
       "decode_linear_layout",
       [](const std::optional<int>& warps, const std::optional<int>& vector) {

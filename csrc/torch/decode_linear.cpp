@@ -1,9 +1,12 @@
 // gpuopt::decode_linear, a torch operator registered like those of ops.cpp (a fragment of the `gpuopt`
 // library that ops.cpp defines):
 //
-//   gpuopt::decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation="none") -> Tensor
+//   gpuopt::decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation="none",
+//                         bool constant_weight=False) -> Tensor
 //       out = act(x @ weight.T + bias), shape [..., N], for x of float16/bfloat16/float32 [..., K], a
 //       weight [N, K] and an optional bias [N] of x's dtype; activation "none" or "relu".
+//       constant_weight: no kernel writes the weight while the call may run (a parameter at inference);
+//       on compute capability 9.0+ the kernel then starts reading it before the kernel before it ends.
 //
 // CPU: ATen's linear. CUDA: for decode batches (1 to 8 rows of fp16/bf16, K a multiple of 32, aligned
 // contiguous data, compute capability 8.0+) gpuopt's bandwidth-bound tensor-core kernel with the bias
@@ -27,6 +30,7 @@
 #include "device.h"
 
 #ifdef GPUOPT_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -78,13 +82,13 @@ at::Tensor reference(const at::Tensor& x, const at::Tensor& weight, const std::o
 }
 
 at::Tensor decode_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                             const std::string& activation) {
+                             const std::string& activation, bool /*constant_weight*/) {
   check_args(x, weight, bias, activation);
   return reference(x, weight, bias, relu(activation));
 }
 
 at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                              const std::string& activation) {
+                              const std::string& activation, bool constant_weight) {
   check_args(x, weight, bias, activation);
   const bool apply_relu = relu(activation);
 #ifdef GPUOPT_WITH_CUDA
@@ -110,6 +114,7 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, con
   p.activation = apply_relu ? cuda::LinearActivation::kRelu : cuda::LinearActivation::kNone;
   p.warps = g_warps.load(std::memory_order_relaxed);
   p.vector = g_vector.load(std::memory_order_relaxed);
+  p.constant_weight = constant_weight;
   if (!cuda::decode_linear_supported(p)) return reference(x, weight, bias, apply_relu);
   at::Tensor out = at::empty({rows, n}, x.options());
   p.out = out.mutable_data_ptr();
@@ -119,13 +124,14 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, con
   return out.view(out_shape);
 #else
   (void)apply_relu;
+  (void)constant_weight;
   require_cuda("gpuopt::decode_linear on a CUDA tensor");
   return {};
 #endif
 }
 
 at::Tensor decode_linear_meta(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                              const std::string& activation) {
+                              const std::string& activation, bool /*constant_weight*/) {
   check_args(x, weight, bias, activation);
   std::vector<c10::SymInt> shape(x.sym_sizes().begin(), x.sym_sizes().end() - 1);
   shape.push_back(weight.sym_size(0));
@@ -155,19 +161,27 @@ std::pair<int, int> set_decode_linear_layout(int warps, int vector) {
 #ifdef GPUOPT_WITH_CUDA
 bool programmatic_launch() { return cuda::programmatic_launch(); }
 bool set_programmatic_launch(bool enabled) { return cuda::set_programmatic_launch(enabled); }
+bool programmatic_launch_runs(int device) {
+  const int count = static_cast<int>(c10::cuda::device_count());
+  TORCH_CHECK_VALUE(device >= 0 && device < count, "programmatic_launch_runs: device must be a CUDA device index "
+                    "in [0, ", count, "), got ", device);
+  return cuda::programmatic_launch_runs(device);
+}
 #else
 namespace {
 std::atomic<bool> g_programmatic{true};  // nothing launches without CUDA; kept so that the setting reads back
 }  // namespace
 bool programmatic_launch() { return g_programmatic.load(); }
 bool set_programmatic_launch(bool enabled) { return g_programmatic.exchange(enabled); }
+bool programmatic_launch_runs(int /*device*/) { return false; }
 #endif
 
 }  // namespace gpuopt::torch_ext
 
 TORCH_LIBRARY_FRAGMENT(gpuopt, m) {
   m.def(
-      "decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation=\"none\") -> Tensor");
+      "decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation=\"none\", "
+      "bool constant_weight=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gpuopt, CPU, m) { m.impl("decode_linear", &gpuopt::torch_ext::decode_linear_cpu); }

@@ -22,5 +22,9 @@ std::pair<int, int> set_decode_linear_layout(int warps, int vector);
 // call: a captured graph keeps what it captured. set_ returns the previous value.
 bool programmatic_launch();
 bool set_programmatic_launch(bool enabled);
+// Whether the decode kernels launch programmatically on CUDA device `device` now: the setting is on, the
+// device is 9.0+ and this binary's code for it is built for 9.0+. False in a build without CUDA;
+// ValueError for a device index this process does not see.
+bool programmatic_launch_runs(int device);
 
 }  // namespace gpuopt::torch_ext

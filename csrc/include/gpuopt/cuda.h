@@ -231,6 +231,10 @@ struct DecodeLinearParams {
   int device = 0;  // the CUDA device of every pointer
   int warps = 0;   // warps per block: 0 chosen from k (one batch of loads per warp), or 4, 8, 16, 32
   int vector = 0;  // 16-byte loads per weight row, lane and chunk: 0 chosen, 1, 2, 4 (the largest k allows)
+  // No kernel writes the weight while this call may run (a model's parameter at inference): under
+  // programmatic launch (programmatic_launch_runs) each warp's first weights are then copied into shared
+  // memory while the kernel before finishes. False: nothing is read before that kernel completes.
+  bool constant_weight = false;
 };
 
 // The most rows decode_linear takes (one MMA tile): past that a cuBLAS GEMM is as fast.

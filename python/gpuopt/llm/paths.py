@@ -259,8 +259,9 @@ class Decoder:
                 # (gpuopt.llm.passes: the query's multiplication by one that fuse_projections leaves goes)
                 from . import passes as _passes
 
-                prefill = torch.compile(prefill, fullgraph=True, dynamic=False, options=_passes.compile_options())
-                decode = torch.compile(decode, fullgraph=True, dynamic=False, options=_passes.compile_options())
+                options = _passes.compile_options(self.device)
+                prefill = torch.compile(prefill, fullgraph=True, dynamic=False, options=options)
+                decode = torch.compile(decode, fullgraph=True, dynamic=False, options=options)
             self._prefill, self._decode = prefill, decode
             # Warm-up: loads kernels (CUDA lazy loading synchronizes on a kernel's first launch) and
             # compiles, all before any capture. One decode step fits even with new_tokens=1 (the cache
