@@ -30,17 +30,18 @@ int warps_for(const DecodeLinearParams& p, int vector) {
   return want >= 16 ? 16 : want >= 8 ? 8 : 4;
 }
 
-// The staged form's dynamic shared memory (over 48 KiB from 16 warps on) allowed once per device.
-template <typename Kernel>
-void allow_staging(Kernel kernel, int warps, int device) {
+// The staged form's dynamic shared memory (over 48 KiB from 16 warps on) allowed once per kernel and device.
+template <typename T, int kWarps, int kVec, bool kRelu>
+void allow_staging(int device) {
   constexpr int kDevices = 64;
-  static std::atomic<bool> allowed[kDevices] = {};  // one array per kernel: Kernel is its exact type
+  static std::atomic<bool> allowed[kDevices] = {};  // one array per instantiation, i.e. per kernel
   if (device >= 0 && device < kDevices && allowed[device].load(std::memory_order_relaxed)) return;
   int current = 0;
   GPUOPT_CHECK_CUDA(cudaGetDevice(&current));
   if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(device));
-  const cudaError_t status =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kernels::kLinearStageBytes(warps));
+  const cudaError_t status = cudaFuncSetAttribute(kernels::decode_linear_mma<T, kWarps, kVec, kRelu>,
+                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                  kernels::kLinearStageBytes(kWarps));
   if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(current));
   GPUOPT_CHECK_CUDA(status);
   if (device >= 0 && device < kDevices) allowed[device].store(true, std::memory_order_relaxed);
@@ -54,7 +55,7 @@ template <typename T, int kWarps, int kVec, bool kRelu>
 void launch(const DecodeLinearParams& p, cudaStream_t stream) {
   const auto kernel = kernels::decode_linear_mma<T, kWarps, kVec, kRelu>;
   const bool stage = stages(p);
-  if (stage) allow_staging(kernel, kWarps, p.device);
+  if (stage) allow_staging<T, kWarps, kVec, kRelu>(p.device);
   const auto blocks = static_cast<unsigned>((p.n + 15) / 16);
   launch_programmatic(kernel, dim3(blocks), dim3(kWarps * 32), stage ? kernels::kLinearStageBytes(kWarps) : 0,
                       p.device, stream, static_cast<const T*>(p.x), static_cast<const T*>(p.weight),

@@ -54,7 +54,9 @@ void launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, std::
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = programmatic_launch_runs(device) ? 1 : 0;
-  GPUOPT_CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
+  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  if (status != cudaSuccess) (void)cudaGetLastError();  // a bad launch is reported here, not by the next check
+  GPUOPT_CHECK_CUDA(status);
 }
 
 }  // namespace gpuopt::cuda
