@@ -42,8 +42,15 @@ void allow_staging(int device) {
   const cudaError_t status = cudaFuncSetAttribute(kernels::decode_linear_mma<T, kWarps, kVec, kRelu>,
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                   kernels::kLinearStageBytes(kWarps));
+  // All of the SM's unified L1/shared memory as shared memory: two blocks an SM, as without staging.
+  const cudaError_t carveout =
+      status != cudaSuccess ? status
+                            : cudaFuncSetAttribute(kernels::decode_linear_mma<T, kWarps, kVec, kRelu>,
+                                                   cudaFuncAttributePreferredSharedMemoryCarveout,
+                                                   cudaSharedmemCarveoutMaxShared);
   if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(current));
   GPUOPT_CHECK_CUDA(status);
+  GPUOPT_CHECK_CUDA(carveout);
   if (device >= 0 && device < kDevices) allowed[device].store(true, std::memory_order_relaxed);
 }
 
