@@ -14,8 +14,8 @@ Parts (``--parts``): ``opt`` (hf-generate, static-graph fp16 and int8wo at batch
 the timer check), ``gemv`` (the int8 operator's kernel settings in a CUDA graph of 24 layers' calls, against each
 other and fp16 cuBLAS on the model's decode-step matrices, interleaved), ``linear`` (gpuopt's fp16 decode
 linear kernel in each of its layouts against cuBLAS on the same matrices, interleaved), ``chain`` (24 layers' fp16
-linear layers chained in a CUDA graph, launched plainly, programmatically, and programmatically with staged
-weights, interleaved), ``attention`` (gpuopt's decode
+linear layers chained in a CUDA graph: plain and programmatic launch, weights through registers or the tensor
+memory accelerator, interleaved), ``attention`` (gpuopt's decode
 attention operator against transformers' SDPA function on decode-step shapes, interleaved), ``paths`` (the other paths
 at batch 1), ``batch`` (batch sizes), ``sweep`` (a Results
 sweep of the built-in models with plots). A part that fails is recorded with its reason and the others
@@ -375,17 +375,21 @@ def _linear_layouts_in_graph(x, w16, opts) -> dict:
     return row
 
 
-CHAIN_VARIANTS = ("plain", "pdl", "pdl+stage")  # launch of part_chain's kernels compared
+CHAIN_VARIANTS = {  # part_chain's settings: (programmatic launch, _C.decode_linear_kernel, constant_weight)
+    "plain": (False, "registers", False), "pdl": (True, "registers", False), "pdl+tma": (True, "auto", False),
+    "pdl+tma-early": (True, "auto", True)}
+CHAIN_PAIRS = (("plain", "pdl"), ("pdl", "pdl+tma"), ("pdl+tma", "pdl+tma-early"), ("plain", "pdl+tma-early"))
 
 
 def part_chain(args, ceilings, results: dict, targets: list[Target]) -> None:
     """The decode step's chain of fp16 linear layers without the rest: 24 OPT-1.3B layers' q/k/v, out_proj,
-    fc1 (ReLU) and fc2, each reading the output of the one before, captured in one CUDA graph, launched
-    plainly (``plain``), programmatically (``pdl``: each kernel's blocks start while the one before
-    finishes and wait for it before any load) or programmatically with the first weights copied into
-    shared memory before that wait (``pdl+stage``: ``constant_weight=True``), compared interleaved. What
-    the step's linear layers lose between kernels: us per layer against its 67 MB at the measured HBM
-    read bandwidth."""
+    fc1 (ReLU) and fc2, each reading the output of the one before, captured in one CUDA graph, compared
+    interleaved: each lane loading its weights into registers, launched plainly (``plain``) or
+    programmatically (``pdl``: each kernel's blocks start while the one before finishes and wait for it
+    before any load); each block's weight tile copied into shared memory by the tensor memory accelerator
+    after that wait (``pdl+tma``) or before it (``pdl+tma-early``: ``constant_weight=True``; fc2's tile
+    is too large and keeps the register loads). What the step's linear layers lose between kernels: us per
+    layer against its 101 MB at the measured HBM read bandwidth."""
     from gpuopt import _C
 
     ops = torch.ops.gpuopt
@@ -402,28 +406,30 @@ def part_chain(args, ceilings, results: dict, targets: list[Target]) -> None:
         out["floor_us_per_layer"] = layer_bytes / hbm / 1e3
 
     def chain(variant):
-        def call():  # the launch mode is read at capture: the graph keeps it
-            before = _C.programmatic_launch(variant != "plain")
+        programmatic, kernel, constant = CHAIN_VARIANTS[variant]
+
+        def call():  # the settings are read at capture: the graph keeps them
+            before = _C.programmatic_launch(programmatic), _C.decode_linear_kernel(kernel)
             try:
                 h = h0
                 for w_qkv, w_out, w_fc1, w_fc2 in weights:
-                    stage = variant == "pdl+stage"
-                    qkv = ops.decode_linear(h, w_qkv, None, "none", stage)
-                    a = ops.decode_linear(qkv[:, :2048], w_out, None, "none", stage)
-                    f = ops.decode_linear(a, w_fc1, None, "relu", stage)
-                    h = ops.decode_linear(f, w_fc2, None, "none", stage)
+                    qkv = ops.decode_linear(h, w_qkv, None, "none", constant)
+                    a = ops.decode_linear(qkv[:, :2048], w_out, None, "none", constant)
+                    f = ops.decode_linear(a, w_fc1, None, "relu", constant)
+                    h = ops.decode_linear(f, w_fc2, None, "none", constant)
                 return h
             finally:
-                _C.programmatic_launch(before)
+                _C.programmatic_launch(before[0])
+                _C.decode_linear_kernel(before[1])
         return call
 
     calls = {v: chain(v) for v in CHAIN_VARIANTS}
     ref = calls["plain"]()
-    for v in CHAIN_VARIANTS[1:]:
+    for v in list(CHAIN_VARIANTS)[1:]:
         if not torch.equal(calls[v](), ref):
             out.setdefault("errors", {})[v] = "output differs from the plain launch's"
     opts = {"mode": "graph", "calls_per_sample": 1, "max_time_s": 0.5 if args.quick else 1.5}
-    for base, cand in (("plain", "pdl"), ("pdl", "pdl+stage"), ("plain", "pdl+stage")):
+    for base, cand in CHAIN_PAIRS:
         try:
             cmp = gpuopt.compare(calls[base], calls[cand], labels=(base, cand), **opts)
         except Exception as exc:  # noqa: BLE001 - recorded; the other pairs still run

@@ -1,4 +1,5 @@
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "decode_linear_kernels.cuh"
@@ -30,44 +31,61 @@ int warps_for(const DecodeLinearParams& p, int vector) {
   return want >= 16 ? 16 : want >= 8 ? 8 : 4;
 }
 
-// The staged form's dynamic shared memory (over 48 KiB from 16 warps on) allowed once per kernel and device.
 template <typename T, int kWarps, int kVec, bool kRelu>
-void allow_staging(int device) {
+void launch(const DecodeLinearParams& p, cudaStream_t stream) {
+  const auto blocks = static_cast<unsigned>((p.n + 15) / 16);
+  launch_programmatic(kernels::decode_linear_mma<T, kWarps, kVec, kRelu>, dim3(blocks), dim3(kWarps * 32), 0,
+                      p.device, stream, static_cast<const T*>(p.x), static_cast<const T*>(p.weight),
+                      static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
+}
+
+// The tensor-memory kernel's dynamic shared memory (over 48 KiB) allowed once per kernel and device.
+template <typename T, int kWarps, bool kRelu>
+void allow_tile(int device) {
   constexpr int kDevices = 64;
   static std::atomic<bool> allowed[kDevices] = {};  // one array per instantiation, i.e. per kernel
   if (device >= 0 && device < kDevices && allowed[device].load(std::memory_order_relaxed)) return;
   int current = 0;
   GPUOPT_CHECK_CUDA(cudaGetDevice(&current));
   if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(device));
-  const cudaError_t status = cudaFuncSetAttribute(kernels::decode_linear_mma<T, kWarps, kVec, kRelu>,
+  const cudaError_t status = cudaFuncSetAttribute(kernels::decode_linear_tma<T, kWarps, 2, kRelu>,
                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  kernels::kLinearStageBytes(kWarps));
-  // All of the SM's unified L1/shared memory as shared memory: two blocks an SM, as without staging.
-  const cudaError_t carveout =
-      status != cudaSuccess ? status
-                            : cudaFuncSetAttribute(kernels::decode_linear_mma<T, kWarps, kVec, kRelu>,
-                                                   cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                   cudaSharedmemCarveoutMaxShared);
+                                                  static_cast<int>(kDecodeLinearTmaTileBytes));
   if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(current));
   GPUOPT_CHECK_CUDA(status);
-  GPUOPT_CHECK_CUDA(carveout);
   if (device >= 0 && device < kDevices) allowed[device].store(true, std::memory_order_relaxed);
 }
 
-// Staging the first weights before the wait pays only where the kernel can start before the one before it
-// ends: under programmatic launch, for a weight the caller declares constant.
-bool stages(const DecodeLinearParams& p) { return p.constant_weight && programmatic_launch_runs(p.device); }
+std::int64_t tile_bytes(const DecodeLinearParams& p) {
+  return 16 * (p.k * 2 + kernels::kLinearTmaPad);  // 16-bit types only
+}
 
-template <typename T, int kWarps, int kVec, bool kRelu>
-void launch(const DecodeLinearParams& p, cudaStream_t stream) {
-  const auto kernel = kernels::decode_linear_mma<T, kWarps, kVec, kRelu>;
-  const bool stage = stages(p);
-  if (stage) allow_staging<T, kWarps, kVec, kRelu>(p.device);
+// The tensor-memory kernel: asked for, no layout forced, two 16-byte words per row and chunk (k % 64 == 0),
+// the tile within kDecodeLinearTmaTileBytes, and 9.0+ code for the device.
+bool tma_runs(const DecodeLinearParams& p) {
+  return p.tensor_memory && p.warps == 0 && p.vector == 0 && vector_for(p) == 2 &&
+         tile_bytes(p) <= kDecodeLinearTmaTileBytes && hopper_code_runs(p.device);
+}
+
+template <typename T, int kWarps, bool kRelu>
+void launch_tma(const DecodeLinearParams& p, cudaStream_t stream) {
+  allow_tile<T, kWarps, kRelu>(p.device);
   const auto blocks = static_cast<unsigned>((p.n + 15) / 16);
-  launch_programmatic(kernel, dim3(blocks), dim3(kWarps * 32), stage ? kernels::kLinearStageBytes(kWarps) : 0,
-                      p.device, stream, static_cast<const T*>(p.x), static_cast<const T*>(p.weight),
-                      static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k,
-                      stage);
+  // Before the wait only for a constant weight, and only where the wait is real (programmatic launch).
+  const bool early = p.constant_weight && programmatic_launch_runs(p.device);
+  launch_programmatic(kernels::decode_linear_tma<T, kWarps, 2, kRelu>, dim3(blocks), dim3(kWarps * 32),
+                      static_cast<std::size_t>(tile_bytes(p)), p.device, stream, static_cast<const T*>(p.x),
+                      static_cast<const T*>(p.weight), static_cast<const T*>(p.bias), static_cast<T*>(p.out),
+                      static_cast<int>(p.rows), p.n, p.k, early);
+}
+
+template <typename T, bool kRelu>
+void launch_tma_warps(const DecodeLinearParams& p, cudaStream_t stream) {
+  switch (warps_for(p, 2)) {
+    case 4: launch_tma<T, 4, kRelu>(p, stream); return;
+    case 8: launch_tma<T, 8, kRelu>(p, stream); return;
+    default: launch_tma<T, 16, kRelu>(p, stream); return;  // k <= 3192 gives at most 16
+  }
 }
 
 template <typename T, int kVec, bool kRelu>
@@ -91,7 +109,14 @@ void launch_vector(const DecodeLinearParams& p, cudaStream_t stream) {
 
 template <typename T>
 void launch_activation(const DecodeLinearParams& p, cudaStream_t stream) {
-  if (p.activation == LinearActivation::kRelu) {
+  const bool relu = p.activation == LinearActivation::kRelu;
+  if (tma_runs(p)) {
+    if (relu) {
+      launch_tma_warps<T, true>(p, stream);
+    } else {
+      launch_tma_warps<T, false>(p, stream);
+    }
+  } else if (relu) {
     launch_vector<T, true>(p, stream);
   } else {
     launch_vector<T, false>(p, stream);

@@ -58,8 +58,10 @@ bool set_programmatic_launch(bool enabled) { return g_programmatic.exchange(enab
 // Programmatic launch needs the device (9.0+) and code built for it: in code JIT-compiled from an older
 // virtual architecture the kernels' trigger and wait are compiled out, and the attribute must not be set.
 bool programmatic_launch_runs(int device) {
-  return g_programmatic.load(std::memory_order_relaxed) && cc_major(device) >= 9 && code_arch(device) >= 90;
+  return g_programmatic.load(std::memory_order_relaxed) && hopper_code_runs(device);
 }
+
+bool hopper_code_runs(int device) { return cc_major(device) >= 9 && code_arch(device) >= 90; }
 
 // Tensor-core (mma.sync) code needs 8.0+ and code built for it (a build for 7.5 alone would run its
 // compute_75 PTX there, JIT-compiled, whose MMA is compiled out).

@@ -42,7 +42,9 @@ namespace {
 
 constexpr const char* kOp = "decode_linear";
 
-std::atomic<bool> g_cublas{false};  // decode_linear_kernel("cublas")
+// decode_linear_kernel: 0 "auto", 1 "registers", 2 "cublas"
+std::atomic<int> g_kernel{0};
+constexpr const char* kKernelNames[] = {"auto", "registers", "cublas"};
 std::atomic<int> g_warps{0};
 std::atomic<int> g_vector{0};
 
@@ -97,7 +99,8 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, con
   const std::int64_t k = weight.size(1);
   std::int64_t rows = 1;
   for (std::int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
-  if (g_cublas.load(std::memory_order_relaxed) || rows < 1 || rows > cuda::kDecodeLinearMaxRows ||
+  const int kernel = g_kernel.load(std::memory_order_relaxed);
+  if (kernel == 2 || rows < 1 || rows > cuda::kDecodeLinearMaxRows ||
       !weight.is_contiguous() || (bias.has_value() && !bias->is_contiguous())) {
     return reference(x, weight, bias, apply_relu);
   }
@@ -115,6 +118,7 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, con
   p.warps = g_warps.load(std::memory_order_relaxed);
   p.vector = g_vector.load(std::memory_order_relaxed);
   p.constant_weight = constant_weight;
+  p.tensor_memory = kernel == 0;
   if (!cuda::decode_linear_supported(p)) return reference(x, weight, bias, apply_relu);
   at::Tensor out = at::empty({rows, n}, x.options());
   p.out = out.mutable_data_ptr();
@@ -140,12 +144,16 @@ at::Tensor decode_linear_meta(const at::Tensor& x, const at::Tensor& weight, con
 
 }  // namespace
 
-std::string decode_linear_kernel() { return g_cublas.load() ? "cublas" : "auto"; }
+std::string decode_linear_kernel() { return kKernelNames[g_kernel.load()]; }
 
 std::string set_decode_linear_kernel(const std::string& name) {
-  TORCH_CHECK_VALUE(name == "auto" || name == "cublas",
-                    "decode_linear_kernel: kernel must be 'auto' or 'cublas', got '", name, "'");
-  return g_cublas.exchange(name == "cublas") ? "cublas" : "auto";
+  int index = -1;
+  for (int i = 0; i < 3; ++i) {
+    if (name == kKernelNames[i]) index = i;
+  }
+  TORCH_CHECK_VALUE(index >= 0, "decode_linear_kernel: kernel must be 'auto', 'registers' or 'cublas', got '", name,
+                    "'");
+  return kKernelNames[g_kernel.exchange(index)];
 }
 
 std::pair<int, int> decode_linear_layout() { return {g_warps.load(), g_vector.load()}; }

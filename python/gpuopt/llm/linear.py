@@ -24,8 +24,8 @@ class DecodeLinear(nn.Module):
     "none" or "relu".
 
     ``constant_weight`` (default True): no kernel writes the weight while the module runs, as at inference.
-    On compute capability 9.0+ the kernel then copies its first weights into shared memory while the kernel
-    before it in the stream finishes (programmatic dependent launch; ``gpuopt._C.programmatic_launch``
+    On compute capability 9.0+ the kernel then starts copying its weights into shared memory while the
+    kernel before it in the stream finishes (programmatic dependent launch; ``gpuopt._C.programmatic_launch``
     turns that off). Pass False for a weight written in place between calls, on the same stream, right
     before them."""
 
