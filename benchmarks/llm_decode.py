@@ -14,8 +14,7 @@ Parts (``--parts``): ``opt`` (hf-generate, static-graph fp16 and int8wo at batch
 the timer check), ``gemv`` (the int8 operator's kernel settings in a CUDA graph of 24 layers' calls, against each
 other and fp16 cuBLAS on the model's decode-step matrices, interleaved), ``linear`` (gpuopt's fp16 decode
 linear kernel in each of its layouts against cuBLAS on the same matrices, interleaved), ``chain`` (24 layers' fp16
-linear layers chained in a CUDA graph: plain and programmatic launch, weights through registers or the tensor
-memory accelerator, interleaved), ``attention`` (gpuopt's decode
+linear layers chained in a CUDA graph, launched plainly and programmatically, interleaved), ``attention`` (gpuopt's decode
 attention operator against transformers' SDPA function on decode-step shapes, interleaved), ``paths`` (the other paths
 at batch 1), ``batch`` (batch sizes), ``sweep`` (a Results
 sweep of the built-in models with plots). A part that fails is recorded with its reason and the others
@@ -375,21 +374,14 @@ def _linear_layouts_in_graph(x, w16, opts) -> dict:
     return row
 
 
-CHAIN_VARIANTS = {  # part_chain's settings: (programmatic launch, _C.decode_linear_kernel, constant_weight)
-    "plain": (False, "registers", False), "pdl": (True, "registers", False), "pdl+tma": (True, "auto", False),
-    "pdl+tma-early": (True, "auto", True)}
-CHAIN_PAIRS = (("plain", "pdl"), ("pdl", "pdl+tma"), ("pdl+tma", "pdl+tma-early"), ("plain", "pdl+tma-early"))
 
 
 def part_chain(args, ceilings, results: dict, targets: list[Target]) -> None:
     """The decode step's chain of fp16 linear layers without the rest: 24 OPT-1.3B layers' q/k/v, out_proj,
-    fc1 (ReLU) and fc2, each reading the output of the one before, captured in one CUDA graph, compared
-    interleaved: each lane loading its weights into registers, launched plainly (``plain``) or
-    programmatically (``pdl``: each kernel's blocks start while the one before finishes and wait for it
-    before any load); each block's weight tile copied into shared memory by the tensor memory accelerator
-    after that wait (``pdl+tma``) or before it (``pdl+tma-early``: ``constant_weight=True``; fc2's tile
-    is too large and keeps the register loads). What the step's linear layers lose between kernels: us per
-    layer against its 101 MB at the measured HBM read bandwidth."""
+    fc1 (ReLU) and fc2, each reading the output of the one before, captured in one CUDA graph, launched
+    plainly and programmatically (each kernel's blocks start while the one before finishes, and wait for
+    it before any load), interleaved. What the step's linear layers cost without the rest of the step: us
+    per layer against its 101 MB at the measured HBM read bandwidth (the floor)."""
     from gpuopt import _C
 
     ops = torch.ops.gpuopt
@@ -405,47 +397,35 @@ def part_chain(args, ceilings, results: dict, targets: list[Target]) -> None:
     if hbm:
         out["floor_us_per_layer"] = layer_bytes / hbm / 1e3
 
-    def chain(variant):
-        programmatic, kernel, constant = CHAIN_VARIANTS[variant]
-
-        def call():  # the settings are read at capture: the graph keeps them
-            before = _C.programmatic_launch(programmatic), _C.decode_linear_kernel(kernel)
+    def chain(programmatic):
+        def call():  # the setting is read at capture: the graph keeps it
+            before = _C.programmatic_launch(programmatic)
             try:
                 h = h0
                 for w_qkv, w_out, w_fc1, w_fc2 in weights:
-                    qkv = ops.decode_linear(h, w_qkv, None, "none", constant)
-                    a = ops.decode_linear(qkv[:, :2048], w_out, None, "none", constant)
-                    f = ops.decode_linear(a, w_fc1, None, "relu", constant)
-                    h = ops.decode_linear(f, w_fc2, None, "none", constant)
+                    qkv = ops.decode_linear(h, w_qkv, None, "none")
+                    a = ops.decode_linear(qkv[:, :2048], w_out, None, "none")
+                    f = ops.decode_linear(a, w_fc1, None, "relu")
+                    h = ops.decode_linear(f, w_fc2, None, "none")
                 return h
             finally:
-                _C.programmatic_launch(before[0])
-                _C.decode_linear_kernel(before[1])
+                _C.programmatic_launch(before)
         return call
 
-    calls = {v: chain(v) for v in CHAIN_VARIANTS}
-    ref = calls["plain"]()
-    for v in list(CHAIN_VARIANTS)[1:]:
-        if not torch.equal(calls[v](), ref):
-            out.setdefault("errors", {})[v] = "output differs from the plain launch's"
+    calls = {"plain": chain(False), "pdl": chain(True)}
+    if not torch.equal(calls["pdl"](), calls["plain"]()):
+        out.setdefault("errors", {})["pdl"] = "output differs from the plain launch's"
     opts = {"mode": "graph", "calls_per_sample": 1, "max_time_s": 0.5 if args.quick else 1.5}
-    for base, cand in CHAIN_PAIRS:
-        try:
-            cmp = gpuopt.compare(calls[base], calls[cand], labels=(base, cand), **opts)
-        except Exception as exc:  # noqa: BLE001 - recorded; the other pairs still run
-            traceback.print_exc()
-            out.setdefault("errors", {})[f"{base} vs {cand}"] = f"{type(exc).__name__}: {exc}"
-            continue
-        out["us_per_layer"].setdefault(base, cmp.baseline_ms * 1e3 / layers)
-        out["us_per_layer"][cand] = cmp.candidate_ms * 1e3 / layers
-        out["vs"][f"{cand} vs {base}"] = {"speedup": cmp.speedup, "ci": list(cmp.ci), "verdict": cmp.verdict,
-                                          f"{base}_us": cmp.baseline_ms * 1e3 / layers,
-                                          f"{cand}_us": cmp.candidate_ms * 1e3 / layers}
-        share = (f", {layer_bytes / (cmp.candidate_ms * 1e3 / layers) / 1e3 / hbm * 100:.1f}% of HBM read"
-                 if hbm else "")
-        print(f"CHAIN {cand} vs {base}: {cmp.candidate_ms * 1e3 / layers:.2f} vs {cmp.baseline_ms * 1e3 / layers:.2f}"
-              f" us per layer, {cmp.speedup:.3f}x {cmp.verdict}{share}", flush=True)
-        write(args, results, targets, final=False)
+    cmp = gpuopt.compare(calls["plain"], calls["pdl"], labels=("plain", "pdl"), **opts)
+    us = {"plain": cmp.baseline_ms * 1e3 / layers, "pdl": cmp.candidate_ms * 1e3 / layers}
+    out["us_per_layer"] = us
+    out["vs"]["pdl vs plain"] = {"speedup": cmp.speedup, "ci": list(cmp.ci), "verdict": cmp.verdict}
+    share = {k: layer_bytes / v / 1e3 / hbm * 100 for k, v in us.items()} if hbm else {}
+    out["pct_of_hbm_read"] = share
+    print(f"CHAIN {layers} layers' q/k/v, out_proj, fc1, fc2 in a graph: plain {us['plain']:.2f} us per layer, "
+          f"pdl {us['pdl']:.2f} ({cmp.speedup:.3f}x, {cmp.verdict})"
+          + (f"; {share['pdl']:.1f}% of HBM read, floor {out['floor_us_per_layer']:.2f} us" if hbm else ""),
+          flush=True)
 
 
 # (batch, heads, kv heads, cache length): decode steps of OPT-1.3B-like (32 heads) and Llama-1B-like

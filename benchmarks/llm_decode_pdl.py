@@ -1,6 +1,8 @@
 """Inductor's programmatic dependent launch (``triton.enable_pdl``: its Triton kernels launched early,
 waiting on the previous kernel in the device) in gpuopt's compiled decode step: OPT-1.3B
-static-graph-compile, batch 1, prompt 128, 256 new tokens, each cell with and without it in turn.
+static-graph-compile, batch 1, prompt 128, 256 new tokens, each cell with (``pdl``) and without it
+(``base``) in turn. gpuopt's own kernels launch programmatically in both; ``gpuopt.llm.passes.compile_options``
+turns inductor's on by default where they do (compute capability 9.0+), so ``base`` takes it out.
 
     python benchmarks/llm_decode_pdl.py fp16:base,fp16:pdl,int8wo:base,int8wo:pdl,fp16:base,fp16:pdl
 

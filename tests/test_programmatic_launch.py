@@ -34,26 +34,23 @@ def test_the_setting_is_process_wide_and_on_by_default(launch_setting):
 # ---- GPU -------------------------------------------------------------------------------------------------
 
 
-
 def _needs_programmatic_launch():
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("programmatic dependent launch needs compute capability 9.0+ (it is off below)")
 
 
-def _chain(x, w1, b1, q2, s2, w3_base, w3_scale, w4, k_cache, v_cache, position, heads, d, constant=False):
+def _chain(x, w1, b1, q2, s2, w3_base, w3_scale, w4, k_cache, v_cache, position, heads, d):
     """decode_linear -> int8 linear with ReLU -> a weight computed by the kernel right before -> decode_linear
     on it -> the q/k/v projection's output appended to a KV cache and attended (decode_attention_append) ->
-    decode_linear again. ``constant``: the two decode_linear calls on constant weights say so
-    (constant_weight=True: their tiles are copied before the wait); the one on the weight written right
-    before never does."""
-    h1 = ops.decode_linear(x, w1, b1, "none", constant)
+    decode_linear again."""
+    h1 = ops.decode_linear(x, w1, b1, "none")
     h2 = ops.int8_weight_only_linear(h1, q2, s2, None, "relu")
     w3 = w3_base * w3_scale  # written by the kernel right before the one that reads it
     qkv = ops.decode_linear(h2, w3, None, "none")  # [1, 3 * heads * d]
     q, k, v = qkv.view(1, 1, 3, heads, d).unbind(2)
     att = ops.decode_attention_append(q.transpose(1, 2), k_cache, v_cache, k.transpose(1, 2), v.transpose(1, 2),
                                       position, None, None, True)  # [1, heads, 1, d]
-    return ops.decode_linear(att.reshape(1, heads * d), w4, None, "none", constant)
+    return ops.decode_linear(att.reshape(1, heads * d), w4, None, "none")
 
 
 @pytest.fixture
@@ -68,12 +65,10 @@ def int8_kernel(request):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("keys, first", [(256, 6), (4096, 3000)], ids=["one-block", "split-kv"])
 @pytest.mark.parametrize("int8_kernel", ["auto", "simt"], indirect=True)
-@pytest.mark.parametrize("constant", [False, True], ids=["waits", "constant-weights"])
-def test_a_chain_of_decode_kernels_in_a_graph_reads_each_others_outputs(dtype, keys, first, int8_kernel, constant,
+def test_a_chain_of_decode_kernels_in_a_graph_reads_each_others_outputs(dtype, keys, first, int8_kernel,
                                                                         launch_setting, kernels_run):
     """The attention is one block per head (256 keys) or split over blocks and combined by a second kernel
-    (4096 keys); the int8 linear layer runs the tensor-core kernel (auto, one row of N = 2048) or the SIMT one;
-    the decode linears (tensor-memory tiles) on constant weights copy them before the wait or after it."""
+    (4096 keys); the int8 linear layer runs the tensor-core kernel (auto, one row of N = 2048) or the SIMT one."""
     _needs_programmatic_launch()
     g = torch.Generator(device="cuda").manual_seed(0)
     heads, d, k = 8, 64, 2048
@@ -89,7 +84,7 @@ def test_a_chain_of_decode_kernels_in_a_graph_reads_each_others_outputs(dtype, k
     w4 = rand(k, heads * d, scale=(heads * d) ** -0.5)
     caches = [rand(1, heads, keys, d), rand(1, heads, keys, d)]
     position = torch.tensor([5], device="cuda")
-    args = (x, w1, b1, q2, s2, w3_base, w3_scale, w4, *caches, position, heads, d, constant)
+    args = (x, w1, b1, q2, s2, w3_base, w3_scale, w4, *caches, position, heads, d)
 
     _C.programmatic_launch(True)  # read at capture: the graph keeps programmatic edges (on 9.0+)
     graph = torch.cuda.CUDAGraph()
@@ -103,7 +98,6 @@ def test_a_chain_of_decode_kernels_in_a_graph_reads_each_others_outputs(dtype, k
     names = kernels_run(graph.replay)
     assert any("decode_attention_combine" in n for n in names) == (keys > 1024), names
     assert any("int8_linear<" in n for n in names) == (int8_kernel == "simt"), names
-    assert sum("decode_linear_tma" in n for n in names) == 3, names  # K = 2048, 2048 and 512: tiles that fit
     _C.programmatic_launch(False)
     for step in range(6):
         x.copy_(rand(1, k))
@@ -138,50 +132,3 @@ def test_eager_calls_with_the_launch_on_and_off_agree(launch_setting):
     torch.cuda.synchronize()
     assert torch.isfinite(got[True]).all() and got[True].abs().sum() > 0
     assert torch.equal(got[True], got[False])
-
-
-@pytest.mark.gpuopt_gpu
-@pytest.mark.parametrize("m,n,k", [(1, 6144, 2048), (1, 2048, 2048), (8, 40, 2048), (3, 1000, 192), (2, 300, 3136),
-                                   (1, 2048, 8192), (2, 64, 3200)])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("constant", [False, True], ids=["waits", "constant-weights"])
-@pytest.mark.parametrize("programmatic", [False, True], ids=["plain", "programmatic"])
-def test_tensor_memory_tiles_give_the_registers_kernels_values(m, n, k, dtype, constant, programmatic,
-                                                               launch_setting, rng, kernels_run):
-    """On 9.0+ the auto kernel copies each block's weight tile into shared memory with the tensor memory
-    accelerator where it fits (16 rows of k <= 3192, k % 64 == 0): the same sums in the same order as the
-    register-load kernel, so the same bits; in back-to-back eager calls, each reading the output of the one
-    before where n is a multiple of 32 (n x k, then k x n, ...). k = 8192 and 3200 take the register kernel
-    (too large a tile); n = 40, 1000 and 300 leave a partial tile; k = 192 gives warps no whole batch."""
-    _needs_programmatic_launch()
-    _C.programmatic_launch(programmatic)
-    g = torch.Generator(device="cuda").manual_seed(int(torch.randint(0, 2 ** 31, (1,), generator=rng)))
-    x = torch.randn(m, k, device="cuda", generator=g).to(dtype)
-    chained = n % 32 == 0
-    shapes = [(n, k) if i % 2 == 0 or not chained else (k, n) for i in range(4)]
-    ws = [(torch.randn(*shape, device="cuda", generator=g) / shape[1] ** 0.5).to(dtype) for shape in shapes]
-    bias = torch.randn(n, device="cuda", generator=g).to(dtype)
-
-    def run():
-        h, outs = x, []
-        for i, w in enumerate(ws):
-            out = ops.decode_linear(h if chained else x, w, bias if i % 2 == 0 else None,
-                                    "relu" if i == 0 else "none", constant)
-            outs.append(out)
-            h = out
-        return torch.cat([o.flatten() for o in outs])
-
-    names = kernels_run(run, "gpuopt::cuda::kernels::decode_linear")
-    tiles = [s[1] <= 3192 and s[1] % 64 == 0 for s in shapes]
-    assert [("decode_linear_tma" in name) for name in names] == tiles, names
-    got = run()
-    before = _C.decode_linear_kernel("registers")
-    try:
-        assert all("decode_linear_mma" in name for name in kernels_run(run, "gpuopt::cuda::kernels::decode_linear"))
-        want = run()
-    finally:
-        _C.decode_linear_kernel(before)
-    torch.cuda.synchronize()
-    assert torch.isfinite(want).all() and want.abs().sum() > 0
-    assert torch.equal(got, want)
-    assert torch.equal(run(), want)  # and again, from warm caches

@@ -1,5 +1,3 @@
-#include <atomic>
-#include <cstddef>
 #include <cstdint>
 
 #include "decode_linear_kernels.cuh"
@@ -39,55 +37,6 @@ void launch(const DecodeLinearParams& p, cudaStream_t stream) {
                       static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
 }
 
-// The tensor-memory kernel's dynamic shared memory (over 48 KiB) allowed once per kernel and device.
-template <typename T, int kWarps, bool kRelu>
-void allow_tile(int device) {
-  constexpr int kDevices = 64;
-  static std::atomic<bool> allowed[kDevices] = {};  // one array per instantiation, i.e. per kernel
-  if (device >= 0 && device < kDevices && allowed[device].load(std::memory_order_relaxed)) return;
-  int current = 0;
-  GPUOPT_CHECK_CUDA(cudaGetDevice(&current));
-  if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(device));
-  const cudaError_t status = cudaFuncSetAttribute(kernels::decode_linear_tma<T, kWarps, 2, kRelu>,
-                                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                  static_cast<int>(kDecodeLinearTmaTileBytes));
-  if (current != device) GPUOPT_CHECK_CUDA(cudaSetDevice(current));
-  GPUOPT_CHECK_CUDA(status);
-  if (device >= 0 && device < kDevices) allowed[device].store(true, std::memory_order_relaxed);
-}
-
-std::int64_t tile_bytes(const DecodeLinearParams& p) {
-  return 16 * (p.k * 2 + kernels::kLinearTmaPad);  // 16-bit types only
-}
-
-// The tensor-memory kernel: asked for, no layout forced, two 16-byte words per row and chunk (k % 64 == 0),
-// the tile within kDecodeLinearTmaTileBytes, and 9.0+ code for the device.
-bool tma_runs(const DecodeLinearParams& p) {
-  return p.tensor_memory && p.warps == 0 && p.vector == 0 && vector_for(p) == 2 &&
-         tile_bytes(p) <= kDecodeLinearTmaTileBytes && hopper_code_runs(p.device);
-}
-
-template <typename T, int kWarps, bool kRelu>
-void launch_tma(const DecodeLinearParams& p, cudaStream_t stream) {
-  allow_tile<T, kWarps, kRelu>(p.device);
-  const auto blocks = static_cast<unsigned>((p.n + 15) / 16);
-  // Before the wait only for a constant weight, and only where the wait is real (programmatic launch).
-  const bool early = p.constant_weight && programmatic_launch_runs(p.device);
-  launch_programmatic(kernels::decode_linear_tma<T, kWarps, 2, kRelu>, dim3(blocks), dim3(kWarps * 32),
-                      static_cast<std::size_t>(tile_bytes(p)), p.device, stream, static_cast<const T*>(p.x),
-                      static_cast<const T*>(p.weight), static_cast<const T*>(p.bias), static_cast<T*>(p.out),
-                      static_cast<int>(p.rows), p.n, p.k, early);
-}
-
-template <typename T, bool kRelu>
-void launch_tma_warps(const DecodeLinearParams& p, cudaStream_t stream) {
-  switch (warps_for(p, 2)) {
-    case 4: launch_tma<T, 4, kRelu>(p, stream); return;
-    case 8: launch_tma<T, 8, kRelu>(p, stream); return;
-    default: launch_tma<T, 16, kRelu>(p, stream); return;  // k <= 3192 gives at most 16
-  }
-}
-
 template <typename T, int kVec, bool kRelu>
 void launch_warps(const DecodeLinearParams& p, cudaStream_t stream) {
   switch (warps_for(p, kVec)) {
@@ -109,14 +58,7 @@ void launch_vector(const DecodeLinearParams& p, cudaStream_t stream) {
 
 template <typename T>
 void launch_activation(const DecodeLinearParams& p, cudaStream_t stream) {
-  const bool relu = p.activation == LinearActivation::kRelu;
-  if (tma_runs(p)) {
-    if (relu) {
-      launch_tma_warps<T, true>(p, stream);
-    } else {
-      launch_tma_warps<T, false>(p, stream);
-    }
-  } else if (relu) {
+  if (p.activation == LinearActivation::kRelu) {
     launch_vector<T, true>(p, stream);
   } else {
     launch_vector<T, false>(p, stream);

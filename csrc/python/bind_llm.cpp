@@ -103,9 +103,8 @@ void bind_llm(py::module_& m) {
       },
       py::arg("kernel") = py::none(),
       "What torch.ops.gpuopt.decode_linear runs on CUDA: 'auto' (gpuopt's tensor-core kernel for 1 to 8 rows of "
-      "float16/bfloat16, K a multiple of 32, compute capability 8.0+, its weight tile copied into shared memory "
-      "by the tensor memory accelerator on 9.0+ where it fits; cuBLAS otherwise), 'registers' (the same kernel, "
-      "each lane loading its weights into registers, on every device) or 'cublas' (always ATen's linear). With a name, sets it process-wide and returns the previous one; without, returns it. "
+      "float16/bfloat16, K a multiple of 32, compute capability 8.0+; cuBLAS otherwise) or 'cublas' (always "
+      "ATen's linear). With a name, sets it process-wide and returns the previous one; without, returns it. "
       "A captured graph keeps what it captured. For tests and benchmarks.");
 
   m.def(

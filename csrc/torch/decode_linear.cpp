@@ -1,12 +1,9 @@
 // gpuopt::decode_linear, a torch operator registered like those of ops.cpp (a fragment of the `gpuopt`
 // library that ops.cpp defines):
 //
-//   gpuopt::decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation="none",
-//                         bool constant_weight=False) -> Tensor
+//   gpuopt::decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation="none") -> Tensor
 //       out = act(x @ weight.T + bias), shape [..., N], for x of float16/bfloat16/float32 [..., K], a
 //       weight [N, K] and an optional bias [N] of x's dtype; activation "none" or "relu".
-//       constant_weight: no kernel writes the weight while the call may run (a parameter at inference);
-//       on compute capability 9.0+ the kernel then starts reading it before the kernel before it ends.
 //
 // CPU: ATen's linear. CUDA: for decode batches (1 to 8 rows of fp16/bf16, K a multiple of 32, aligned
 // contiguous data, compute capability 8.0+) gpuopt's bandwidth-bound tensor-core kernel with the bias
@@ -42,9 +39,7 @@ namespace {
 
 constexpr const char* kOp = "decode_linear";
 
-// decode_linear_kernel: 0 "auto", 1 "registers", 2 "cublas"
-std::atomic<int> g_kernel{0};
-constexpr const char* kKernelNames[] = {"auto", "registers", "cublas"};
+std::atomic<bool> g_cublas{false};  // decode_linear_kernel("cublas")
 std::atomic<int> g_warps{0};
 std::atomic<int> g_vector{0};
 
@@ -84,13 +79,13 @@ at::Tensor reference(const at::Tensor& x, const at::Tensor& weight, const std::o
 }
 
 at::Tensor decode_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                             const std::string& activation, bool /*constant_weight*/) {
+                             const std::string& activation) {
   check_args(x, weight, bias, activation);
   return reference(x, weight, bias, relu(activation));
 }
 
 at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                              const std::string& activation, bool constant_weight) {
+                              const std::string& activation) {
   check_args(x, weight, bias, activation);
   const bool apply_relu = relu(activation);
 #ifdef GPUOPT_WITH_CUDA
@@ -99,8 +94,7 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, con
   const std::int64_t k = weight.size(1);
   std::int64_t rows = 1;
   for (std::int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
-  const int kernel = g_kernel.load(std::memory_order_relaxed);
-  if (kernel == 2 || rows < 1 || rows > cuda::kDecodeLinearMaxRows ||
+  if (g_cublas.load(std::memory_order_relaxed) || rows < 1 || rows > cuda::kDecodeLinearMaxRows ||
       !weight.is_contiguous() || (bias.has_value() && !bias->is_contiguous())) {
     return reference(x, weight, bias, apply_relu);
   }
@@ -117,8 +111,6 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, con
   p.activation = apply_relu ? cuda::LinearActivation::kRelu : cuda::LinearActivation::kNone;
   p.warps = g_warps.load(std::memory_order_relaxed);
   p.vector = g_vector.load(std::memory_order_relaxed);
-  p.constant_weight = constant_weight;
-  p.tensor_memory = kernel == 0;
   if (!cuda::decode_linear_supported(p)) return reference(x, weight, bias, apply_relu);
   at::Tensor out = at::empty({rows, n}, x.options());
   p.out = out.mutable_data_ptr();
@@ -128,14 +120,13 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, con
   return out.view(out_shape);
 #else
   (void)apply_relu;
-  (void)constant_weight;
   require_cuda("gpuopt::decode_linear on a CUDA tensor");
   return {};
 #endif
 }
 
 at::Tensor decode_linear_meta(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                              const std::string& activation, bool /*constant_weight*/) {
+                              const std::string& activation) {
   check_args(x, weight, bias, activation);
   std::vector<c10::SymInt> shape(x.sym_sizes().begin(), x.sym_sizes().end() - 1);
   shape.push_back(weight.sym_size(0));
@@ -144,16 +135,12 @@ at::Tensor decode_linear_meta(const at::Tensor& x, const at::Tensor& weight, con
 
 }  // namespace
 
-std::string decode_linear_kernel() { return kKernelNames[g_kernel.load()]; }
+std::string decode_linear_kernel() { return g_cublas.load() ? "cublas" : "auto"; }
 
 std::string set_decode_linear_kernel(const std::string& name) {
-  int index = -1;
-  for (int i = 0; i < 3; ++i) {
-    if (name == kKernelNames[i]) index = i;
-  }
-  TORCH_CHECK_VALUE(index >= 0, "decode_linear_kernel: kernel must be 'auto', 'registers' or 'cublas', got '", name,
-                    "'");
-  return kKernelNames[g_kernel.exchange(index)];
+  TORCH_CHECK_VALUE(name == "auto" || name == "cublas",
+                    "decode_linear_kernel: kernel must be 'auto' or 'cublas', got '", name, "'");
+  return g_cublas.exchange(name == "cublas") ? "cublas" : "auto";
 }
 
 std::pair<int, int> decode_linear_layout() { return {g_warps.load(), g_vector.load()}; }
@@ -188,8 +175,7 @@ bool programmatic_launch_runs(int /*device*/) { return false; }
 
 TORCH_LIBRARY_FRAGMENT(gpuopt, m) {
   m.def(
-      "decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation=\"none\", "
-      "bool constant_weight=False) -> Tensor");
+      "decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation=\"none\") -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gpuopt, CPU, m) { m.impl("decode_linear", &gpuopt::torch_ext::decode_linear_cpu); }

@@ -7,9 +7,7 @@
 
 namespace gpuopt::torch_ext {
 
-// "auto" (gpuopt's kernel where it applies, its weights through the tensor memory accelerator on 9.0+ where
-// the tile fits, else cuBLAS), "registers" (gpuopt's kernel loading weights into registers everywhere) or
-// "cublas" (always ATen's linear). Read at
+// "auto" (gpuopt's kernel where it applies, else cuBLAS) or "cublas" (always ATen's linear). Read at
 // each call: a captured graph keeps what it captured. set_ returns the previous name; ValueError for
 // any other.
 std::string decode_linear_kernel();

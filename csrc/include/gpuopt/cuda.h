@@ -151,8 +151,8 @@ void fill_pattern(std::uint32_t* out, std::int64_t n, std::uint32_t seed, cudaSt
 // for that device built for 8.0 or newer (a build for 7.5 alone would JIT its compute_75 PTX there,
 // whose MMA is compiled out). Asked once per device (made current for the query).
 bool mma_code_runs(int device);
-// The same for 9.0-only code (programmatic launch, the tensor memory accelerator): compute capability 9.0+
-// and this binary's code for the device built for 9.0+.
+// The same for 9.0-only code (programmatic dependent launch): compute capability 9.0+ and this binary's code
+// for the device built for 9.0+.
 bool hopper_code_runs(int device);
 
 // Programmatic dependent launch of the decode kernels (decode_linear, int8_linear, decode_attention;
@@ -234,19 +234,7 @@ struct DecodeLinearParams {
   int device = 0;  // the CUDA device of every pointer
   int warps = 0;   // warps per block: 0 chosen from k (one batch of loads per warp), or 4, 8, 16, 32
   int vector = 0;  // 16-byte loads per weight row, lane and chunk: 0 chosen, 1, 2, 4 (the largest k allows)
-  // Where the device and this binary's code for it are 9.0+, warps and vector are 0 and a block's 16
-  // weight rows fit kDecodeLinearTmaTileBytes: the block's weight tile is copied into shared memory by
-  // the tensor memory accelerator (bulk copies, no registers and no L1), else each lane loads its words.
-  bool tensor_memory = true;
-  // No kernel writes the weight while this call may run (a model's parameter at inference): under
-  // programmatic launch the tensor-memory copies of the weights then start before the wait for the kernel
-  // before. False: nothing is read before that kernel completes.
-  bool constant_weight = false;
 };
-
-// The most shared memory a block's weight tile may take in decode_linear's tensor-memory kernel: 16 rows of
-// k 16-bit values, each padded by 16 bytes (k <= 3192: OPT-1.3B's K = 2048 matrices, not its fc2).
-constexpr std::int64_t kDecodeLinearTmaTileBytes = 100 * 1024;
 
 // The most rows decode_linear takes (one MMA tile): past that a cuBLAS GEMM is as fast.
 constexpr std::int64_t kDecodeLinearMaxRows = 8;

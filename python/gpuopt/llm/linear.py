@@ -21,15 +21,9 @@ DTYPES = (torch.float16, torch.bfloat16)
 class DecodeLinear(nn.Module):
     """``act(x @ weight.T + bias)`` through ``torch.ops.gpuopt.decode_linear``, on the parameters of the
     ``nn.Linear`` it replaces (shared, so a weight tied to an embedding stays tied). ``activation``:
-    "none" or "relu".
+    "none" or "relu"."""
 
-    ``constant_weight`` (default True): no kernel writes the weight while the module runs, as at inference.
-    On compute capability 9.0+ the kernel then starts copying its weights into shared memory while the
-    kernel before it in the stream finishes (programmatic dependent launch; ``gpuopt._C.programmatic_launch``
-    turns that off). Pass False for a weight written in place between calls, on the same stream, right
-    before them."""
-
-    def __init__(self, linear: nn.Linear, activation: str = "none", constant_weight: bool = True):
+    def __init__(self, linear: nn.Linear, activation: str = "none"):
         super().__init__()
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"linear must be a torch.nn.Linear (weight [out, in]), got {type(linear).__name__}")
@@ -38,13 +32,10 @@ class DecodeLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_parameter("weight", linear.weight)
         self.register_parameter("bias", linear.bias)
-        if not isinstance(constant_weight, bool):
-            raise TypeError(f"constant_weight must be a bool, got {type(constant_weight).__name__}")
         self.activation = activation
-        self.constant_weight = constant_weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.gpuopt.decode_linear(x, self.weight, self.bias, self.activation, self.constant_weight)
+        return torch.ops.gpuopt.decode_linear(x, self.weight, self.bias, self.activation)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
