@@ -153,10 +153,10 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
             cublas_linears = run(best, "fp16", label=f"fp16+{best}+cublas-linears")
         finally:
             gpuopt._C.decode_linear_kernel(before)
-    # Programmatic dependent launch of gpuopt's decode kernels (on by default, compute capability 9.0+):
-    # the fast path without it, right after (read when the step is captured), and the same for int8wo.
-    pdl = ("no-pdl" in ablations and gpuopt._C.programmatic_launch()
-           and torch.cuda.get_device_capability()[0] >= 9)  # below 9.0 nothing launches programmatically
+    # Programmatic dependent launch of gpuopt's decode kernels and, with them, inductor's (on by default where
+    # the device and this build's code are 9.0+): the fast path without either, right after (the setting is
+    # read when the step is compiled and captured), and the same for int8wo.
+    pdl = "no-pdl" in ablations and gpuopt._C.programmatic_launch_runs(torch.cuda.current_device())
 
     def without_pdl(precision):
         before = gpuopt._C.programmatic_launch(False)
@@ -372,8 +372,6 @@ def _linear_layouts_in_graph(x, w16, opts) -> dict:
         row["vs_cublas"][label] = {"speedup": cmp.speedup, "ci": list(cmp.ci), "verdict": cmp.verdict,
                                    "cublas_us": cmp.baseline_ms * 1e3 / layers}
     return row
-
-
 
 
 def part_chain(args, ceilings, results: dict, targets: list[Target]) -> None:

@@ -323,7 +323,6 @@ def test_unaligned_x_takes_the_dequantized_path(dtype, rng, monkeypatch):
     _check(ops.int8_weight_only_linear(xu, w, s, b), xu, w, s, b)
 
 
-
 @pytest.mark.gpuopt_gpu
 @pytest.mark.parametrize("m,n,k,dtype,which", [
     (1, 4000, 512, torch.float16, "int8_linear<__half, 1, false>"),

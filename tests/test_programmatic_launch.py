@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import gpuopt  # noqa: F401  (loading gpuopt._C registers the operators)
+import gpuopt  # (loading gpuopt._C registers the operators)
 from gpuopt import _C
 
 ops = torch.ops.gpuopt
@@ -29,6 +29,25 @@ def test_the_setting_is_process_wide_and_on_by_default(launch_setting):
     assert _C.programmatic_launch() is True
     assert _C.programmatic_launch(False) is True and _C.programmatic_launch() is False
     assert _C.programmatic_launch(True) is False and _C.programmatic_launch() is True
+
+
+def test_whether_it_runs_on_a_device_follows_the_device_the_build_and_the_setting(launch_setting):
+    """programmatic_launch_runs(device): 9.0+ with this build's code for it (the GPU suite builds for its
+    device) and the setting on; False in a build without CUDA; the device checks of every binding."""
+    if not gpuopt.build_info()["cuda"]:
+        assert _C.programmatic_launch_runs(0) is False  # nothing launches at all
+        return
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="programmatic_launch_runs needs a CUDA device, and none is visible"):
+            _C.programmatic_launch_runs(0)
+        return
+    assert _C.programmatic_launch_runs(0) is (torch.cuda.get_device_capability(0)[0] >= 9)
+    _C.programmatic_launch(False)
+    assert _C.programmatic_launch_runs(0) is False
+    count = torch.cuda.device_count()
+    for bad in (-1, count):
+        with pytest.raises(IndexError, match=rf"programmatic_launch_runs: device must be in \[0, {count}\), got {bad}"):
+            _C.programmatic_launch_runs(bad)
 
 
 # ---- GPU -------------------------------------------------------------------------------------------------

@@ -70,9 +70,9 @@ void launch(const DecodeAttentionParams& p, cudaStream_t stream) {
   a.position = reinterpret_cast<const long long*>(p.position);
   const dim3 grid(static_cast<unsigned>(p.heads), static_cast<unsigned>(p.batch), static_cast<unsigned>(splits));
   const dim3 threads(static_cast<unsigned>(warps_for<T, D>((p.keys + splits - 1) / splits) * 32));
-  launch_programmatic(kernels::decode_attention<T, D>, grid, threads, 0, p.device, stream, a);
+  launch_programmatic(kernels::decode_attention<T, D>, grid, threads, p.device, stream, a);
   if (splits > 1) {
-    launch_programmatic(kernels::decode_attention_combine<T, D>, dim3(grid.x, grid.y), dim3(D), 0, p.device, stream,
+    launch_programmatic(kernels::decode_attention_combine<T, D>, dim3(grid.x, grid.y), dim3(D), p.device, stream,
                         p.workspace, a.out, a.heads, static_cast<int>(splits));
   }
 }

@@ -32,8 +32,8 @@ int warps_for(const DecodeLinearParams& p, int vector) {
 template <typename T, int kWarps, int kVec, bool kRelu>
 void launch(const DecodeLinearParams& p, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((p.n + 15) / 16);
-  launch_programmatic(kernels::decode_linear_mma<T, kWarps, kVec, kRelu>, dim3(blocks), dim3(kWarps * 32), 0,
-                      p.device, stream, static_cast<const T*>(p.x), static_cast<const T*>(p.weight),
+  launch_programmatic(kernels::decode_linear_mma<T, kWarps, kVec, kRelu>, dim3(blocks), dim3(kWarps * 32), p.device,
+                      stream, static_cast<const T*>(p.x), static_cast<const T*>(p.weight),
                       static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
 }
 

@@ -13,7 +13,7 @@ template <typename T, int kRows, bool kRelu>
 void launch(const Int8LinearParams& p, cudaStream_t stream) {
   constexpr int kWarps = kernels::kInt8LinearWarps;
   const auto blocks = static_cast<unsigned>((p.n + kWarps - 1) / kWarps);
-  launch_programmatic(kernels::int8_linear<T, kRows, kRelu>, dim3(blocks), dim3(kWarps * 32), 0, p.device, stream,
+  launch_programmatic(kernels::int8_linear<T, kRows, kRelu>, dim3(blocks), dim3(kWarps * 32), p.device, stream,
                       static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32, static_cast<const T*>(p.bias),
                       static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
 }
@@ -48,7 +48,7 @@ template <typename T, int kTiles, int kWarps, int kVec, bool kRelu>
 void launch_mma(const Int8LinearParams& p, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((p.n + 15) / 16);
   launch_programmatic(kernels::int8_linear_mma<T, kTiles, kWarps, kVec, kRelu>, dim3(blocks), dim3(kWarps * 32),
-                      0, p.device, stream, static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32,
+                      p.device, stream, static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32,
                       static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
 }
 

@@ -185,7 +185,7 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #elif defined(__CUDA_ARCH__)
-  __trap();  // never launched below 8.0 (mma_runs in int8_linear.cu): a wrong sum must not pass silently
+  __trap();  // never launched below 8.0 (mma_code_runs in device_code.cu): a wrong sum must not pass silently
 #endif
 }
 __device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
@@ -197,7 +197,7 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const std::uint32_t (&a
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #elif defined(__CUDA_ARCH__)
-  __trap();  // never launched below 8.0 (mma_runs in int8_linear.cu): a wrong sum must not pass silently
+  __trap();  // never launched below 8.0 (mma_code_runs in device_code.cu): a wrong sum must not pass silently
 #endif
 }
 

@@ -13,7 +13,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstddef>
 
 #include "gpuopt/cuda.h"
 
@@ -38,16 +37,15 @@ __device__ __forceinline__ void allow_next_grid() {
 }  // namespace kernels
 
 // Launches `kernel` with programmatic dependent launch where programmatic_launch_runs(device) (9.0+ and code
-// built for it; the kernel must call kernels::wait_for_prior_grid() before it touches memory another kernel
-// may write), plainly otherwise. `shared_bytes` of dynamic shared memory a block (over 48 KiB only where
-// the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize allows it on `device`).
+// built for it; the kernel must call kernels::wait_for_prior_grid() before it touches memory), plainly
+// otherwise.
 template <typename... Params, typename... Args>
-void launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes, int device,
-                         cudaStream_t stream, Args&&... args) {
+void launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, int device, cudaStream_t stream,
+                         Args&&... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
-  config.dynamicSmemBytes = shared_bytes;
+  config.dynamicSmemBytes = 0;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -56,7 +54,8 @@ void launch_programmatic(void (*kernel)(Params...), dim3 grid, dim3 block, std::
   config.numAttrs = programmatic_launch_runs(device) ? 1 : 0;
   const cudaError_t status = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
   if (status != cudaSuccess) (void)cudaGetLastError();  // a bad launch is reported here, not by the next check
-  GPUOPT_CHECK_CUDA(status);
+  GPUOPT_CHECK(status == cudaSuccess, "cudaLaunchKernelEx failed: ", cudaGetErrorName(status), " (",
+               cudaGetErrorString(status), ")");
 }
 
 }  // namespace gpuopt::cuda

@@ -122,7 +122,7 @@ void bind_llm(py::module_& m) {
   m.def("programmatic_launch_runs", &torch_ext::programmatic_launch_runs, py::arg("device"),
         "Whether gpuopt's decode kernels launch programmatically on CUDA device `device` now: programmatic_launch() "
         "is on, the device has compute capability 9.0+ and this build's code for it is built for 9.0+. False in a "
-        "build without CUDA; ValueError for a device index this process does not see.");
+        "build without CUDA; ValueError where no CUDA device is visible, IndexError for an index out of range.");
 
   m.def(
       "decode_linear_layout",

@@ -27,7 +27,6 @@
 #include "device.h"
 
 #ifdef GPUOPT_WITH_CUDA
-#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -157,10 +156,7 @@ std::pair<int, int> set_decode_linear_layout(int warps, int vector) {
 bool programmatic_launch() { return cuda::programmatic_launch(); }
 bool set_programmatic_launch(bool enabled) { return cuda::set_programmatic_launch(enabled); }
 bool programmatic_launch_runs(int device) {
-  const int count = static_cast<int>(c10::cuda::device_count());
-  TORCH_CHECK_VALUE(device >= 0 && device < count, "programmatic_launch_runs: device must be a CUDA device index "
-                    "in [0, ", count, "), got ", device);
-  return cuda::programmatic_launch_runs(device);
+  return cuda::programmatic_launch_runs(checked_cuda_device(device, "programmatic_launch_runs"));
 }
 #else
 namespace {

@@ -23,8 +23,9 @@ std::pair<int, int> set_decode_linear_layout(int warps, int vector);
 bool programmatic_launch();
 bool set_programmatic_launch(bool enabled);
 // Whether the decode kernels launch programmatically on CUDA device `device` now: the setting is on, the
-// device is 9.0+ and this binary's code for it is built for 9.0+. False in a build without CUDA;
-// ValueError for a device index this process does not see.
+// device is 9.0+ and this binary's code for it is built for 9.0+. False in a build without CUDA (nothing
+// launches); checked_cuda_device's errors otherwise (ValueError without a visible device, IndexError for
+// an index out of range).
 bool programmatic_launch_runs(int device);
 
 }  // namespace gpuopt::torch_ext

@@ -869,7 +869,9 @@ TEST(LoadGenClosedLoop, DurationsBoundTheRun) {
   Outcome out = run_load(o, FakeOptions{});
   EXPECT_GE(out.wall_s, 0.1);
   EXPECT_GT(out.result.issued, 20);
-  EXPECT_GE(out.records.back().issued_s, 0.1 - 1e-3);  // the last query was issued at the minimum duration
+  // The last query was issued within one round trip of the minimum duration: 0.2 ms of service, plus the
+  // threads' wake-ups, which on a loaded 2-core CI machine took over 1 ms (20 ms allowed).
+  EXPECT_GE(out.records.back().issued_s, 0.1 - 0.02);
   EXPECT_TRUE(out.result.valid) << reasons(out.result);
 
   o.min_queries = 1000000;

@@ -151,7 +151,7 @@ void fill_pattern(std::uint32_t* out, std::int64_t n, std::uint32_t seed, cudaSt
 // for that device built for 8.0 or newer (a build for 7.5 alone would JIT its compute_75 PTX there,
 // whose MMA is compiled out). Asked once per device (made current for the query).
 bool mma_code_runs(int device);
-// The same for 9.0-only code (programmatic dependent launch): compute capability 9.0+ and this binary's code
+// The same for 9.0+ code (programmatic dependent launch): compute capability 9.0+ and this binary's code
 // for the device built for 9.0+.
 bool hopper_code_runs(int device);
 

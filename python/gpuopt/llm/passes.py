@@ -1,4 +1,5 @@
-"""A graph pass gpuopt adds when it compiles a decode step.
+"""What gpuopt adds when it compiles a decode step: a graph pass, and inductor's programmatic launch where
+gpuopt's own kernels launch that way (:func:`compile_options`).
 
 :func:`gpuopt.llm.fuse.fuse_projections` folds OPT's query scale into the fused weights and sets the
 attention's ``scaling`` to 1.0, leaving ``q_proj(x) * 1.0`` in the model's forward. Inductor drops a
@@ -77,7 +78,8 @@ def compile_options(device: torch.device | str | None = None) -> dict[str, Any]:
     """The inductor options of gpuopt's compiled decode steps on ``device``: :class:`DropMulByOne`, and
     inductor's programmatic dependent launch (``triton.enable_pdl``: its Triton kernels start while the
     kernel before them finishes) where gpuopt's own decode kernels launch that way on ``device``
-    (``gpuopt._C.programmatic_launch_runs``: compute capability 9.0+, the setting on). Inductor's alone,
+    (``gpuopt._C.programmatic_launch_runs``: compute capability 9.0+ with this build's code for it, and
+    ``gpuopt._C.programmatic_launch()`` on). Inductor's alone,
     between plainly launched kernels of gpuopt's, made OPT-1.3B's step slower on the H100; with them,
     1.031x faster (``benchmarks/llm_decode_pdl.py``)."""
     options: dict[str, Any] = {"joint_custom_post_pass": DropMulByOne()}
