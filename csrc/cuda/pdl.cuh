@@ -13,7 +13,6 @@
 
 #include <cuda_runtime.h>
 
-
 #include "gpuopt/cuda.h"
 
 namespace gpuopt::cuda {

@@ -16,6 +16,9 @@ from typing import Any
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from .._ext import _C
+from ..timing.inputs import device_index
+
 
 def _one(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == 1
@@ -89,16 +92,11 @@ def compile_options(device: torch.device | str | None = None) -> dict[str, Any]:
 
 
 def _programmatic(device: torch.device) -> bool:
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return False
     from torch._inductor import config
 
-    if not hasattr(config.triton, "enable_pdl"):  # an inductor without it
+    if device.type != "cuda" or not torch.cuda.is_available() or not hasattr(config.triton, "enable_pdl"):
         return False
-    from .._ext import _C
-
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return bool(_C.programmatic_launch_runs(index))
+    return bool(_C.programmatic_launch_runs(device_index(device)))
 
 
 __all__ = ["DropMulByOne", "compile_options"]
