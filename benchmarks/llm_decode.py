@@ -39,8 +39,9 @@ from gpuopt.llm.paths import Decoder
 
 # What the opt part measures the fast path without (each a cell right after the fast path's, since the H100's
 # clocks drift under its power cap over a run): fusing the sibling projections, gpuopt's decode attention,
-# its decode linear kernel, programmatic dependent launch of its kernels (fp16 and int8wo).
-ABLATIONS = ("unfused", "model-attention", "cublas-linears", "no-pdl")
+# its decode linear kernel, programmatic dependent launch of its kernels (fp16 and int8wo), the norms folded
+# into the linear layers with the residual adds in their epilogues (fp16 and int8wo).
+ABLATIONS = ("unfused", "model-attention", "cublas-linears", "no-pdl", "no-fold")
 
 
 def _ablations(text: str) -> set[str]:
@@ -166,8 +167,19 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
             gpuopt._C.programmatic_launch(before)
 
     no_pdl = without_pdl("fp16") if fast is not None and pdl else None
+    # The norms folded into the linear layers after them and the residual adds moved into the epilogues of
+    # those before (gpuopt.llm.fuse.fold_norms, passes.FuseResidual; on by default): without, right after.
+    fold = "no-fold" in ablations and fast is not None and fast.folded_norms > 0
+    no_fold = run(best, "fp16", label=f"fp16+{best}+no-fold", fold=False) if fold else None
     int8 = run(best, "int8wo") if best else None
     int8_no_pdl = without_pdl("int8wo") if int8 is not None and pdl else None
+    int8_no_fold = run(best, "int8wo", label=f"int8wo+{best}+no-fold", fold=False) if fold and int8 else None
+    for label, on, off in (("fp16", fast, no_fold), ("int8wo", int8, int8_no_fold)):
+        if on is not None and off is not None:
+            results["opt"][f"fold_speedup_{label}"] = off.tpot_ms["mean"] / on.tpot_ms["mean"]
+            print(f"folded norms and residual adds, {label}: {on.folded_norms} norms, TPOT {off.tpot_ms['mean']:.3f} "
+                  f"(without) -> {on.tpot_ms['mean']:.3f} ms ({results['opt'][f'fold_speedup_{label}']:.3f}x)",
+                  flush=True)
     for label, on, off in (("fp16", fast, no_pdl), ("int8wo", int8, int8_no_pdl)):
         if on is not None and off is not None:
             results["opt"][f"pdl_speedup_{label}"] = off.tpot_ms["mean"] / on.tpot_ms["mean"]

@@ -538,12 +538,13 @@ def test_compile_options_turn_on_inductors_programmatic_launch_only_where_gpuopt
     from torch._inductor import config
 
     from gpuopt import _C
-    from gpuopt.llm.passes import DropMulByOne, compile_options
+    from gpuopt.llm.passes import DropMulByOne, FuseResidual, compile_options
 
     for device in (None, "cpu", torch.device("cpu")):
         options = compile_options(device)
-        assert set(options) == {"joint_custom_post_pass"}, device
+        assert set(options) == {"joint_custom_post_pass", "post_grad_custom_post_pass"}, device
         assert isinstance(options["joint_custom_post_pass"], DropMulByOne)
+        assert isinstance(options["post_grad_custom_post_pass"], FuseResidual)
     if not torch.cuda.is_available():
         return
     runs = _C.programmatic_launch_runs(0) and hasattr(config.triton, "enable_pdl")

@@ -1,6 +1,7 @@
 #include <cstdint>
 
 #include "decode_linear_kernels.cuh"
+#include "linear_epilogue.cuh"
 #include "pdl.cuh"
 #include "gpuopt/cuda.h"
 
@@ -29,36 +30,38 @@ int warps_for(const DecodeLinearParams& p, int vector) {
   return want >= 16 ? 16 : want >= 8 ? 8 : 4;
 }
 
-template <typename T, int kWarps, int kVec, bool kRelu>
+template <typename T, int kWarps, int kVec, bool kStats>
 void launch(const DecodeLinearParams& p, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((p.n + 15) / 16);
-  launch_programmatic(kernels::decode_linear_mma<T, kWarps, kVec, kRelu>, dim3(blocks), dim3(kWarps * 32), p.device,
+  launch_programmatic(kernels::decode_linear_mma<T, kWarps, kVec, kStats>, dim3(blocks), dim3(kWarps * 32), p.device,
                       stream, static_cast<const T*>(p.x), static_cast<const T*>(p.weight),
-                      static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
+                      static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k,
+                      kernels::linear_epilogue<T>(p, p.activation == LinearActivation::kRelu));
 }
 
-template <typename T, int kVec, bool kRelu>
+template <typename T, int kVec, bool kStats>
 void launch_warps(const DecodeLinearParams& p, cudaStream_t stream) {
   switch (warps_for(p, kVec)) {
-    case 4: launch<T, 4, kVec, kRelu>(p, stream); return;
-    case 8: launch<T, 8, kVec, kRelu>(p, stream); return;
-    case 16: launch<T, 16, kVec, kRelu>(p, stream); return;
-    default: launch<T, 32, kVec, kRelu>(p, stream); return;
+    case 4: launch<T, 4, kVec, kStats>(p, stream); return;
+    case 8: launch<T, 8, kVec, kStats>(p, stream); return;
+    case 16: launch<T, 16, kVec, kStats>(p, stream); return;
+    default: launch<T, 32, kVec, kStats>(p, stream); return;
   }
 }
 
-template <typename T, bool kRelu>
+template <typename T, bool kStats>
 void launch_vector(const DecodeLinearParams& p, cudaStream_t stream) {
   switch (vector_for(p)) {
-    case 4: launch_warps<T, 4, kRelu>(p, stream); return;
-    case 2: launch_warps<T, 2, kRelu>(p, stream); return;
-    default: launch_warps<T, 1, kRelu>(p, stream); return;
+    case 4: launch_warps<T, 4, kStats>(p, stream); return;
+    case 2: launch_warps<T, 2, kStats>(p, stream); return;
+    default: launch_warps<T, 1, kStats>(p, stream); return;
   }
 }
 
+// x's row statistics are taken in the kernel only for a folded norm.
 template <typename T>
-void launch_activation(const DecodeLinearParams& p, cudaStream_t stream) {
-  if (p.activation == LinearActivation::kRelu) {
+void launch_norm(const DecodeLinearParams& p, cudaStream_t stream) {
+  if (p.norm != LinearNorm::kNone) {
     launch_vector<T, true>(p, stream);
   } else {
     launch_vector<T, false>(p, stream);
@@ -84,10 +87,12 @@ void decode_linear(const DecodeLinearParams& p, cudaStream_t stream) {
   GPUOPT_CHECK_VALUE(p.out != nullptr, "decode_linear: out must not be null");
   GPUOPT_CHECK_VALUE(p.vector == 0 || p.vector == 1 || p.vector == 2 || p.vector == 4,
                      "decode_linear: vector must be 0 (chosen), 1, 2 or 4; got ", p.vector);
+  GPUOPT_CHECK_VALUE(p.norm != LinearNorm::kLayer || p.norm_sum != nullptr,
+                     "decode_linear: a folded layer norm needs norm_sum (the weight's row sums)");
   if (p.type == ActivationType::kFloat16) {
-    launch_activation<__half>(p, stream);
+    launch_norm<__half>(p, stream);
   } else {
-    launch_activation<__nv_bfloat16>(p, stream);
+    launch_norm<__nv_bfloat16>(p, stream);
   }
 }
 

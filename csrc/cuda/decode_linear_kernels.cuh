@@ -5,7 +5,8 @@
 
 #include <cstdint>
 
-#include "int8_linear_kernels.cuh"  // mma_16816, word, from_float, to_float
+#include "int8_linear_kernels.cuh"  // mma_16816, word
+#include "linear_epilogue.cuh"
 #include "pdl.cuh"
 
 namespace gpuopt::cuda::kernels {
@@ -32,17 +33,19 @@ __device__ __forceinline__ void linear_mma_words(const uint4& wl, const uint4& w
 // chunk, so a row's chunk is kVec * 64 contiguous bytes. kWarps warps take chunks w, w + kWarps, ...
 // (batches of kLinearLoads / kVec chunks first, then one at a time) and add up in shared memory. Needs k
 // % (kVec * 32) == 0, 16-byte aligned x and weight, 1 <= rows <= 8; launched with kWarps * 32 threads and
-// ceil(n_cols / 16) blocks. kVec: 1, 2 or 4. Under programmatic launch (pdl.cuh) its blocks may start while
-// the kernel before finishes, and wait for it before any load.
+// ceil(n_cols / 16) blocks. kVec: 1, 2 or 4. kStats: x's row sums and sums of squares are taken too, for a
+// folded norm (ep.norm, linear_epilogue.cuh). Under programmatic launch (pdl.cuh) its
+// blocks may start while the kernel before finishes, and wait for it before any load.
 // At most 64 registers a thread (2048 threads an SM at 64 registers: two 16-warp blocks): more would halve the
 // blocks an SM holds at 16 warps.
-template <typename T, int kWarps, int kVec, bool kRelu>  // T: __half or __nv_bfloat16
+template <typename T, int kWarps, int kVec, bool kStats>  // T: __half or __nv_bfloat16
 __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
     decode_linear_mma(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
-                      T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k) {
+                      T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k, LinearEpilogue<T> ep) {
   constexpr int kChunk = kVec * kLinearChunk;
   constexpr int kBatch = kLinearLoads / kVec;
   __shared__ float partial[kWarps][8][16];  // [warp][x row][output column]
+  __shared__ float2 row_stats[kStats ? kWarps : 1][8];  // [warp][x row]: sum, sum of squares
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int g = lane / 4;
@@ -58,7 +61,9 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
   const std::int64_t chunks = k / kChunk;
   std::int64_t c = warp;
   allow_next_grid();
+  if (threadIdx.x == 0) prefetch_constants<T>(bias, n0, ep);
   wait_for_prior_grid();
+  if (static_cast<int>(threadIdx.x) < rows) prefetch_residual<T>(static_cast<int>(threadIdx.x), n0, n_cols, ep);
   for (; c + (kBatch - 1) * kWarps < chunks; c += kBatch * kWarps) {
     uint4 wl[kBatch][kVec], wh[kBatch][kVec], xv[kBatch][kVec];
 #pragma unroll
@@ -86,12 +91,12 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
                           __ldg(reinterpret_cast<const uint4*>(x_row + off) + v), acc);
     }
   }
-
   // D: lane (g, t) holds output columns g and g + 8 for x rows 2t and 2t + 1.
   partial[warp][2 * t][g] = acc[0];
   partial[warp][2 * t + 1][g] = acc[1];
   partial[warp][2 * t][g + 8] = acc[2];
   partial[warp][2 * t + 1][g + 8] = acc[3];
+  if (kStats) block_row_stats<T>(x, rows, k, &row_stats[0][0], 8);
   __syncthreads();
   // One thread per (x row, output column), consecutive threads on consecutive columns.
   for (int idx = static_cast<int>(threadIdx.x); idx < 8 * 16; idx += kWarps * 32) {
@@ -100,11 +105,17 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
     const std::int64_t n = n0 + col;
     if (m >= rows || n >= n_cols) continue;
     float sum = 0.0f;
+    float2 stats = make_float2(0.0f, 0.0f);
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += partial[w][m][col];
-    if (bias != nullptr) sum += to_float(bias[n]);
-    if (kRelu) sum = fmaxf(sum, 0.0f);
-    out[static_cast<std::int64_t>(m) * n_cols + n] = from_float<T>(sum);
+    for (int w = 0; w < kWarps; ++w) {
+      sum += partial[w][m][col];
+      if (kStats) {
+        stats.x += row_stats[kStats ? w : 0][m].x;
+        stats.y += row_stats[kStats ? w : 0][m].y;
+      }
+    }
+    const float b = bias != nullptr ? to_float(bias[n]) : 0.0f;
+    out[static_cast<std::int64_t>(m) * n_cols + n] = finish_linear<T>(sum, stats, k, b, ep, m, n, n_cols);
   }
 }
 

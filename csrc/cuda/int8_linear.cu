@@ -9,47 +9,49 @@ namespace {
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
-template <typename T, int kRows, bool kRelu>
+template <typename T, int kRows, bool kStats>
 void launch(const Int8LinearParams& p, cudaStream_t stream) {
   constexpr int kWarps = kernels::kInt8LinearWarps;
   const auto blocks = static_cast<unsigned>((p.n + kWarps - 1) / kWarps);
-  launch_programmatic(kernels::int8_linear<T, kRows, kRelu>, dim3(blocks), dim3(kWarps * 32), p.device, stream,
+  launch_programmatic(kernels::int8_linear<T, kRows, kStats>, dim3(blocks), dim3(kWarps * 32), p.device, stream,
                       static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32, static_cast<const T*>(p.bias),
-                      static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
+                      static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k,
+                      kernels::linear_epilogue<T>(p, p.relu));
 }
 
 // The smallest row tile that holds p.rows: five instantiations per type instead of sixteen.
-template <typename T, bool kRelu>
+template <typename T, bool kStats>
 void launch_rows(const Int8LinearParams& p, cudaStream_t stream) {
   if (p.rows <= 1) {
-    launch<T, 1, kRelu>(p, stream);
+    launch<T, 1, kStats>(p, stream);
   } else if (p.rows <= 2) {
-    launch<T, 2, kRelu>(p, stream);
+    launch<T, 2, kStats>(p, stream);
   } else if (p.rows <= 4) {
-    launch<T, 4, kRelu>(p, stream);
+    launch<T, 4, kStats>(p, stream);
   } else if (p.rows <= 8) {
-    launch<T, 8, kRelu>(p, stream);
+    launch<T, 8, kStats>(p, stream);
   } else {
     static_assert(kInt8LinearMaxRows == 16, "the largest tile must hold kInt8LinearMaxRows rows");
-    launch<T, 16, kRelu>(p, stream);
+    launch<T, 16, kStats>(p, stream);
   }
 }
 
 template <typename T>
 void launch_simt(const Int8LinearParams& p, cudaStream_t stream) {
-  if (p.relu) {
+  if (p.norm != LinearNorm::kNone) {
     launch_rows<T, true>(p, stream);
   } else {
     launch_rows<T, false>(p, stream);
   }
 }
 
-template <typename T, int kTiles, int kWarps, int kVec, bool kRelu>
+template <typename T, int kTiles, int kWarps, int kVec, bool kStats>
 void launch_mma(const Int8LinearParams& p, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>((p.n + 15) / 16);
-  launch_programmatic(kernels::int8_linear_mma<T, kTiles, kWarps, kVec, kRelu>, dim3(blocks), dim3(kWarps * 32),
+  launch_programmatic(kernels::int8_linear_mma<T, kTiles, kWarps, kVec, kStats>, dim3(blocks), dim3(kWarps * 32),
                       p.device, stream, static_cast<const T*>(p.x), p.weight, p.scales, p.scales_fp32,
-                      static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k);
+                      static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k,
+                      kernels::linear_epilogue<T>(p, p.relu));
 }
 
 // 16-byte loads per weight row, lane and chunk: forced by p.mma_vector (where k allows), else 2 where k
@@ -72,41 +74,41 @@ int mma_warps(const Int8LinearParams& p, int vector) {
   return want >= 32 ? 32 : want >= 16 ? 16 : want >= 8 ? 8 : 4;
 }
 
-template <typename T, int kTiles, int kVec, bool kRelu>
+template <typename T, int kTiles, int kVec, bool kStats>
 void launch_mma_warps(const Int8LinearParams& p, cudaStream_t stream) {
   switch (mma_warps(p, kVec)) {
-    case 4: launch_mma<T, kTiles, 4, kVec, kRelu>(p, stream); return;
-    case 8: launch_mma<T, kTiles, 8, kVec, kRelu>(p, stream); return;
-    case 16: launch_mma<T, kTiles, 16, kVec, kRelu>(p, stream); return;
-    default: launch_mma<T, kTiles, 32, kVec, kRelu>(p, stream); return;
+    case 4: launch_mma<T, kTiles, 4, kVec, kStats>(p, stream); return;
+    case 8: launch_mma<T, kTiles, 8, kVec, kStats>(p, stream); return;
+    case 16: launch_mma<T, kTiles, 16, kVec, kStats>(p, stream); return;
+    default: launch_mma<T, kTiles, 32, kVec, kStats>(p, stream); return;
   }
 }
 
-template <typename T, int kTiles, bool kRelu>
+template <typename T, int kTiles, bool kStats>
 void launch_mma_vector(const Int8LinearParams& p, cudaStream_t stream) {
   if (mma_vector(p) == 2) {
-    launch_mma_warps<T, kTiles, 2, kRelu>(p, stream);
+    launch_mma_warps<T, kTiles, 2, kStats>(p, stream);
   } else {
-    launch_mma_warps<T, kTiles, 1, kRelu>(p, stream);
+    launch_mma_warps<T, kTiles, 1, kStats>(p, stream);
   }
 }
 
-template <typename T, bool kRelu>
-void launch_mma_rows_relu(const Int8LinearParams& p, cudaStream_t stream) {
+template <typename T, bool kStats>
+void launch_mma_rows_stats(const Int8LinearParams& p, cudaStream_t stream) {
   static_assert(kInt8LinearMaxRows == 16, "two 8-row tiles must hold kInt8LinearMaxRows rows");
   if (p.rows <= 8) {
-    launch_mma_vector<T, 1, kRelu>(p, stream);
+    launch_mma_vector<T, 1, kStats>(p, stream);
   } else {
-    launch_mma_vector<T, 2, kRelu>(p, stream);
+    launch_mma_vector<T, 2, kStats>(p, stream);
   }
 }
 
 template <typename T>
 void launch_mma_rows(const Int8LinearParams& p, cudaStream_t stream) {
-  if (p.relu) {
-    launch_mma_rows_relu<T, true>(p, stream);
+  if (p.norm != LinearNorm::kNone) {
+    launch_mma_rows_stats<T, true>(p, stream);
   } else {
-    launch_mma_rows_relu<T, false>(p, stream);
+    launch_mma_rows_stats<T, false>(p, stream);
   }
 }
 
@@ -133,6 +135,8 @@ void int8_linear(const Int8LinearParams& p, cudaStream_t stream) {
                      "int8_linear: mma_vector must be 0 (chosen from k), 1 or 2; got ", p.mma_vector);
   GPUOPT_CHECK_VALUE(p.scales != nullptr && p.out != nullptr,
                      "int8_linear: scales and out must not be null");
+  GPUOPT_CHECK_VALUE(p.norm != LinearNorm::kLayer || p.norm_sum != nullptr,
+                     "int8_linear: a folded layer norm needs norm_sum (the weight's row sums times the scales)");
   const bool can_mma = int8_linear_tensor_cores(p);
   GPUOPT_CHECK_VALUE(can_mma || p.kernel != Int8Kernel::kTensorCore,
                      "int8_linear: the tensor-core kernel needs float16 or bfloat16 x, k a multiple of ",

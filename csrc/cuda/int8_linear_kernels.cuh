@@ -6,42 +6,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "linear_epilogue.cuh"
 #include "pdl.cuh"
+#include "values.cuh"
 
 namespace gpuopt::cuda::kernels {
 
 constexpr int kInt8LinearWarps = 8;  // output columns per block, one per warp
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-// Two packed 16-bit values of a 32-bit word as floats (the lower address first).
-__device__ __forceinline__ float2 unpack2(std::uint32_t word, __half) {
-  __half2 h;
-  memcpy(&h, &word, sizeof(h));
-  return __half22float2(h);
-}
-__device__ __forceinline__ float2 unpack2(std::uint32_t word, __nv_bfloat16) {
-  __nv_bfloat162 h;
-  memcpy(&h, &word, sizeof(h));
-  return __bfloat1622float2(h);
-}
 
 // 16 consecutive values from a 16-byte aligned address, as floats.
 __device__ __forceinline__ void load16(const float* p, float (&v)[16]) {
@@ -84,17 +55,17 @@ __device__ __forceinline__ void unpack_int8(const uint4 u, float (&w)[16]) {
   }
 }
 
-// out[m, n] = (sum_k x[m, k] * weight[n, k]) * scale[n] + bias[n] for m < rows <= kRows (then max(., 0)
-// with kRelu).
+// out[m, n] = (sum_k x[m, k] * weight[n, k]) * scale[n] + bias[n] for m < rows <= kRows, then what ep adds
+// (linear_epilogue.cuh; kStats: x's row statistics for its folded norm, from the same loads).
 // One warp per output column n: its lanes stride over weight row n 16 int8 at a time (one 16-byte
 // load per lane per step, 512 bytes per warp), multiply with the matching 16 values of every row of
 // x (small, served from L1/L2), accumulate in fp32, then reduce across the warp with shuffles.
 // Needs k % 16 == 0 and 16-byte aligned x and weight (int8_linear_supported checks).
-template <typename T, int kRows, bool kRelu>
+template <typename T, int kRows, bool kStats>
 __global__ void __launch_bounds__(kInt8LinearWarps * 32)
     int8_linear(const T* __restrict__ x, const std::int8_t* __restrict__ weight,
                 const void* __restrict__ scales, bool scales_fp32, const T* __restrict__ bias,
-                T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k) {
+                T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k, LinearEpilogue<T> ep) {
   allow_next_grid();
   const int lane = static_cast<int>(threadIdx.x % 32);
   const std::int64_t n =
@@ -103,9 +74,18 @@ __global__ void __launch_bounds__(kInt8LinearWarps * 32)
 
   const std::int8_t* w_row = weight + n * k;
   float acc[kRows];
+  float2 stats[kStats ? kRows : 1];  // kStats: sum and sum of squares of the values of x's row m read here
 #pragma unroll
   for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
-  wait_for_prior_grid();  // under programmatic launch (pdl.cuh): for the kernel before, before any load
+#pragma unroll
+  for (int m = 0; m < (kStats ? kRows : 1); ++m) stats[m] = make_float2(0.0f, 0.0f);
+  if (lane == 0) {  // the epilogue's reads, started early (prefetch_constants, linear_epilogue.cuh)
+    prefetch_constants<T>(bias, n, ep);
+    prefetch_l1(scales_fp32 ? static_cast<const void*>(static_cast<const float*>(scales) + n)
+                            : static_cast<const void*>(static_cast<const T*>(scales) + n));
+  }
+  wait_for_prior_grid();
+  if (lane < rows) prefetch_residual<T>(lane, n, n_cols, ep);  // under programmatic launch (pdl.cuh): for the kernel before, before any load
 
   // Unrolled so that several 16-byte weight loads per lane are in flight at once: a decode step's
   // matrices give only a few hundred blocks, so latency, not occupancy, has to be hidden.
@@ -122,6 +102,13 @@ __global__ void __launch_bounds__(kInt8LinearWarps * 32)
 #pragma unroll
         for (int j = 0; j < 16; ++j) s = fmaf(xv[j], w[j], s);
         acc[m] += s;
+        if (kStats) {
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            stats[kStats ? m : 0].x += xv[j];
+            stats[kStats ? m : 0].y = fmaf(xv[j], xv[j], stats[kStats ? m : 0].y);
+          }
+        }
       }
     }
   }
@@ -131,6 +118,10 @@ __global__ void __launch_bounds__(kInt8LinearWarps * 32)
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) {
       acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], offset);
+      if (kStats) {
+        stats[kStats ? m : 0].x += __shfl_xor_sync(0xffffffffu, stats[kStats ? m : 0].x, offset);
+        stats[kStats ? m : 0].y += __shfl_xor_sync(0xffffffffu, stats[kStats ? m : 0].y, offset);
+      }
     }
   }
 
@@ -140,7 +131,11 @@ __global__ void __launch_bounds__(kInt8LinearWarps * 32)
     const float b = bias != nullptr ? to_float(bias[n]) : 0.0f;
 #pragma unroll
     for (int m = 0; m < kRows; ++m) {
-      if (m < rows) out[m * n_cols + n] = from_float<T>(kRelu ? fmaxf(acc[m] * scale + b, 0.0f) : acc[m] * scale + b);
+      if (m < rows) {
+        out[m * n_cols + n] =
+            finish_linear<T>(acc[m] * scale, kStats ? stats[kStats ? m : 0] : make_float2(0.0f, 0.0f), k, b, ep, m, n,
+                             n_cols);
+      }
     }
   }
 }
@@ -231,15 +226,16 @@ __device__ __forceinline__ void int8_mma_chunk(const uint4& wl, const uint4& wh,
 // compiler interleaves a lane's loads with its MMAs, keeping few of them in flight per lane). A chunk
 // is kVec * 64 values of K: lane t loads kVec consecutive 16-byte words of each of its two weight rows
 // (a row's chunk is kVec * 64 contiguous bytes) at 16 kVec t, each feeding four MMAs as above.
-template <typename T, int kTiles, int kWarps, int kVec, bool kRelu>  // T: __half or __nv_bfloat16
+template <typename T, int kTiles, int kWarps, int kVec, bool kStats>  // T: __half or __nv_bfloat16
 __global__ void __launch_bounds__(kWarps * 32)
     int8_linear_mma(const T* __restrict__ x, const std::int8_t* __restrict__ weight,
                     const void* __restrict__ scales, bool scales_fp32, const T* __restrict__ bias,
-                    T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k) {
+                    T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k, LinearEpilogue<T> ep) {
   constexpr int kChunk = kInt8MmaChunk * kVec;
   constexpr int kBatch = kInt8MmaBatch / kVec;
   static_assert(kBatch >= 1, "a batch holds at least one chunk");
   __shared__ float partial[kWarps][kTiles][8][16];  // [warp][tile][x row][output column]
+  __shared__ float2 row_stats[kStats ? kWarps : 1][kTiles * 8];  // [warp][x row]: sum, sum of squares
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int g = lane / 4;
@@ -272,7 +268,13 @@ __global__ void __launch_bounds__(kWarps * 32)
   // Under programmatic launch (pdl.cuh): the blocks may start while the kernel before finishes, and wait
   // for it before any load.
   allow_next_grid();
+  if (threadIdx.x == 0) {
+    prefetch_constants<T>(bias, n0, ep);
+    prefetch_l1(scales_fp32 ? static_cast<const void*>(static_cast<const float*>(scales) + n0)
+                            : static_cast<const void*>(static_cast<const T*>(scales) + n0));
+  }
   wait_for_prior_grid();
+  if (static_cast<int>(threadIdx.x) < rows) prefetch_residual<T>(static_cast<int>(threadIdx.x), n0, n_cols, ep);
   for (; c + (kBatch - 1) * kStride < chunks; c += kBatch * kStride) {
     uint4 wl[kBatch][kVec], wh[kBatch][kVec], xv[kBatch][kVec][kTiles][2];
 #pragma unroll
@@ -311,7 +313,6 @@ __global__ void __launch_bounds__(kWarps * 32)
                                 __ldg(reinterpret_cast<const uint4*>(w_hi + off + 16 * v)), xv, acc);
     }
   }
-
   // D: lane (g, t) holds output columns g and g + 8 for x rows 2t and 2t + 1 of each tile.
 #pragma unroll
   for (int tile = 0; tile < kTiles; ++tile) {
@@ -320,6 +321,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     partial[warp][tile][2 * t][g + 8] = acc[tile][2];
     partial[warp][tile][2 * t + 1][g + 8] = acc[tile][3];
   }
+  if (kStats) block_row_stats<T>(x, rows, k, &row_stats[0][0], kTiles * 8);
   __syncthreads();
   // One thread per (x row, output column), consecutive threads on consecutive columns.
   for (int idx = static_cast<int>(threadIdx.x); idx < kTiles * 8 * 16; idx += kWarps * 32) {
@@ -328,14 +330,19 @@ __global__ void __launch_bounds__(kWarps * 32)
     const std::int64_t n = n0 + col;
     if (m >= rows || n >= n_cols) continue;
     float sum = 0.0f;
+    float2 stats = make_float2(0.0f, 0.0f);
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += partial[w][m / 8][m % 8][col];
+    for (int w = 0; w < kWarps; ++w) {
+      sum += partial[w][m / 8][m % 8][col];
+      if (kStats) {
+        stats.x += row_stats[kStats ? w : 0][m].x;
+        stats.y += row_stats[kStats ? w : 0][m].y;
+      }
+    }
     const float scale = scales_fp32 ? static_cast<const float*>(scales)[n]
                                     : to_float(static_cast<const T*>(scales)[n]);
     const float b = bias != nullptr ? to_float(bias[n]) : 0.0f;
-    float y = sum * scale + b;
-    if (kRelu) y = fmaxf(y, 0.0f);
-    out[static_cast<std::int64_t>(m) * n_cols + n] = from_float<T>(y);
+    out[static_cast<std::int64_t>(m) * n_cols + n] = finish_linear<T>(sum * scale, stats, k, b, ep, m, n, n_cols);
   }
 }
 

@@ -1,9 +1,14 @@
 // gpuopt::decode_linear, a torch operator registered like those of ops.cpp (a fragment of the `gpuopt`
 // library that ops.cpp defines):
 //
-//   gpuopt::decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation="none") -> Tensor
-//       out = act(x @ weight.T + bias), shape [..., N], for x of float16/bfloat16/float32 [..., K], a
-//       weight [N, K] and an optional bias [N] of x's dtype; activation "none" or "relu".
+//   gpuopt::decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation="none",
+//                         Tensor? residual=None, str norm="none", Tensor? norm_sum=None, float eps=1e-5) -> Tensor
+//       out = act(norm(x) @ weight.T + bias) + residual, shape [..., N], for x of float16/bfloat16/float32
+//       [..., K], a weight [N, K] and an optional bias [N] and residual [..., N] of x's dtype; activation
+//       "none" or "relu". norm "layer" or "rms": a norm of x folded in -- its elementwise scale already
+//       multiplied into the weight's columns, its shift into the bias -- so x's rows are normalized without
+//       affine (eps added to the variance or mean square); "layer" needs norm_sum = weight.float().sum(1)
+//       (the kernel takes the mean out of its sums: csrc/cuda/linear_epilogue.cuh).
 //
 // CPU: ATen's linear. CUDA: for decode batches (1 to 8 rows of fp16/bf16, K a multiple of 32, aligned
 // contiguous data, compute capability 8.0+) gpuopt's bandwidth-bound tensor-core kernel with the bias
@@ -25,6 +30,7 @@
 
 #include "decode_linear.h"
 #include "device.h"
+#include "linear_epilogue.h"
 
 #ifdef GPUOPT_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -70,23 +76,40 @@ void check_args(const at::Tensor& x, const at::Tensor& weight, const std::option
   relu(activation);
 }
 
+// The operator's arguments past the matmul's (linear_epilogue.h).
+struct Extras {
+  const std::optional<at::Tensor>& residual;
+  FoldedNorm norm;
+  const std::optional<at::Tensor>& norm_sum;
+  double eps;
+};
+
+Extras check_extras(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& residual,
+                    const std::string& norm, const std::optional<at::Tensor>& norm_sum, double eps) {
+  return {residual, check_linear_extras(kOp, x, weight.sym_size(0), residual, norm, norm_sum, eps), norm_sum, eps};
+}
+
 at::Tensor reference(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                     bool apply_relu) {
-  at::Tensor y = at::linear(x, weight, bias);
+                     bool apply_relu, const Extras& e) {
+  at::Tensor y = at::linear(normalized_rows(x, e.norm, e.eps), weight, bias);
   if (apply_relu) y = at::relu(y);
+  if (e.residual.has_value()) y = y.add(*e.residual);
   return y;
 }
 
 at::Tensor decode_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                             const std::string& activation) {
+                             const std::string& activation, const std::optional<at::Tensor>& residual,
+                             const std::string& norm, const std::optional<at::Tensor>& norm_sum, double eps) {
   check_args(x, weight, bias, activation);
-  return reference(x, weight, bias, relu(activation));
+  return reference(x, weight, bias, relu(activation), check_extras(x, weight, residual, norm, norm_sum, eps));
 }
 
 at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                              const std::string& activation) {
+                              const std::string& activation, const std::optional<at::Tensor>& residual,
+                              const std::string& norm, const std::optional<at::Tensor>& norm_sum, double eps) {
   check_args(x, weight, bias, activation);
   const bool apply_relu = relu(activation);
+  const Extras e = check_extras(x, weight, residual, norm, norm_sum, eps);
 #ifdef GPUOPT_WITH_CUDA
   const c10::cuda::CUDAGuard guard(x.device());
   const std::int64_t n = weight.size(0);
@@ -95,9 +118,11 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, con
   for (std::int64_t d = 0; d + 1 < x.dim(); ++d) rows *= x.size(d);
   if (g_cublas.load(std::memory_order_relaxed) || rows < 1 || rows > cuda::kDecodeLinearMaxRows ||
       !weight.is_contiguous() || (bias.has_value() && !bias->is_contiguous())) {
-    return reference(x, weight, bias, apply_relu);
+    return reference(x, weight, bias, apply_relu, e);
   }
   const at::Tensor x2 = x.reshape({rows, k}).contiguous();
+  const at::Tensor r2 = residual.has_value() ? residual->reshape({rows, n}).contiguous() : at::Tensor();
+  const at::Tensor sums = norm_sum.has_value() ? norm_sum->contiguous() : at::Tensor();
   cuda::DecodeLinearParams p;
   p.type = activation_type(x.scalar_type());
   p.x = x2.const_data_ptr();
@@ -110,7 +135,11 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, con
   p.activation = apply_relu ? cuda::LinearActivation::kRelu : cuda::LinearActivation::kNone;
   p.warps = g_warps.load(std::memory_order_relaxed);
   p.vector = g_vector.load(std::memory_order_relaxed);
-  if (!cuda::decode_linear_supported(p)) return reference(x, weight, bias, apply_relu);
+  p.norm = cuda_norm(e.norm);
+  p.norm_sum = sums.defined() ? sums.const_data_ptr<float>() : nullptr;
+  p.eps = static_cast<float>(eps);
+  p.residual = r2.defined() ? r2.const_data_ptr() : nullptr;
+  if (!cuda::decode_linear_supported(p)) return reference(x, weight, bias, apply_relu, e);
   at::Tensor out = at::empty({rows, n}, x.options());
   p.out = out.mutable_data_ptr();
   cuda::decode_linear(p, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
@@ -119,14 +148,17 @@ at::Tensor decode_linear_cuda(const at::Tensor& x, const at::Tensor& weight, con
   return out.view(out_shape);
 #else
   (void)apply_relu;
+  (void)e;
   require_cuda("gpuopt::decode_linear on a CUDA tensor");
   return {};
 #endif
 }
 
 at::Tensor decode_linear_meta(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                              const std::string& activation) {
+                              const std::string& activation, const std::optional<at::Tensor>& residual,
+                              const std::string& norm, const std::optional<at::Tensor>& norm_sum, double eps) {
   check_args(x, weight, bias, activation);
+  check_extras(x, weight, residual, norm, norm_sum, eps);
   std::vector<c10::SymInt> shape(x.sym_sizes().begin(), x.sym_sizes().end() - 1);
   shape.push_back(weight.sym_size(0));
   return at::empty_symint(shape, x.options());
@@ -171,7 +203,8 @@ bool programmatic_launch_runs(int /*device*/) { return false; }
 
 TORCH_LIBRARY_FRAGMENT(gpuopt, m) {
   m.def(
-      "decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation=\"none\") -> Tensor");
+      "decode_linear(Tensor x, Tensor weight, Tensor? bias=None, str activation=\"none\", Tensor? residual=None, "
+      "str norm=\"none\", Tensor? norm_sum=None, float eps=1e-05) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gpuopt, CPU, m) { m.impl("decode_linear", &gpuopt::torch_ext::decode_linear_cpu); }

@@ -2,11 +2,14 @@
 // the `gpuopt` library that ops.cpp defines):
 //
 //   gpuopt::int8_weight_only_linear(Tensor x, Tensor weight, Tensor scales, Tensor? bias=None,
-//                                   str activation="none") -> Tensor
+//                                   str activation="none", Tensor? residual=None, str norm="none",
+//                                   Tensor? norm_sum=None, float eps=1e-5) -> Tensor
 //       out = act((x @ weight.float().T) * scales + bias) in x's dtype (act: "none" or "relu", applied in the
 //       kernel's epilogue), shape [..., N], for x of
 //       float16/bfloat16/float32 [..., K], an int8 weight [N, K] (contiguous), per-output-channel
-//       scales [N] (float32 or x's dtype) and an optional bias [N] of x's dtype.
+//       scales [N] (float32 or x's dtype) and an optional bias [N] of x's dtype. residual, norm, norm_sum
+//       and eps as gpuopt::decode_linear's (decode_linear.cpp): out = act(norm(x) @ w.T + bias) + residual,
+//       norm_sum = (weight.float() * scales[:, None]).sum(1) for norm "layer".
 //
 // CPU: the float32 reference through ATen. CUDA: for decode batches (1 to 16 rows, K a multiple
 // of 16, aligned x and weight) a bandwidth-bound kernel that reads the int8 weight once (half the
@@ -28,6 +31,7 @@
 
 #include "device.h"
 #include "int8_linear.h"
+#include "linear_epilogue.h"
 
 #ifdef GPUOPT_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
@@ -90,19 +94,26 @@ void check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
 }
 
 at::Tensor int8_linear_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
-                           const std::optional<at::Tensor>& bias, const std::string& activation) {
+                           const std::optional<at::Tensor>& bias, const std::string& activation,
+                           const std::optional<at::Tensor>& residual, const std::string& norm,
+                           const std::optional<at::Tensor>& norm_sum, double eps) {
   check_args(x, weight, scales, bias, activation);
-  at::Tensor y = at::matmul(x.to(at::kFloat), weight.to(at::kFloat).t());
+  const FoldedNorm folded = check_linear_extras(kOp, x, weight.sym_size(0), residual, norm, norm_sum, eps);
+  at::Tensor y = at::matmul(normalized_rows(x, folded, eps).to(at::kFloat), weight.to(at::kFloat).t());
   y.mul_(scales.to(at::kFloat));
   if (bias.has_value()) y.add_(bias->to(at::kFloat));
   if (relu(activation)) y.clamp_min_(0);
+  if (residual.has_value()) y.add_(residual->to(at::kFloat));
   return y.to(x.scalar_type());
 }
 
 at::Tensor int8_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
-                            const std::optional<at::Tensor>& bias, const std::string& activation) {
+                            const std::optional<at::Tensor>& bias, const std::string& activation,
+                            const std::optional<at::Tensor>& residual, const std::string& norm,
+                            const std::optional<at::Tensor>& norm_sum, double eps) {
   check_args(x, weight, scales, bias, activation);
   const bool apply_relu = relu(activation);
+  const FoldedNorm folded = check_linear_extras(kOp, x, weight.sym_size(0), residual, norm, norm_sum, eps);
 #ifdef GPUOPT_WITH_CUDA
   const c10::cuda::CUDAGuard guard(x.device());
   const std::int64_t n = weight.size(0);
@@ -115,6 +126,8 @@ at::Tensor int8_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const
   const at::Tensor s = scales.contiguous();
   const std::optional<at::Tensor> b =
       bias.has_value() ? std::optional<at::Tensor>(bias->contiguous()) : std::nullopt;
+  const at::Tensor r2 = residual.has_value() ? residual->reshape({rows, n}).contiguous() : at::Tensor();
+  const at::Tensor sums = norm_sum.has_value() ? norm_sum->contiguous() : at::Tensor();
 
   cuda::Int8LinearParams p;
   p.type = activation_type(x.scalar_type());
@@ -131,6 +144,10 @@ at::Tensor int8_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const
   p.mma_warps = g_warps.load(std::memory_order_relaxed);
   p.mma_vector = g_vector.load(std::memory_order_relaxed);
   p.relu = apply_relu;
+  p.norm = cuda_norm(folded);
+  p.norm_sum = sums.defined() ? sums.const_data_ptr<float>() : nullptr;
+  p.eps = static_cast<float>(eps);
+  p.residual = r2.defined() ? r2.const_data_ptr() : nullptr;
   TORCH_CHECK_VALUE(p.kernel != cuda::Int8Kernel::kTensorCore || !cuda::int8_linear_supported(p) ||
                         cuda::int8_linear_tensor_cores(p),
                     kOp, ": int8_linear_kernel is 'tensor-core', which needs float16 or bfloat16 x (got ",
@@ -146,20 +163,25 @@ at::Tensor int8_linear_cuda(const at::Tensor& x, const at::Tensor& weight, const
   // into the weight before the GEMM so that fp16 sums stay in the range of the original weights.
   at::Tensor w = weight.to(x.scalar_type());
   w.mul_(s.unsqueeze(1));
-  at::Tensor y = at::matmul(x2, w.t());
+  at::Tensor y = at::matmul(normalized_rows(x2, folded, eps), w.t());
   if (b.has_value()) y.add_(*b);
   if (apply_relu) y.clamp_min_(0);
+  if (r2.defined()) y.add_(r2);
   return y.view(out_shape);
 #else
   (void)apply_relu;
+  (void)folded;
   require_cuda("gpuopt::int8_weight_only_linear on a CUDA tensor");
   return {};
 #endif
 }
 
 at::Tensor int8_linear_meta(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
-                            const std::optional<at::Tensor>& bias, const std::string& activation) {
+                            const std::optional<at::Tensor>& bias, const std::string& activation,
+                            const std::optional<at::Tensor>& residual, const std::string& norm,
+                            const std::optional<at::Tensor>& norm_sum, double eps) {
   check_args(x, weight, scales, bias, activation);
+  check_linear_extras(kOp, x, weight.sym_size(0), residual, norm, norm_sum, eps);
   std::vector<c10::SymInt> shape(x.sym_sizes().begin(), x.sym_sizes().end() - 1);
   shape.push_back(weight.sym_size(0));
   return at::empty_symint(shape, x.options());
@@ -199,7 +221,8 @@ int set_int8_linear_vector(int vector) {
 TORCH_LIBRARY_FRAGMENT(gpuopt, m) {
   m.def(
       "int8_weight_only_linear(Tensor x, Tensor weight, Tensor scales, Tensor? bias=None, "
-      "str activation=\"none\") -> Tensor");
+      "str activation=\"none\", Tensor? residual=None, str norm=\"none\", Tensor? norm_sum=None, "
+      "float eps=1e-05) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {

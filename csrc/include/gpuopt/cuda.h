@@ -186,6 +186,11 @@ constexpr std::int64_t kInt8LinearLongK = 4096;
 constexpr std::int64_t kInt8LinearNarrowN = 2048;
 constexpr std::int64_t kInt8LinearWideN = 16384;
 
+// A norm of x folded into a linear layer (Int8LinearParams, DecodeLinearParams): none, a layer norm
+// (mean and variance) or an RMS norm (mean square), each without its elementwise affine, which the
+// weight and bias hold.
+enum class LinearNorm { kNone, kLayer, kRms };
+
 struct Int8LinearParams {
   ActivationType type = ActivationType::kFloat32;  // of x, bias and out
   const void* x = nullptr;                         // [rows, k], contiguous
@@ -200,6 +205,12 @@ struct Int8LinearParams {
   int mma_warps = 0;  // the tensor-core kernel's warps per block (splitting K): 0 chosen from n and k, or 4, 8, 16, 32
   int mma_vector = 0;  // its 16-byte loads per weight row, lane and chunk: 0 chosen (2 where k % 128 == 0), 1, 2
   bool relu = false;   // out = max(out, 0)
+  // A norm folded in (its elementwise scale in the weight, its shift in the bias): x's rows are normalized
+  // in the kernel, out = act(norm(x) @ w.T + bias) + residual (see csrc/cuda/linear_epilogue.cuh).
+  LinearNorm norm = LinearNorm::kNone;
+  const float* norm_sum = nullptr;  // [n] float32, for kLayer: the weight's row sums (int8: times the scales)
+  float eps = 1e-5f;                // added to the variance (kLayer) or mean square (kRms)
+  const void* residual = nullptr;   // [rows, n] of `type`, contiguous, added last; or nullptr
 };
 
 // The most rows int8_linear takes: past that the GEMM is no longer bandwidth-bound, and a
@@ -234,6 +245,12 @@ struct DecodeLinearParams {
   int device = 0;  // the CUDA device of every pointer
   int warps = 0;   // warps per block: 0 chosen from k (one batch of loads per warp), or 4, 8, 16, 32
   int vector = 0;  // 16-byte loads per weight row, lane and chunk: 0 chosen, 1, 2, 4 (the largest k allows)
+  // A norm folded in (its elementwise scale in the weight, its shift in the bias): x's rows are normalized
+  // in the kernel, out = act(norm(x) @ w.T + bias) + residual (see csrc/cuda/linear_epilogue.cuh).
+  LinearNorm norm = LinearNorm::kNone;
+  const float* norm_sum = nullptr;  // [n] float32, for kLayer: the weight's row sums (int8: times the scales)
+  float eps = 1e-5f;                // added to the variance (kLayer) or mean square (kRms)
+  const void* residual = nullptr;   // [rows, n] of `type`, contiguous, added last; or nullptr
 };
 
 // The most rows decode_linear takes (one MMA tile): past that a cuBLAS GEMM is as fast.

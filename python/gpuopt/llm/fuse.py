@@ -138,4 +138,101 @@ def fuse_projections(model: nn.Module, scaled_query: tuple[str, ...] = SCALED_QU
     return count
 
 
-__all__ = ["GROUPS", "SCALED_QUERY_LAYERS", "FusedProjections", "ProjectionPart", "fuse_projections"]
+# Decoder layers whose norm's output feeds one module only: (norm, the module reading it, whether that may be
+# a plain linear layer -- else it must be a FusedProjections holding every projection of the norm's output).
+# OPT's (transformers 4.5x-5.x) with ``do_layer_norm_before`` (all but opt-350m); Llama's.
+NORM_FOLDS: dict[str, tuple[tuple[str, str, bool], ...]] = {
+    "OPTDecoderLayer": (("self_attn_layer_norm", "self_attn.q_proj", False), ("final_layer_norm", "fc1", True)),
+    "LlamaDecoderLayer": (("input_layernorm", "self_attn.q_proj", False),
+                          ("post_attention_layernorm", "mlp.gate_proj", False)),
+}
+
+
+def _norm_of(module: nn.Module, width: int) -> tuple[str, float, torch.Tensor | None, torch.Tensor | None] | None:
+    """(kind, eps, scale, shift) of a layer norm (``nn.LayerNorm`` over the last ``width`` values) or an RMS
+    norm (a class named ``*RMSNorm`` with ``weight`` and ``variance_epsilon`` or ``eps``), else None."""
+    if type(module) is nn.LayerNorm:
+        if tuple(module.normalized_shape) != (width,):
+            return None
+        return "layer", float(module.eps), module.weight, module.bias
+    if type(module).__name__.endswith("RMSNorm"):
+        weight = getattr(module, "weight", None)
+        eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+        if (isinstance(weight, torch.Tensor) and weight.shape == (width,) and isinstance(eps, float)
+                and not list(module.children())):
+            return "rms", eps, weight, None
+    return None
+
+
+class NormLinear(nn.Linear):
+    """``linear(norm(x))`` with the norm's elementwise affine folded into the linear layer: weight[:, k] *
+    scale[k] and bias + weight @ shift, in float32 before the cast. Its forward normalizes x's rows without
+    affine (``folded_norm``: "layer" -- mean and variance -- or "rms", mean square; ``norm_eps``) through
+    ``torch.ops.gpuopt.decode_linear``, which gpuopt's decode kernels do from the loads of their matmul;
+    :class:`gpuopt.llm.linear.DecodeLinear` and ``gpuopt.quant.Int8WeightOnlyLinear`` built from it keep
+    the norm."""
+
+    def __init__(self, linear: nn.Linear, kind: str, eps: float, scale: torch.Tensor | None,
+                 shift: torch.Tensor | None):
+        w = linear.weight
+        has_bias = linear.bias is not None or shift is not None
+        super().__init__(linear.in_features, linear.out_features, bias=has_bias, device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            w32 = w.float()
+            self.weight.copy_(w32 * scale.float() if scale is not None else w32)
+            if has_bias:
+                b = linear.bias.float() if linear.bias is not None else torch.zeros(w.shape[0], device=w.device)
+                self.bias.copy_(b + w32 @ shift.float() if shift is not None else b)
+        self.requires_grad_(False)
+        self.folded_norm, self.norm_eps = kind, eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.gpuopt.decode_linear(x, self.weight, self.bias, "none", None, self.folded_norm,
+                                              norm_row_sums(self.weight) if self.folded_norm == "layer" else None,
+                                              self.norm_eps)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", folded_norm={self.folded_norm}, eps={self.norm_eps}"
+
+
+def norm_row_sums(weight: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
+    """``norm_sum`` of gpuopt's linear operators for a folded layer norm: the weight's row sums in float32
+    (an int8 weight's times its per-channel ``scales``)."""
+    sums = weight.detach().float().sum(1)
+    return sums * scales.detach().float() if scales is not None else sums
+
+
+def fold_norms(model: nn.Module, layers: dict[str, tuple[tuple[str, str, bool], ...]] = NORM_FOLDS) -> int:
+    """Folds, in place, each norm of :data:`NORM_FOLDS` into the linear layer reading its output (a
+    :class:`FusedProjections`'s, so after :func:`fuse_projections`; or a plain one where allowed): the
+    linear layer becomes a :class:`NormLinear`, the norm ``nn.Identity``. Returns how many were folded.
+    Norms with their own elementwise affine off, another shape or another class stay."""
+    count = 0
+    for module in list(model.modules()):
+        folds = layers.get(type(module).__name__)
+        if folds is None or getattr(module, "do_layer_norm_before", True) is False:
+            continue
+        for norm_name, reader_name, plain_ok in folds:
+            norm = getattr(module, norm_name, None)
+            try:
+                reader = module.get_submodule(reader_name)
+            except AttributeError:
+                continue
+            owner, attr = (reader, "linear") if isinstance(reader, FusedProjections) else (None, None)
+            if owner is None and plain_ok:
+                parent_name, _, attr = reader_name.rpartition(".")
+                owner = module.get_submodule(parent_name) if parent_name else module
+            linear = getattr(owner, attr, None) if owner is not None else None
+            if type(linear) is not nn.Linear or norm is None:
+                continue
+            found = _norm_of(norm, linear.in_features)
+            if found is None:
+                continue
+            setattr(owner, attr, NormLinear(linear, *found))
+            setattr(module, norm_name, nn.Identity())
+            count += 1
+    return count
+
+
+__all__ = ["GROUPS", "NORM_FOLDS", "SCALED_QUERY_LAYERS", "FusedProjections", "NormLinear", "ProjectionPart",
+           "fold_norms", "fuse_projections", "norm_row_sums"]

@@ -21,7 +21,9 @@ DTYPES = (torch.float16, torch.bfloat16)
 class DecodeLinear(nn.Module):
     """``act(x @ weight.T + bias)`` through ``torch.ops.gpuopt.decode_linear``, on the parameters of the
     ``nn.Linear`` it replaces (shared, so a weight tied to an embedding stays tied). ``activation``:
-    "none" or "relu"."""
+    "none" or "relu". From a :class:`gpuopt.llm.fuse.NormLinear` it keeps the folded norm: the kernel
+    normalizes x's rows (``folded_norm``, ``norm_eps``; ``norm_sum``, the weight's row sums, kept in
+    float32 whatever the module is moved or cast to)."""
 
     def __init__(self, linear: nn.Linear, activation: str = "none"):
         super().__init__()
@@ -33,13 +35,31 @@ class DecodeLinear(nn.Module):
         self.register_parameter("weight", linear.weight)
         self.register_parameter("bias", linear.bias)
         self.activation = activation
+        self.folded_norm: str = getattr(linear, "folded_norm", "none")
+        self.norm_eps: float = getattr(linear, "norm_eps", 1e-5)
+        self.register_buffer("norm_sum", None, persistent=False)
+        self._norm_sums()
+
+    def _norm_sums(self) -> None:
+        from .fuse import norm_row_sums
+
+        self.norm_sum = norm_row_sums(self.weight) if self.folded_norm == "layer" else None
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202  (nn.Module's signature)
+        super()._apply(fn, recurse)
+        self._norm_sums()  # from the weight as moved or cast, in float32
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.gpuopt.decode_linear(x, self.weight, self.bias, self.activation)
+        if self.folded_norm == "none":
+            return torch.ops.gpuopt.decode_linear(x, self.weight, self.bias, self.activation)
+        return torch.ops.gpuopt.decode_linear(x, self.weight, self.bias, self.activation, None, self.folded_norm,
+                                              self.norm_sum, self.norm_eps)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"activation={self.activation}")
+                f"activation={self.activation}"
+                + (f", folded_norm={self.folded_norm}, eps={self.norm_eps}" if self.folded_norm != "none" else ""))
 
 
 # Decoder layers whose forward applies ``activation_fn`` once, to ``fc1``'s output only, and hands the
@@ -48,13 +68,15 @@ RELU_MLP_LAYERS: tuple[str, ...] = ("OPTDecoderLayer",)
 
 
 def use_decode_linear(model: nn.Module, relu: bool = True) -> int:
-    """Replaces, in place, every plain ``nn.Linear`` of ``model`` with a float16/bfloat16 weight by a
-    :class:`DecodeLinear` and, with ``relu``, fuses ReLUs (:func:`fuse_relu`); returns how many linear
-    layers were replaced."""
+    """Replaces, in place, every plain ``nn.Linear`` (or :class:`gpuopt.llm.fuse.NormLinear`) of ``model``
+    with a float16/bfloat16 weight by a :class:`DecodeLinear` and, with ``relu``, fuses ReLUs
+    (:func:`fuse_relu`); returns how many linear layers were replaced."""
+    from .fuse import NormLinear
+
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear and child.weight.dtype in DTYPES:
+            if type(child) in (nn.Linear, NormLinear) and child.weight.dtype in DTYPES:
                 setattr(module, name, DecodeLinear(child))
                 count += 1
     if relu:

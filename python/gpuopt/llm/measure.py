@@ -32,7 +32,7 @@ from ..timing.measurement import Measurement, format_ms, measure
 from . import attention as _attention
 from . import linear as _linear
 from . import parity as _parity
-from .fuse import fuse_projections
+from .fuse import fold_norms, fuse_projections
 from .models import (
     LLM_MODELS,
     Shape,
@@ -53,6 +53,9 @@ from .paths import GRAPH_PATHS, PATHS, Decoder, check_attention, check_path
 # activations (gpuopt's kernel, torch.ops.gpuopt.int8_weight_only_linear).
 PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8wo")
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8wo": torch.float16}
+# Precisions whose fused copies fold norms into linear layers: those whose linear layers become gpuopt's
+# kernels, which normalize x from the loads of their matmul (fp32 would run the norm as a step of its own).
+FOLDED_PRECISIONS = ("fp16", "bf16", "int8wo")
 _ROOFLINE_PRECISION = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "int8wo": "fp16"}
 
 # measure()'s defaults for whole requests (a request of 256 tokens can take seconds on the baseline).
@@ -85,20 +88,26 @@ class Models:
             prepare_for_decoding(self.reference)
         self.config = self.reference.config
         self.shape = Shape.of(self.config)
-        self._by_precision: dict[tuple[str, bool], torch.nn.Module] = {("fp32", False): self.reference}
+        self._by_precision: dict[tuple[str, bool, bool], torch.nn.Module] = {("fp32", False, False): self.reference}
         self.fused_groups: dict[str, int] = {}  # precision -> projection groups fused in its fused copy
         self.decode_linears: dict[str, int] = {}  # precision -> its fused copy's gpuopt decode linear layers
+        self.folded_norms: dict[str, int] = {}  # precision -> norms its fused copy folds into linear layers
         self._references: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def candidate(self, precision: str, fused: bool = False) -> torch.nn.Module:
+    def candidate(self, precision: str, fused: bool = False, fold: bool = True) -> torch.nn.Module:
         """The model in ``precision``; ``fused``: a copy of its own with sibling projections fused
-        (:func:`gpuopt.llm.fuse.fuse_projections`, before quantization, so int8 fuses too)."""
+        (:func:`gpuopt.llm.fuse.fuse_projections`, before quantization, so int8 fuses too) and, where
+        gpuopt's kernels take the linear layers (fp16, bf16, int8wo), the norms before them folded in
+        (:func:`gpuopt.llm.fuse.fold_norms`; ``fold=False``: not)."""
         check_precision(precision)
-        key = (precision, bool(fused))
+        fold = bool(fused and fold and precision in FOLDED_PRECISIONS)
+        key = (precision, bool(fused), fold)
         if key not in self._by_precision:
             m = copy.deepcopy(self.reference)
             if fused:
                 self.fused_groups[precision] = fuse_projections(m)
+                if fold:
+                    self.folded_norms[precision] = fold_norms(m)
             if precision == "int8wo":
                 from ..quant import quantize_int8_weight_only
 
@@ -130,7 +139,7 @@ class Models:
     def free(self, precision: str | None = None) -> None:
         """Drops a precision's copy (all but the reference when None)."""
         for key in list(self._by_precision):
-            if key != ("fp32", False) and (precision is None or key[0] == precision):
+            if key != ("fp32", False, False) and (precision is None or key[0] == precision):
                 self._by_precision.pop(key)
 
 
@@ -172,6 +181,7 @@ class DecodeResult:
     parity_error: str | None = None
     fused_projections: int = 0  # groups of sibling projections run as one linear layer (gpuopt.llm.fuse)
     decode_linears: int = 0  # linear layers swapped to gpuopt's decode kernel (gpuopt.llm.linear; 1-8 rows run it)
+    folded_norms: int = 0  # norms folded into the linear layer after them (gpuopt.llm.fuse.fold_norms)
     attention: str = "model"  # the decode step's attention: the model's own or gpuopt's (gpuopt.llm.attention)
     kv_writes_in_attention: int = 0  # attention modules whose kernel writes the step's key and value (llm.cache)
     causal_in_kernel: int = 0  # of those, how many bound the keys by the position instead of reading a mask
@@ -274,7 +284,7 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
                    batch_size: int = 1, prompt_len: int = 128, new_tokens: int = 128,
                    device: torch.device | str | int | None = None, seed: int = 0, parity: bool = True,
                    parity_tokens: int = 32, ceilings: dict | None = None, fuse: bool | None = None,
-                   attention: str | None = None, **measure_options: Any) -> DecodeResult:
+                   attention: str | None = None, fold: bool | None = None, **measure_options: Any) -> DecodeResult:
     """Measures one decode cell: ``batch_size`` random prompts of ``prompt_len`` tokens, ``new_tokens``
     generated greedily by ``path`` (see :data:`gpuopt.llm.PATHS`) in ``precision``.
 
@@ -286,7 +296,9 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
     baselines, which run the model as transformers ships it. ``attention``: ``"gpuopt"`` runs the decode
     step's attention through gpuopt's operator (:mod:`gpuopt.llm.attention`), ``"model"`` keeps the
     model's own; by default ``"gpuopt"`` for the static paths on CUDA where it applies
-    (:func:`default_attention`), else ``"model"``. ``ceilings`` (``gpuopt.ceilings()``) gives the HBM read bandwidth;
+    (:func:`default_attention`), else ``"model"``. ``fold``: fold the norms before linear layers into them
+    and move the residual adds into their epilogues (:func:`gpuopt.llm.fuse.fold_norms`,
+    :class:`gpuopt.llm.passes.FuseResidual`, compiled steps); by default wherever ``fuse`` is on. ``ceilings`` (``gpuopt.ceilings()``) gives the HBM read bandwidth;
     without it the cached measurement, else the datasheet, is used. Other keywords are
     :func:`gpuopt.measure` options (defaults :data:`MEASURE_DEFAULTS`).
 
@@ -318,6 +330,12 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
     elif fuse and path.startswith("hf-"):
         raise ValueError(f"fuse=True applies to gpuopt's static paths; path {path!r} is a baseline that runs the "
                          "model as transformers ships it")
+    if fold is None:
+        fold = fuse
+    elif not isinstance(fold, bool):
+        raise TypeError(f"fold must be True, False or None, got {fold!r}")
+    elif fold and not fuse:
+        raise ValueError("fold=True needs fuse: the norms fold into the fused projections (gpuopt's static paths)")
     if attention is None:
         attention = default_attention(models, path)
     check_attention(attention, path)
@@ -341,9 +359,9 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
         except Exception as exc:
             reference_error = f"{type(exc).__name__}: {exc}"
     t0 = time.perf_counter()
-    candidate = models.candidate(precision, fused=fuse)
+    candidate = models.candidate(precision, fused=fuse, fold=fold)
     clock = _C.StepClock(-1 if index is None else index, new_tokens)
-    decoder = Decoder(candidate, path, prompt, new_tokens, clock, dtype, attention=attention)
+    decoder = Decoder(candidate, path, prompt, new_tokens, clock, dtype, attention=attention, fuse_residual=fold)
     build_s = time.perf_counter() - t0
     try:
         clock.clear()
@@ -359,6 +377,7 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
         result = _result(models, decoder, m, got, path=path, precision=precision, index=index, element=element,
                          kv_per_token=kv_per_token, ceilings=ceilings, build_s=build_s)
         result.fused_projections = models.fused_groups.get(precision, 0) if fuse else 0
+        result.folded_norms = models.folded_norms.get(precision, 0) if fold else 0
         # layers swapped to gpuopt's decode linear kernel, 0 where the setting forced cuBLAS at capture
         result.decode_linears = (models.decode_linears.get(precision, 0)
                                  if fuse and _C.decode_linear_kernel() == "auto" else 0)

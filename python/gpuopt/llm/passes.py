@@ -1,5 +1,9 @@
-"""What gpuopt adds when it compiles a decode step: a graph pass, and inductor's programmatic launch where
-gpuopt's own kernels launch that way (:func:`compile_options`).
+"""What gpuopt adds when it compiles a decode step: two graph passes, and inductor's programmatic launch
+where gpuopt's own kernels launch that way (:func:`compile_options`).
+
+:class:`FuseResidual` moves a residual add into the epilogue of the gpuopt linear layer whose output it
+adds (``residual + o_proj(...)``, ``residual + fc2(...)``): with the norms folded into the next linear
+layers (:func:`gpuopt.llm.fuse.fold_norms`) no kernel is left between a layer's matmuls but the attention.
 
 :func:`gpuopt.llm.fuse.fuse_projections` folds OPT's query scale into the fused weights and sets the
 attention's ``scaling`` to 1.0, leaving ``q_proj(x) * 1.0`` in the model's forward. Inductor drops a
@@ -68,24 +72,77 @@ class DropMulByOne(CustomGraphPass):
             self.removed += 1
 
     def uuid(self) -> str:
-        # inductor's FX graph cache keys on it: a changed pass must not reuse graphs the old one made
-        try:
-            from torch._inductor.custom_graph_pass import get_hash_for_files
+        return _file_hash("gpuopt.llm.passes.DropMulByOne/2")
 
-            return get_hash_for_files((__file__,)).hex()
-        except ImportError:
-            return "gpuopt.llm.passes.DropMulByOne/2"
+
+def _linear_ops() -> tuple[Any, ...]:
+    return (torch.ops.gpuopt.decode_linear.default, torch.ops.gpuopt.int8_weight_only_linear.default)
+
+
+def _residual_free(node: torch.fx.Node) -> bool:
+    """Whether a call of one of gpuopt's linear operators passes no residual (positionally or by name)."""
+    names = [a.name for a in node.target._schema.arguments]
+    return len(node.args) <= names.index("residual") and node.kwargs.get("residual") is None
+
+
+class FuseResidual(CustomGraphPass):
+    """Replaces ``aten.add.Tensor(linear(...), r)`` (either order, no alpha), where ``linear`` is
+    ``gpuopt::decode_linear`` or ``gpuopt::int8_weight_only_linear`` without a residual and its output is
+    read by the add only, by the linear operator with ``residual=r``: when ``r`` has the output's shape,
+    dtype and device (no broadcast, no type promotion)."""
+
+    fused = 0  # adds fused by the last call (for tests)
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.fused = 0
+        ops = _linear_ops()
+        for node in list(graph.find_nodes(op="call_function", target=torch.ops.aten.add.Tensor)):
+            if len(node.args) != 2 or node.kwargs:
+                continue
+            out = node.meta.get("val")
+            for linear, r in (node.args, node.args[::-1]):
+                if not (isinstance(linear, torch.fx.Node) and isinstance(r, torch.fx.Node)
+                        and linear.op == "call_function" and linear.target in ops and len(linear.users) == 1
+                        and _residual_free(linear)):
+                    continue
+                y, rv = linear.meta.get("val"), r.meta.get("val")
+                if not all(isinstance(t, torch.Tensor) for t in (out, y, rv)) or not (
+                        y.shape == rv.shape == out.shape and y.dtype == rv.dtype == out.dtype
+                        and y.device == rv.device):
+                    continue
+                with graph.inserting_before(node):
+                    fused = graph.call_function(linear.target, linear.args, {**linear.kwargs, "residual": r})
+                fused.meta.update(linear.meta)
+                node.replace_all_uses_with(fused)
+                graph.erase_node(node)
+                graph.erase_node(linear)
+                self.fused += 1
+                break
+
+    def uuid(self) -> str:
+        return _file_hash("gpuopt.llm.passes.FuseResidual/1")
+
+
+def _file_hash(fallback: str) -> str:
+    # inductor's FX graph cache keys on it: a changed pass must not reuse graphs the old one made
+    try:
+        from torch._inductor.custom_graph_pass import get_hash_for_files
+
+        return get_hash_for_files((__file__,)).hex()
+    except ImportError:
+        return fallback
 
 
 def compile_options(device: torch.device | str | None = None) -> dict[str, Any]:
-    """The inductor options of gpuopt's compiled decode steps on ``device``: :class:`DropMulByOne`, and
+    """The inductor options of gpuopt's compiled decode steps on ``device``: :class:`DropMulByOne`,
+    :class:`FuseResidual`, and
     inductor's programmatic dependent launch (``triton.enable_pdl``: its Triton kernels start while the
     kernel before them finishes) where gpuopt's own decode kernels launch that way on ``device``
     (``gpuopt._C.programmatic_launch_runs``: compute capability 9.0+ with this build's code for it, and
     ``gpuopt._C.programmatic_launch()`` on). Inductor's alone,
     between plainly launched kernels of gpuopt's, made OPT-1.3B's step slower on the H100; with them,
     1.031x faster (``benchmarks/llm_decode_pdl.py``)."""
-    options: dict[str, Any] = {"joint_custom_post_pass": DropMulByOne()}
+    options: dict[str, Any] = {"joint_custom_post_pass": DropMulByOne(), "post_grad_custom_post_pass": FuseResidual()}
     if device is not None and _programmatic(torch.device(device)):
         options["triton.enable_pdl"] = True
     return options
@@ -99,4 +156,4 @@ def _programmatic(device: torch.device) -> bool:
     return bool(_C.programmatic_launch_runs(device_index(device)))
 
 
-__all__ = ["DropMulByOne", "compile_options"]
+__all__ = ["DropMulByOne", "FuseResidual", "compile_options"]

@@ -125,8 +125,9 @@ class Decoder:
     """
 
     def __init__(self, model: torch.nn.Module, path: str, prompt: torch.Tensor, new_tokens: int, clock: Any,
-                 dtype: torch.dtype, attention: str = "model"):
+                 dtype: torch.dtype, attention: str = "model", fuse_residual: bool = True):
         self.model, self.path, self.prompt, self.new_tokens, self.clock = model, path, prompt, new_tokens, clock
+        self.fuse_residual = fuse_residual  # a compiled step's FuseResidual pass (gpuopt.llm.passes)
         self.device = prompt.device
         self.batch_size, self.prompt_len = prompt.shape
         self.dtype = dtype
@@ -260,6 +261,8 @@ class Decoder:
                 from . import passes as _passes
 
                 options = _passes.compile_options(self.device)
+                if not self.fuse_residual:
+                    options.pop("post_grad_custom_post_pass")
                 prefill = torch.compile(prefill, fullgraph=True, dynamic=False, options=options)
                 decode = torch.compile(decode, fullgraph=True, dynamic=False, options=options)
             self._prefill, self._decode = prefill, decode

@@ -26,10 +26,17 @@ class Int8WeightOnlyLinear(torch.nn.Module):
 
     activation = "none"  # the class default, for instances pickled before the attribute existed
 
-    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, activation: str = "none"):
+    folded_norm, norm_eps = "none", 1e-5  # class defaults, for instances pickled before the attributes existed
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, activation: str = "none",
+                 folded_norm: str = "none", norm_eps: float = 1e-5):
+        """``folded_norm`` ("none", "layer", "rms"; ``norm_eps``): a norm of x whose elementwise affine the
+        weight and bias hold (gpuopt.llm.fuse.NormLinear), applied by the kernel."""
         super().__init__()
         if activation not in ("none", "relu"):
             raise ValueError(f"activation must be 'none' or 'relu', got {activation!r}")
+        if folded_norm not in ("none", "layer", "rms"):
+            raise ValueError(f"folded_norm must be 'none', 'layer' or 'rms', got {folded_norm!r}")
         self.activation = activation  # applied in the kernel's epilogue
         if weight.dtype != torch.int8 or weight.dim() != 2:
             raise TypeError(f"weight must be a 2-D int8 tensor, got {weight.dtype} of shape {tuple(weight.shape)}")
@@ -37,6 +44,19 @@ class Int8WeightOnlyLinear(torch.nn.Module):
         self.register_buffer("weight", weight.contiguous())
         self.register_buffer("scales", scales)
         self.register_buffer("bias", bias)
+        self.folded_norm, self.norm_eps = folded_norm, float(norm_eps)
+        self.register_buffer("norm_sum", None, persistent=False)
+        self._norm_sums()
+
+    def _norm_sums(self) -> None:
+        # the kernel scales its sums by the scales as they are passed (x's dtype): norm_sum from the same
+        sums = self.weight.float().sum(1) * self.scales.float() if self.folded_norm == "layer" else None
+        self.norm_sum = sums
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202  (nn.Module's signature)
+        super()._apply(fn, recurse)
+        self._norm_sums()  # in float32 whatever the module is moved or cast to
+        return self
 
     @classmethod
     def from_float(cls, module: torch.nn.Module, dtype: torch.dtype | None = None) -> Int8WeightOnlyLinear:
@@ -50,15 +70,21 @@ class Int8WeightOnlyLinear(torch.nn.Module):
         scales = (w32.abs().amax(dim=1) / 127.0).clamp_min(1e-12)
         q = torch.round(w32 / scales[:, None]).clamp_(-127, 127).to(torch.int8)
         bias = module.bias.detach().to(dtype) if getattr(module, "bias", None) is not None else None
-        return cls(q, scales.to(dtype), bias)
+        return cls(q, scales.to(dtype), bias, folded_norm=getattr(module, "folded_norm", "none"),
+                   norm_eps=getattr(module, "norm_eps", 1e-5))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.folded_norm == "none":
+            return torch.ops.gpuopt.int8_weight_only_linear(x, self.weight, self.scales.to(x.dtype), self.bias,
+                                                            self.activation)
         return torch.ops.gpuopt.int8_weight_only_linear(x, self.weight, self.scales.to(x.dtype), self.bias,
-                                                        self.activation)
+                                                        self.activation, None, self.folded_norm, self.norm_sum,
+                                                        self.norm_eps)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-                + (f", activation={self.activation}" if self.activation != "none" else ""))
+                + (f", activation={self.activation}" if self.activation != "none" else "")
+                + (f", folded_norm={self.folded_norm}, eps={self.norm_eps}" if self.folded_norm != "none" else ""))
 
 
 def is_quantized_linear(module: Any) -> bool:
