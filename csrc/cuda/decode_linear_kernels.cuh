@@ -61,8 +61,8 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
   const std::int64_t chunks = k / kChunk;
   std::int64_t c = warp;
   allow_next_grid();
-  if (threadIdx.x == 0) prefetch_constants<T>(bias, n0, ep);
   wait_for_prior_grid();
+  if (threadIdx.x == 0) prefetch_constants<T>(bias, n0, ep);
   if (static_cast<int>(threadIdx.x) < rows) prefetch_residual<T>(static_cast<int>(threadIdx.x), n0, n_cols, ep);
   for (; c + (kBatch - 1) * kWarps < chunks; c += kBatch * kWarps) {
     uint4 wl[kBatch][kVec], wh[kBatch][kVec], xv[kBatch][kVec];

@@ -56,7 +56,8 @@ __device__ __forceinline__ void unpack_int8(const uint4 u, float (&w)[16]) {
 }
 
 // out[m, n] = (sum_k x[m, k] * weight[n, k]) * scale[n] + bias[n] for m < rows <= kRows, then what ep adds
-// (linear_epilogue.cuh; kStats: x's row statistics for its folded norm, from the same loads).
+// (linear_epilogue.cuh; kStats: x's row statistics for its folded norm, from the values of x the warp
+// converts for its products anyway -- each warp reads all of x -- reduced with the sums).
 // One warp per output column n: its lanes stride over weight row n 16 int8 at a time (one 16-byte
 // load per lane per step, 512 bytes per warp), multiply with the matching 16 values of every row of
 // x (small, served from L1/L2), accumulate in fp32, then reduce across the warp with shuffles.
@@ -79,13 +80,13 @@ __global__ void __launch_bounds__(kInt8LinearWarps * 32)
   for (int m = 0; m < kRows; ++m) acc[m] = 0.0f;
 #pragma unroll
   for (int m = 0; m < (kStats ? kRows : 1); ++m) stats[m] = make_float2(0.0f, 0.0f);
+  wait_for_prior_grid();  // under programmatic launch (pdl.cuh): for the kernel before, before any load
   if (lane == 0) {  // the epilogue's reads, started early (prefetch_constants, linear_epilogue.cuh)
     prefetch_constants<T>(bias, n, ep);
     prefetch_l1(scales_fp32 ? static_cast<const void*>(static_cast<const float*>(scales) + n)
                             : static_cast<const void*>(static_cast<const T*>(scales) + n));
   }
-  wait_for_prior_grid();
-  if (lane < rows) prefetch_residual<T>(lane, n, n_cols, ep);  // under programmatic launch (pdl.cuh): for the kernel before, before any load
+  if (lane < rows) prefetch_residual<T>(lane, n, n_cols, ep);
 
   // Unrolled so that several 16-byte weight loads per lane are in flight at once: a decode step's
   // matrices give only a few hundred blocks, so latency, not occupancy, has to be hidden.
@@ -268,12 +269,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   // Under programmatic launch (pdl.cuh): the blocks may start while the kernel before finishes, and wait
   // for it before any load.
   allow_next_grid();
+  wait_for_prior_grid();
   if (threadIdx.x == 0) {
     prefetch_constants<T>(bias, n0, ep);
     prefetch_l1(scales_fp32 ? static_cast<const void*>(static_cast<const float*>(scales) + n0)
                             : static_cast<const void*>(static_cast<const T*>(scales) + n0));
   }
-  wait_for_prior_grid();
   if (static_cast<int>(threadIdx.x) < rows) prefetch_residual<T>(static_cast<int>(threadIdx.x), n0, n_cols, ep);
   for (; c + (kBatch - 1) * kStride < chunks; c += kBatch * kStride) {
     uint4 wl[kBatch][kVec], wh[kBatch][kVec], xv[kBatch][kVec][kTiles][2];

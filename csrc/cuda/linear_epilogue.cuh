@@ -5,7 +5,9 @@
 //
 // A norm is folded, not run: its elementwise scale is in the weight (w'[n, k] = w[n, k] gamma[k]) and its
 // shift in the bias (b'[n] = b[n] + sum_k w[n, k] beta[k]), so the kernel's sums are over x as it is, and
-// x's row statistics (sum and sum of squares per row, in fp32) are taken by the block from x in L1. Then
+// x's row statistics (sum and sum of squares per row, in fp32) are taken by the tensor-core kernels' blocks
+// from x in L1 after their matmul (block_row_stats), by the int8 SIMT kernel's warps from the values they
+// convert anyway. Then
 //   layer: out = rstd * (sum_k w'[n, k] x[k] - mean * norm_sum[n]) + b'[n],  norm_sum[n] = sum_k w'[n, k]
 //   rms:   out = rstd * sum_k w'[n, k] x[k] + b'[n]
 // with rstd = 1 / sqrt(var + eps), var the row's variance (layer) or mean square (rms): the normalized x
@@ -70,9 +72,10 @@ __device__ __noinline__ void block_row_stats(const T* __restrict__ x, int rows, 
 
 __device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
-// The epilogue's reads, started early so that they do not add a memory round trip after the matmul: the
-// bias and the norm's sums (constants) before the wait for the kernel before, and the residual (which that
-// kernel may write) after it. One thread per line: output columns n0 .. n0 + 15 of `rows` rows.
+// The epilogue's reads, started before the matmul so that they do not add a memory round trip after it:
+// the bias, the norm's sums and the residual, after the wait for the kernel before (which may write any of
+// them: an L1 line fetched earlier could be stale). One thread per line: output columns n0 .. n0 + 15 of
+// `rows` rows.
 template <typename T>
 __device__ __forceinline__ void prefetch_constants(const void* bias, std::int64_t n0, const LinearEpilogue<T>& ep) {
   if (bias != nullptr) prefetch_l1(static_cast<const T*>(bias) + n0);

@@ -248,7 +248,7 @@ struct DecodeLinearParams {
   // A norm folded in (its elementwise scale in the weight, its shift in the bias): x's rows are normalized
   // in the kernel, out = act(norm(x) @ w.T + bias) + residual (see csrc/cuda/linear_epilogue.cuh).
   LinearNorm norm = LinearNorm::kNone;
-  const float* norm_sum = nullptr;  // [n] float32, for kLayer: the weight's row sums (int8: times the scales)
+  const float* norm_sum = nullptr;  // [n] float32, for kLayer: the weight's row sums
   float eps = 1e-5f;                // added to the variance (kLayer) or mean square (kRms)
   const void* residual = nullptr;   // [rows, n] of `type`, contiguous, added last; or nullptr
 };

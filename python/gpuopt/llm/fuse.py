@@ -148,14 +148,20 @@ NORM_FOLDS: dict[str, tuple[tuple[str, str, bool], ...]] = {
 }
 
 
+# RMS norms computing weight * x / sqrt(mean(x^2) + eps) (transformers' Llama, Mistral, Qwen2; not Gemma's,
+# which scales by 1 + weight).
+RMS_NORMS: tuple[str, ...] = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
+
+
 def _norm_of(module: nn.Module, width: int) -> tuple[str, float, torch.Tensor | None, torch.Tensor | None] | None:
-    """(kind, eps, scale, shift) of a layer norm (``nn.LayerNorm`` over the last ``width`` values) or an RMS
-    norm (a class named ``*RMSNorm`` with ``weight`` and ``variance_epsilon`` or ``eps``), else None."""
+    """(kind, eps, scale, shift) of a layer norm (``nn.LayerNorm`` over the last ``width`` values, its
+    affine optional) or an RMS norm of :data:`RMS_NORMS` (``weight``, ``variance_epsilon`` or ``eps``), else
+    None."""
     if type(module) is nn.LayerNorm:
         if tuple(module.normalized_shape) != (width,):
             return None
         return "layer", float(module.eps), module.weight, module.bias
-    if type(module).__name__.endswith("RMSNorm"):
+    if type(module).__name__ in RMS_NORMS:
         weight = getattr(module, "weight", None)
         eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
         if (isinstance(weight, torch.Tensor) and weight.shape == (width,) and isinstance(eps, float)
@@ -176,14 +182,16 @@ class NormLinear(nn.Linear):
                  shift: torch.Tensor | None):
         w = linear.weight
         has_bias = linear.bias is not None or shift is not None
-        super().__init__(linear.in_features, linear.out_features, bias=has_bias, device=w.device, dtype=w.dtype)
+        # on the meta device first: nn.Linear's random initialization is not needed
+        super().__init__(linear.in_features, linear.out_features, bias=has_bias, device="meta", dtype=w.dtype)
         with torch.no_grad():
             w32 = w.float()
-            self.weight.copy_(w32 * scale.float() if scale is not None else w32)
+            self.weight = nn.Parameter((w32 * scale.float() if scale is not None else w32).to(w.dtype),
+                                       requires_grad=False)
             if has_bias:
                 b = linear.bias.float() if linear.bias is not None else torch.zeros(w.shape[0], device=w.device)
-                self.bias.copy_(b + w32 @ shift.float() if shift is not None else b)
-        self.requires_grad_(False)
+                self.bias = nn.Parameter((b + w32 @ shift.float() if shift is not None else b).to(w.dtype),
+                                         requires_grad=False)
         self.folded_norm, self.norm_eps = kind, eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -206,7 +214,8 @@ def fold_norms(model: nn.Module, layers: dict[str, tuple[tuple[str, str, bool], 
     """Folds, in place, each norm of :data:`NORM_FOLDS` into the linear layer reading its output (a
     :class:`FusedProjections`'s, so after :func:`fuse_projections`; or a plain one where allowed): the
     linear layer becomes a :class:`NormLinear`, the norm ``nn.Identity``. Returns how many were folded.
-    Norms with their own elementwise affine off, another shape or another class stay."""
+    Norms over another shape or of another class (:func:`_norm_of`) stay, and so do norms read by anything
+    else (unfused q/k/v; OPT without ``do_layer_norm_before``)."""
     count = 0
     for module in list(model.modules()):
         folds = layers.get(type(module).__name__)
@@ -234,5 +243,5 @@ def fold_norms(model: nn.Module, layers: dict[str, tuple[tuple[str, str, bool], 
     return count
 
 
-__all__ = ["GROUPS", "NORM_FOLDS", "SCALED_QUERY_LAYERS", "FusedProjections", "NormLinear", "ProjectionPart",
+__all__ = ["GROUPS", "NORM_FOLDS", "RMS_NORMS", "SCALED_QUERY_LAYERS", "FusedProjections", "NormLinear", "ProjectionPart",
            "fold_norms", "fuse_projections", "norm_row_sums"]

@@ -39,8 +39,11 @@ class DecodeLinear(nn.Module):
         self.norm_eps: float = getattr(linear, "norm_eps", 1e-5)
         self.register_buffer("norm_sum", None, persistent=False)
         self._norm_sums()
+        self.register_load_state_dict_post_hook(lambda module, _keys: module._norm_sums())
 
     def _norm_sums(self) -> None:
+        """``norm_sum`` from the weight as it is now: after construction, a move or cast (``_apply``) and
+        ``load_state_dict``. A weight changed in place otherwise needs a call of this."""
         from .fuse import norm_row_sums
 
         self.norm_sum = norm_row_sums(self.weight) if self.folded_norm == "layer" else None

@@ -80,16 +80,25 @@ def _linear_ops() -> tuple[Any, ...]:
 
 
 def _residual_free(node: torch.fx.Node) -> bool:
-    """Whether a call of one of gpuopt's linear operators passes no residual (positionally or by name)."""
-    names = [a.name for a in node.target._schema.arguments]
-    return len(node.args) <= names.index("residual") and node.kwargs.get("residual") is None
+    """Whether a call of one of gpuopt's linear operators passes no residual (None, positionally or by name)."""
+    i = [a.name for a in node.target._schema.arguments].index("residual")
+    return (len(node.args) <= i or node.args[i] is None) and node.kwargs.get("residual") is None
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape (statically: no guard added on a symbolic size), dtype and device."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return (a.dim() == b.dim() and all(statically_known_true(x == y) for x, y in zip(a.shape, b.shape))
+            and a.dtype == b.dtype and a.device == b.device)
 
 
 class FuseResidual(CustomGraphPass):
     """Replaces ``aten.add.Tensor(linear(...), r)`` (either order, no alpha), where ``linear`` is
     ``gpuopt::decode_linear`` or ``gpuopt::int8_weight_only_linear`` without a residual and its output is
-    read by the add only, by the linear operator with ``residual=r``: when ``r`` has the output's shape,
-    dtype and device (no broadcast, no type promotion)."""
+    read by the add only, by the linear operator with ``residual=r`` at the add's place: when ``r`` is
+    another value with the output's shape, dtype and device (no broadcast, no type promotion) and neither
+    it nor the linear's inputs are written in place (the linear then reads them later, unchanged)."""
 
     fused = 0  # adds fused by the last call (for tests)
 
@@ -101,17 +110,24 @@ class FuseResidual(CustomGraphPass):
                 continue
             out = node.meta.get("val")
             for linear, r in (node.args, node.args[::-1]):
-                if not (isinstance(linear, torch.fx.Node) and isinstance(r, torch.fx.Node)
+                if not (isinstance(linear, torch.fx.Node) and isinstance(r, torch.fx.Node) and r is not linear
                         and linear.op == "call_function" and linear.target in ops and len(linear.users) == 1
                         and _residual_free(linear)):
                     continue
                 y, rv = linear.meta.get("val"), r.meta.get("val")
-                if not all(isinstance(t, torch.Tensor) for t in (out, y, rv)) or not (
-                        y.shape == rv.shape == out.shape and y.dtype == rv.dtype == out.dtype
-                        and y.device == rv.device):
+                if not all(isinstance(t, torch.Tensor) for t in (out, y, rv)) or not (_same(y, rv) and _same(y, out)):
                     continue
+                inputs = [a for a in (*linear.args, *linear.kwargs.values()) if isinstance(a, torch.fx.Node)]
+                if any(_written(a) for a in (*inputs, r)):
+                    continue
+                i = [a.name for a in linear.target._schema.arguments].index("residual")
+                args, kwargs = linear.args, dict(linear.kwargs)
+                if len(args) > i:  # passed positionally (as None)
+                    args = (*args[:i], r, *args[i + 1:])
+                else:
+                    kwargs["residual"] = r
                 with graph.inserting_before(node):
-                    fused = graph.call_function(linear.target, linear.args, {**linear.kwargs, "residual": r})
+                    fused = graph.call_function(linear.target, args, kwargs)
                 fused.meta.update(linear.meta)
                 node.replace_all_uses_with(fused)
                 graph.erase_node(node)

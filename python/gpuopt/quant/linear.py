@@ -237,6 +237,9 @@ def quantize_linears(model: torch.nn.Module, precision: str) -> QuantizeReport:
                 continue
             if isinstance(parent, torch.nn.MultiheadAttention):
                 continue  # its out_proj: quantized with it above, or kept with the reason
+            if getattr(child, "folded_norm", "none") != "none":  # gpuopt.llm.fuse.NormLinear: x must be normalized
+                report.kept[full] = f"a {child.folded_norm} norm folded in (gpuopt.llm.fuse.NormLinear)"
+                continue
             if child.in_features % align or child.out_features % align:
                 report.kept[full] = f"{child.in_features}x{child.out_features}: not multiples of {align}"
             else:

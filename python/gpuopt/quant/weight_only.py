@@ -46,12 +46,17 @@ class Int8WeightOnlyLinear(torch.nn.Module):
         self.register_buffer("bias", bias)
         self.folded_norm, self.norm_eps = folded_norm, float(norm_eps)
         self.register_buffer("norm_sum", None, persistent=False)
+        self.register_buffer("norm_scales", None, persistent=False)
         self._norm_sums()
+        self.register_load_state_dict_post_hook(lambda module, _keys: module._norm_sums())
 
     def _norm_sums(self) -> None:
-        # the kernel scales its sums by the scales as they are passed (x's dtype): norm_sum from the same
-        sums = self.weight.float().sum(1) * self.scales.float() if self.folded_norm == "layer" else None
-        self.norm_sum = sums
+        """With a folded layer norm: the kernel gets the scales in float32 (``norm_scales``, whatever x's
+        dtype) and ``norm_sum`` = the weight's row sums times the same values. Recomputed after a move or
+        cast and ``load_state_dict``."""
+        folded = self.folded_norm == "layer"
+        self.norm_scales = self.scales.detach().float() if folded else None
+        self.norm_sum = self.weight.float().sum(1) * self.norm_scales if folded else None
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202  (nn.Module's signature)
         super()._apply(fn, recurse)
@@ -77,9 +82,9 @@ class Int8WeightOnlyLinear(torch.nn.Module):
         if self.folded_norm == "none":
             return torch.ops.gpuopt.int8_weight_only_linear(x, self.weight, self.scales.to(x.dtype), self.bias,
                                                             self.activation)
-        return torch.ops.gpuopt.int8_weight_only_linear(x, self.weight, self.scales.to(x.dtype), self.bias,
-                                                        self.activation, None, self.folded_norm, self.norm_sum,
-                                                        self.norm_eps)
+        scales = self.norm_scales if self.folded_norm == "layer" else self.scales.to(x.dtype)
+        return torch.ops.gpuopt.int8_weight_only_linear(x, self.weight, scales, self.bias, self.activation, None,
+                                                        self.folded_norm, self.norm_sum, self.norm_eps)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
