@@ -176,7 +176,8 @@ class NormLinear(nn.Linear):
     affine (``folded_norm``: "layer" -- mean and variance -- or "rms", mean square; ``norm_eps``) through
     ``torch.ops.gpuopt.decode_linear``, which gpuopt's decode kernels do from the loads of their matmul;
     :class:`gpuopt.llm.linear.DecodeLinear` and ``gpuopt.quant.Int8WeightOnlyLinear`` built from it keep
-    the norm."""
+    the norm. It is the step between :func:`fold_norms` and that swap, not a fast path: its forward takes
+    the weight's row sums at every call (the swapped modules keep them)."""
 
     def __init__(self, linear: nn.Linear, kind: str, eps: float, scale: torch.Tensor | None,
                  shift: torch.Tensor | None):

@@ -79,9 +79,14 @@ def _linear_ops() -> tuple[Any, ...]:
     return (torch.ops.gpuopt.decode_linear.default, torch.ops.gpuopt.int8_weight_only_linear.default)
 
 
+def _residual_index(node: torch.fx.Node) -> int:
+    """The position of ``residual`` among the arguments of the gpuopt linear operator ``node`` calls."""
+    return [a.name for a in node.target._schema.arguments].index("residual")
+
+
 def _residual_free(node: torch.fx.Node) -> bool:
     """Whether a call of one of gpuopt's linear operators passes no residual (None, positionally or by name)."""
-    i = [a.name for a in node.target._schema.arguments].index("residual")
+    i = _residual_index(node)
     return (len(node.args) <= i or node.args[i] is None) and node.kwargs.get("residual") is None
 
 
@@ -120,7 +125,7 @@ class FuseResidual(CustomGraphPass):
                 inputs = [a for a in (*linear.args, *linear.kwargs.values()) if isinstance(a, torch.fx.Node)]
                 if any(_written(a) for a in (*inputs, r)):
                     continue
-                i = [a.name for a in linear.target._schema.arguments].index("residual")
+                i = _residual_index(linear)
                 args, kwargs = linear.args, dict(linear.kwargs)
                 if len(args) > i:  # passed positionally (as None)
                     args = (*args[:i], r, *args[i + 1:])
