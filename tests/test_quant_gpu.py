@@ -60,3 +60,55 @@ def test_quantized_configs_pass_parity_on_the_gpu(config):
     assert any("linear layers quantized" in n for n in p.notes), p.notes
     m = gpuopt.measure(p.runner(x), mode="latency", max_time_s=0.3)
     assert m.p50 > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])
+@pytest.mark.parametrize("rows, k, xtype", [
+    (4099, 768, torch.bfloat16),    # a row per 16 threads
+    (300, 3072, torch.bfloat16),    # a row per warp, four chunks
+    (64, 12288, torch.float16),     # a row per block (block sums)
+    (33, 100, torch.float32),       # odd K: the pass-per-statistic path
+])
+@pytest.mark.parametrize("kw", [dict(norm="layer", affine=True), dict(norm="rms", affine=True), dict(norm="layer"),
+                                dict(activation="gelu"), dict(activation="gelu_tanh"), dict(activation="relu"),
+                                dict(activation="silu"), dict(norm="layer", affine=True, activation="gelu")],
+                         ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_the_prologue_kernel_matches_the_cpu_reference(dtype, rows, k, xtype, kw):
+    torch.manual_seed(0)
+    x = (torch.randn(rows, k) * 2 + 0.5).to(xtype)
+    args = {key: v for key, v in kw.items() if key != "affine"}
+    if kw.get("affine"):
+        args["weight"] = torch.randn(k)
+        if kw["norm"] == "layer":
+            args["bias"] = torch.randn(k)
+    q, s = torch.ops.gpuopt.quantize_rowwise(x.cuda(), dtype, **{key: v.cuda() if isinstance(v, torch.Tensor) else v
+                                                                 for key, v in args.items()})
+    q_ref, s_ref = torch.ops.gpuopt.quantize_rowwise(x, dtype, **args)
+    # float32 statistics summed in another order: the scales agree to a few ulps, values to one step, rarely.
+    torch.testing.assert_close(s.cpu(), s_ref, rtol=2e-5, atol=0)
+    differ = q.cpu().float() != q_ref.float()
+    assert float(differ.double().mean()) < 5e-3
+    step = (q.cpu().float() - q_ref.float()).abs()[differ]
+    if dtype == torch.int8:
+        assert bool((step <= 1).all())
+    else:
+        assert bool((step <= q_ref.float().abs()[differ] / 8 + 1e-6).all())
+
+
+@pytest.mark.parametrize("config", ["fp8", "fp8+cudagraph", "fp8+compile", "int8"])
+def test_a_vit_with_folded_norms_and_activations_passes_parity_on_the_gpu(config):
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    vit = torchvision.models.VisionTransformer(image_size=64, patch_size=16, num_layers=2, num_heads=4, hidden_dim=128,
+                                               mlp_dim=512, num_classes=32).eval()
+    torch.nn.init.normal_(vit.heads.head.weight, std=0.1)  # torchvision starts the head at zero
+    x = torch.randn(16, 3, 64, 64)
+    ref = Config("fp32").apply(vit, x, device="cuda")
+    p = Config.parse(config).apply(vit, x, device="cuda")
+    assert p.ok, p.error
+    assert any("2 gelu, 4 layer norm" in n for n in p.notes), p.notes
+    result = gpuopt.parity(p, ref, x)
+    assert result.passed, result
+    plain = Config.parse(f"{config}+no-fold").apply(vit, x, device="cuda")
+    plain_err = gpuopt.parity(plain, ref, x).worst_rel_l2
+    assert result.worst_rel_l2 < 1.3 * plain_err + 0.005, (result, plain_err)

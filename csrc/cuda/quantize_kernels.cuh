@@ -33,6 +33,54 @@ __device__ __forceinline__ float block_max(float v) {
   return v;
 }
 
+// The block's sum of `v` (every thread gets it); may be called again right after.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float warp_sum[kQuantizeThreads / 32];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  __syncthreads();  // an earlier call's reads of warp_sum are done
+  if (lane == 0) warp_sum[warp] = v;
+  __syncthreads();
+  v = lane < kQuantizeThreads / 32 ? warp_sum[lane] : 0.0f;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// What is applied to x before the absmax (QuantizeRowsParams): norm 0 none, 1 layer, 2 rms, with an
+// optional float32 weight and bias per column; then activation (QuantizeActivation's order).
+struct Prologue {
+  int norm = 0;
+  const float* weight = nullptr;
+  const float* bias = nullptr;
+  float eps = 1e-5f;
+  int activation = 0;
+  __device__ __forceinline__ bool any() const { return norm != 0 || activation != 0; }
+};
+
+__device__ __forceinline__ float activate(float v, int activation) {
+  switch (activation) {
+    case 1: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    case 2: return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    case 3: return v < 0.0f ? 0.0f : v;  // NaN stays NaN, as torch.relu
+    case 4: return v / (1.0f + __expf(-v));
+    default: return v;
+  }
+}
+
+// x's value at column `col` through the prologue, given the row's mean (0 for rms) and 1 / std (rms).
+__device__ __forceinline__ float prologue_value(float v, std::int64_t col, const Prologue& p, float mean,
+                                                float rstd) {
+  if (p.norm != 0) {
+    v = (v - mean) * rstd;
+    if (p.weight != nullptr) v *= __ldg(p.weight + col);
+    if (p.bias != nullptr) v += __ldg(p.bias + col);
+  }
+  return activate(v, p.activation);
+}
+
 // 1 / scale, and the scale written once. A row of zeros (or so small that qmax / amax overflows) gets
 // inverse 0: its values quantize to 0.
 __device__ __forceinline__ float row_scale(float amax, float qmax) { return amax > 0.0f ? amax / qmax : 1.0f; }
@@ -50,17 +98,56 @@ template <typename T, int kVecs>
 __global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_held(const T* __restrict__ x,
                                                                        std::uint8_t* __restrict__ q,
                                                                        float* __restrict__ scales,
-                                                                       std::int64_t k, float qmax, bool fp8) {
+                                                                       std::int64_t k, float qmax, bool fp8,
+                                                                       Prologue pro) {
   const std::int64_t row = blockIdx.x;
   const T* xr = x + row * k;
   std::uint8_t* qr = q + row * k;
   float v[kVecs][16];
+#pragma unroll
+  for (int c = 0; c < kVecs; ++c) {
+    const std::int64_t at = (static_cast<std::int64_t>(c) * kQuantizeThreads + threadIdx.x) * 16;
+    if (at < k) load16(xr + at, v[c]);
+  }
+  if (pro.any()) {
+    float mean = 0.0f, rstd = 1.0f;
+    if (pro.norm != 0) {
+      float s = 0.0f, ss = 0.0f;
+      if (pro.norm == 1) {
+#pragma unroll
+        for (int c = 0; c < kVecs; ++c) {
+          const std::int64_t at = (static_cast<std::int64_t>(c) * kQuantizeThreads + threadIdx.x) * 16;
+          if (at < k) {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) s += v[c][i];
+          }
+        }
+        mean = block_sum(s) / static_cast<float>(k);
+      }
+#pragma unroll
+      for (int c = 0; c < kVecs; ++c) {
+        const std::int64_t at = (static_cast<std::int64_t>(c) * kQuantizeThreads + threadIdx.x) * 16;
+        if (at < k) {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) ss += (v[c][i] - mean) * (v[c][i] - mean);
+        }
+      }
+      rstd = rsqrtf(block_sum(ss) / static_cast<float>(k) + pro.eps);
+    }
+#pragma unroll
+    for (int c = 0; c < kVecs; ++c) {
+      const std::int64_t at = (static_cast<std::int64_t>(c) * kQuantizeThreads + threadIdx.x) * 16;
+      if (at < k) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[c][i] = prologue_value(v[c][i], at + i, pro, mean, rstd);
+      }
+    }
+  }
   float amax = 0.0f;
 #pragma unroll
   for (int c = 0; c < kVecs; ++c) {
     const std::int64_t at = (static_cast<std::int64_t>(c) * kQuantizeThreads + threadIdx.x) * 16;
     if (at < k) {
-      load16(xr + at, v[c]);
 #pragma unroll
       for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[c][i]));
     }
@@ -81,12 +168,19 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_held(const T* 
 // Short rows: kGroup threads per row (kGroup divides 32, so a row's threads sit in one warp and reduce
 // by shuffles), kQuantizeThreads / kGroup rows per block, kVecs chunks of 16 values per thread. One block
 // per row would leave most of its threads idle on the 768-wide rows of a BERT-base (48 chunks for 256).
+template <int kGroup>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int o = kGroup / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 template <typename T, int kGroup, int kVecs>
 __global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_grouped(const T* __restrict__ x,
                                                                           std::uint8_t* __restrict__ q,
                                                                           float* __restrict__ scales,
                                                                           std::int64_t rows, std::int64_t k,
-                                                                          float qmax, bool fp8) {
+                                                                          float qmax, bool fp8, Prologue pro) {
   static_assert(kGroup >= 1 && kGroup <= 32 && (32 % kGroup) == 0, "a row's threads must sit in one warp");
   constexpr int kRowsPerBlock = kQuantizeThreads / kGroup;
   const int lane = static_cast<int>(threadIdx.x) % kGroup;
@@ -95,12 +189,50 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_grouped(const 
   const T* xr = x + (live ? row : 0) * k;
   std::uint8_t* qr = q + (live ? row : 0) * k;
   float v[kVecs][16];
+#pragma unroll
+  for (int c = 0; c < kVecs; ++c) {
+    const std::int64_t at = (static_cast<std::int64_t>(c) * kGroup + lane) * 16;
+    if (live && at < k) load16(xr + at, v[c]);
+  }
+  if (pro.any()) {
+    float mean = 0.0f, rstd = 1.0f;
+    if (pro.norm != 0) {
+      float s = 0.0f, ss = 0.0f;
+      if (pro.norm == 1) {
+#pragma unroll
+        for (int c = 0; c < kVecs; ++c) {
+          const std::int64_t at = (static_cast<std::int64_t>(c) * kGroup + lane) * 16;
+          if (live && at < k) {
+#pragma unroll
+            for (int i = 0; i < 16; ++i) s += v[c][i];
+          }
+        }
+        mean = group_sum<kGroup>(s) / static_cast<float>(k);
+      }
+#pragma unroll
+      for (int c = 0; c < kVecs; ++c) {
+        const std::int64_t at = (static_cast<std::int64_t>(c) * kGroup + lane) * 16;
+        if (live && at < k) {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) ss += (v[c][i] - mean) * (v[c][i] - mean);
+        }
+      }
+      rstd = rsqrtf(group_sum<kGroup>(ss) / static_cast<float>(k) + pro.eps);
+    }
+#pragma unroll
+    for (int c = 0; c < kVecs; ++c) {
+      const std::int64_t at = (static_cast<std::int64_t>(c) * kGroup + lane) * 16;
+      if (live && at < k) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[c][i] = prologue_value(v[c][i], at + i, pro, mean, rstd);
+      }
+    }
+  }
   float amax = 0.0f;
 #pragma unroll
   for (int c = 0; c < kVecs; ++c) {
     const std::int64_t at = (static_cast<std::int64_t>(c) * kGroup + lane) * 16;
     if (live && at < k) {
-      load16(xr + at, v[c]);
 #pragma unroll
       for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[c][i]));
     }
@@ -122,19 +254,41 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_grouped(const 
   }
 }
 
-// Any row: read twice (the second time mostly from L2), one value at a time.
+// Any row: read again for each pass (mostly from L2), one value at a time.
 template <typename T>
 __global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_any(const T* __restrict__ x,
                                                                       std::uint8_t* __restrict__ q,
                                                                       float* __restrict__ scales,
-                                                                      std::int64_t k, float qmax, bool fp8) {
+                                                                      std::int64_t k, float qmax, bool fp8,
+                                                                      Prologue pro) {
   const std::int64_t row = blockIdx.x;
   const T* xr = x + row * k;
   std::uint8_t* qr = q + row * k;
+  float mean = 0.0f, rstd = 1.0f;
+  if (pro.norm != 0) {
+    if (pro.norm == 1) {
+      float s = 0.0f;
+      for (std::int64_t i = threadIdx.x; i < k; i += kQuantizeThreads) s += to_float(xr[i]);
+      mean = block_sum(s) / static_cast<float>(k);
+    }
+    float ss = 0.0f;
+    for (std::int64_t i = threadIdx.x; i < k; i += kQuantizeThreads) {
+      const float d = to_float(xr[i]) - mean;
+      ss += d * d;
+    }
+    rstd = rsqrtf(block_sum(ss) / static_cast<float>(k) + pro.eps);
+  }
+  const bool any = pro.any();
   float amax = 0.0f;
-  for (std::int64_t i = threadIdx.x; i < k; i += kQuantizeThreads) amax = fmaxf(amax, fabsf(to_float(xr[i])));
+  for (std::int64_t i = threadIdx.x; i < k; i += kQuantizeThreads) {
+    const float v = to_float(xr[i]);
+    amax = fmaxf(amax, fabsf(any ? prologue_value(v, i, pro, mean, rstd) : v));
+  }
   const float inv = inverse_scale(block_max(amax), qmax, scales + row);
-  for (std::int64_t i = threadIdx.x; i < k; i += kQuantizeThreads) qr[i] = quantize_one(to_float(xr[i]) * inv, fp8);
+  for (std::int64_t i = threadIdx.x; i < k; i += kQuantizeThreads) {
+    const float v = to_float(xr[i]);
+    qr[i] = quantize_one((any ? prologue_value(v, i, pro, mean, rstd) : v) * inv, fp8);
+  }
 }
 
 }  // namespace gpuopt::cuda::kernels

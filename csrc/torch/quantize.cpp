@@ -1,19 +1,33 @@
 // gpuopt::quantize_rowwise, a torch operator (a fragment of the `gpuopt` library of ops.cpp):
 //
-//   gpuopt::quantize_rowwise(Tensor x, ScalarType dtype) -> (Tensor q, Tensor scales)
-//       for x [..., K] of float16/bfloat16/float32 and dtype int8 or float8_e4m3fn: per row,
-//       amax = max |x|, scales = amax / qmax (1 for an all-zero row; qmax 127 or 448) as float32
-//       [..., 1], and q = x * (qmax / amax) rounded to int8 (clamped to +-127) or saturated to e4m3,
-//       shape of x. x == q * scales up to the rounding of the quantized type.
+//   gpuopt::quantize_rowwise(Tensor x, ScalarType dtype, str norm="none", Tensor? weight=None,
+//                            Tensor? bias=None, float eps=1e-5, str activation="none")
+//       -> (Tensor q, Tensor scales)
+//       for x [..., K] of float16/bfloat16/float32 and dtype int8 or float8_e4m3fn: per row, y = x
+//       through the prologue, amax = max |y|, scales = amax / qmax (1 for an all-zero row; qmax 127 or
+//       448) as float32 [..., 1], and q = y * (qmax / amax) rounded to int8 (clamped to +-127) or
+//       saturated to e4m3, shape of x. y == q * scales up to the rounding of the quantized type.
+//
+//       The prologue, in float32: norm "layer" ((x - mean) / sqrt(var + eps)) or "rms" (x / sqrt(mean
+//       square + eps)) times weight plus bias (float32 [K] each, optional; bias with "layer" only), then
+//       activation "gelu" (erf), "gelu_tanh", "relu" or "silu". It is the layer or activation that
+//       produced a linear layer's input, folded into the quantization (gpuopt.quant.fold_prologues): its
+//       16-bit output is never written or read again.
 //
 // What fp8 and int8 linear layers quantize their activations with before torch._scaled_mm /
-// torch._int_mm: one kernel that reads x once (the absmax and the cast in one pass). CPU: the same
-// arithmetic through ATen. Meta: shapes only, so that torch.compile and CUDA graphs compose.
+// torch._int_mm: one kernel that reads x once (the norm's statistics, the absmax and the cast in one
+// pass). CPU: the same arithmetic through ATen. Meta: shapes only, so that torch.compile and CUDA graphs
+// compose.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/abs.h>
 #include <ATen/ops/amax.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full_like.h>
+#include <ATen/ops/gelu.h>
+#include <ATen/ops/mean.h>
+#include <ATen/ops/relu.h>
+#include <ATen/ops/rsqrt.h>
+#include <ATen/ops/silu.h>
 #include <ATen/ops/ones_like.h>
 #include <ATen/ops/where.h>
 #include <ATen/ops/zeros_like.h>
@@ -22,6 +36,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -41,7 +57,28 @@ constexpr const char* kOp = "quantize_rowwise";
 
 float qmax_of(at::ScalarType t) { return t == at::kChar ? 127.0f : 448.0f; }
 
-void check_args(const at::Tensor& x, at::ScalarType dtype) {
+enum class Norm { kNone, kLayer, kRms };
+enum class Act { kNone, kGelu, kGeluTanh, kRelu, kSilu };
+
+struct Prologue {
+  Norm norm = Norm::kNone;
+  Act act = Act::kNone;
+};
+
+void check_vector(const char* name, const std::optional<at::Tensor>& t, const at::Tensor& x) {
+  if (!t.has_value()) return;
+  TORCH_CHECK_TYPE(t->scalar_type() == at::kFloat, kOp, ": ", name, " must be float32, got ",
+                   c10::toString(t->scalar_type()));
+  TORCH_CHECK_VALUE(t->dim() == 1 && t->sym_size(0) == x.sym_size(-1), kOp, ": ", name,
+                    " must have shape [K] (K = x's last dimension, ", x.sym_size(-1), "), got sizes ",
+                    t->sym_sizes());
+  TORCH_CHECK_VALUE(t->device() == x.device(), kOp, ": ", name, " must be on x's device ", x.device(), ", got ",
+                    t->device());
+}
+
+Prologue check_args(const at::Tensor& x, at::ScalarType dtype, const std::string& norm,
+                    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps,
+                    const std::string& activation) {
   const at::ScalarType xt = x.scalar_type();
   TORCH_CHECK_TYPE(xt == at::kHalf || xt == at::kBFloat16 || xt == at::kFloat, kOp,
                    ": x must be float16, bfloat16 or float32, got ", c10::toString(xt));
@@ -50,6 +87,27 @@ void check_args(const at::Tensor& x, at::ScalarType dtype) {
                     x.sym_sizes());
   TORCH_CHECK_TYPE(dtype == at::kChar || dtype == at::kFloat8_e4m3fn, kOp,
                    ": dtype must be torch.int8 or torch.float8_e4m3fn, got ", c10::toString(dtype));
+  Prologue p;
+  TORCH_CHECK_VALUE(norm == "none" || norm == "layer" || norm == "rms", kOp,
+                    ": norm must be 'none', 'layer' or 'rms', got '", norm, "'");
+  p.norm = norm == "layer" ? Norm::kLayer : norm == "rms" ? Norm::kRms : Norm::kNone;
+  TORCH_CHECK_VALUE(activation == "none" || activation == "gelu" || activation == "gelu_tanh" ||
+                        activation == "relu" || activation == "silu",
+                    kOp, ": activation must be 'none', 'gelu', 'gelu_tanh', 'relu' or 'silu', got '", activation,
+                    "'");
+  p.act = activation == "gelu"        ? Act::kGelu
+          : activation == "gelu_tanh" ? Act::kGeluTanh
+          : activation == "relu"      ? Act::kRelu
+          : activation == "silu"      ? Act::kSilu
+                                      : Act::kNone;
+  TORCH_CHECK_VALUE(p.norm != Norm::kNone || (!weight.has_value() && !bias.has_value()), kOp,
+                    ": weight and bias are the norm's elementwise affine: give norm='layer' or 'rms' with them");
+  TORCH_CHECK_VALUE(p.norm != Norm::kRms || !bias.has_value(), kOp,
+                    ": an RMS norm has no bias: give bias=None with norm='rms'");
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0.0, kOp, ": eps must be finite and >= 0, got ", eps);
+  check_vector("weight", weight, x);
+  check_vector("bias", bias, x);
+  return p;
 }
 
 std::vector<c10::SymInt> scale_shape(const at::Tensor& x) {
@@ -58,10 +116,33 @@ std::vector<c10::SymInt> scale_shape(const at::Tensor& x) {
   return shape;
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& x, at::ScalarType dtype) {
-  check_args(x, dtype);
+// x through the prologue, in float32 (the kernel's arithmetic through ATen).
+at::Tensor prologue_cpu(const at::Tensor& x32, const Prologue& p, const std::optional<at::Tensor>& weight,
+                        const std::optional<at::Tensor>& bias, double eps) {
+  at::Tensor y = x32;
+  if (p.norm != Norm::kNone) {
+    if (p.norm == Norm::kLayer) y = y.sub(at::mean(y, {-1}, /*keepdim=*/true));
+    y = y.mul(at::rsqrt(at::mean(y.mul(y), {-1}, /*keepdim=*/true).add(eps)));
+    if (weight.has_value()) y = y.mul(weight->to(y.device()));
+    if (bias.has_value()) y = y.add(bias->to(y.device()));
+  }
+  switch (p.act) {
+    case Act::kGelu: return at::gelu(y, "none");
+    case Act::kGeluTanh: return at::gelu(y, "tanh");
+    case Act::kRelu: return at::relu(y);
+    case Act::kSilu: return at::silu(y);
+    case Act::kNone: break;
+  }
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& x, at::ScalarType dtype, const std::string& norm,
+                                                const std::optional<at::Tensor>& weight,
+                                                const std::optional<at::Tensor>& bias, double eps,
+                                                const std::string& activation) {
+  const Prologue pro = check_args(x, dtype, norm, weight, bias, eps, activation);
   const float qmax = qmax_of(dtype);
-  const at::Tensor x32 = x.to(at::kFloat);
+  const at::Tensor x32 = prologue_cpu(x.to(at::kFloat), pro, weight, bias, eps);
   // As the kernel: NaN does not enter the absmax (fmaxf skips it), and an inverse that overflows is 0.
   const at::Tensor amax = at::amax(at::abs(x32).nan_to_num(0.0, INFINITY, 0.0), {-1}, /*keepdim=*/true);
   const at::Tensor positive = amax.gt(0);
@@ -73,8 +154,11 @@ std::tuple<at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& x, at::ScalarT
   return {q, scales};
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize_cuda(const at::Tensor& x, at::ScalarType dtype) {
-  check_args(x, dtype);
+std::tuple<at::Tensor, at::Tensor> quantize_cuda(const at::Tensor& x, at::ScalarType dtype,
+                                                 const std::string& norm, const std::optional<at::Tensor>& weight,
+                                                 const std::optional<at::Tensor>& bias, double eps,
+                                                 const std::string& activation) {
+  const Prologue pro = check_args(x, dtype, norm, weight, bias, eps, activation);
 #ifdef GPUOPT_WITH_CUDA
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor xc = x.contiguous();
@@ -92,17 +176,29 @@ std::tuple<at::Tensor, at::Tensor> quantize_cuda(const at::Tensor& x, at::Scalar
   p.scales = scales.mutable_data_ptr<float>();
   p.rows = rows;
   p.k = k;
+  const at::Tensor w = weight.has_value() ? weight->contiguous() : at::Tensor();
+  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
+  p.norm = pro.norm == Norm::kLayer ? cuda::LinearNorm::kLayer
+           : pro.norm == Norm::kRms ? cuda::LinearNorm::kRms
+                                    : cuda::LinearNorm::kNone;
+  p.norm_weight = w.defined() ? w.const_data_ptr<float>() : nullptr;
+  p.norm_bias = b.defined() ? b.const_data_ptr<float>() : nullptr;
+  p.eps = static_cast<float>(eps);
+  p.activation = static_cast<cuda::QuantizeActivation>(static_cast<int>(pro.act));
   cuda::quantize_rows(p, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
   return {q, scales};
 #else
-  (void)dtype;
+  (void)pro;
   require_cuda("gpuopt::quantize_rowwise on a CUDA tensor");
   return {};
 #endif
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize_meta(const at::Tensor& x, at::ScalarType dtype) {
-  check_args(x, dtype);
+std::tuple<at::Tensor, at::Tensor> quantize_meta(const at::Tensor& x, at::ScalarType dtype,
+                                                 const std::string& norm, const std::optional<at::Tensor>& weight,
+                                                 const std::optional<at::Tensor>& bias, double eps,
+                                                 const std::string& activation) {
+  check_args(x, dtype, norm, weight, bias, eps, activation);
   return {at::empty_symint(x.sym_sizes(), x.options().dtype(dtype)),
           at::empty_symint(scale_shape(x), x.options().dtype(at::kFloat))};
 }
@@ -110,7 +206,9 @@ std::tuple<at::Tensor, at::Tensor> quantize_meta(const at::Tensor& x, at::Scalar
 }  // namespace
 }  // namespace gpuopt::torch_ext
 
-TORCH_LIBRARY_FRAGMENT(gpuopt, m) { m.def("quantize_rowwise(Tensor x, ScalarType dtype) -> (Tensor, Tensor)"); }
+TORCH_LIBRARY_FRAGMENT(gpuopt, m) { m.def(
+      "quantize_rowwise(Tensor x, ScalarType dtype, str norm=\"none\", Tensor? weight=None, Tensor? bias=None, "
+      "float eps=1e-05, str activation=\"none\") -> (Tensor, Tensor)"); }
 
 TORCH_LIBRARY_IMPL(gpuopt, CPU, m) { m.impl("quantize_rowwise", &gpuopt::torch_ext::quantize_cpu); }
 

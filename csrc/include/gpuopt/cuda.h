@@ -267,10 +267,16 @@ void decode_linear(const DecodeLinearParams& p, cudaStream_t stream);
 
 // ---- row-wise quantization: for each row r of x [rows, k], amax = max |x[r, :]|, scale[r] =
 // amax / qmax (1 for an all-zero row) and q[r, i] = x[r, i] * (qmax / amax), rounded to the
-// nearest int8 (clamped to +-127) or saturated to float8 e4m3 (qmax 448). One block per row and
-// one kernel: a row that fits the block's registers (k <= 16384 16-bit values) is read once; longer
-// rows (or odd k, unaligned data) are read twice. Capturable.
+// nearest int8 (clamped to +-127) or saturated to float8 e4m3 (qmax 448). One kernel: a row that fits
+// registers (k <= 16384 16-bit values; up to 2048 values a row takes 8 to 32 threads of a warp, longer
+// ones a block) is read once; longer rows (or odd k, unaligned data) are read again (from L2).
+// Capturable.
+//
+// A prologue, applied in float32 before the absmax (the step that produced x folded in, so that its
+// output is never written): a norm of the row (layer: (x - mean) * rsqrt(var + eps); rms: x * rsqrt(mean
+// square + eps)) with its elementwise weight and bias, then an activation.
 enum class QuantType { kInt8, kFloat8E4M3 };
+enum class QuantizeActivation { kNone, kGelu, kGeluTanh, kRelu, kSilu };
 
 struct QuantizeRowsParams {
   ActivationType type = ActivationType::kFloat32;  // of x
@@ -279,13 +285,18 @@ struct QuantizeRowsParams {
   void* q = nullptr;        // [rows, k], one byte per value, contiguous
   float* scales = nullptr;  // [rows]
   std::int64_t rows = 0, k = 0;
+  LinearNorm norm = LinearNorm::kNone;
+  const float* norm_weight = nullptr;  // [k] float32 or nullptr (1): the norm's elementwise scale
+  const float* norm_bias = nullptr;    // [k] float32 or nullptr (0): its shift (kLayer only)
+  float eps = 1e-5f;
+  QuantizeActivation activation = QuantizeActivation::kNone;  // after the norm
 };
 
 // The largest value of each quantized type.
 constexpr float kInt8Max = 127.0f;
 constexpr float kFloat8E4M3Max = 448.0f;
 
-// GPUOPT_CHECK_VALUE unless rows >= 0 and k >= 1 with non-null pointers.
+// GPUOPT_CHECK_VALUE unless rows >= 0 and k >= 1 with non-null pointers, and a bias only with kLayer.
 void quantize_rows(const QuantizeRowsParams& p, cudaStream_t stream);
 
 // ---- decode attention: one query token per (batch row, head) against a KV cache,

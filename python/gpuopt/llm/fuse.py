@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..quant.prologue import RMS_NORMS, norm_of
+
 # The sibling projections fused, in the order a model's forward calls them.
 GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 # Attention classes whose forward computes ``q_proj(hidden_states) * self.scaling`` and uses ``scaling``
@@ -150,24 +152,8 @@ NORM_FOLDS: dict[str, tuple[tuple[str, str, bool], ...]] = {
 
 # RMS norms computing weight * x / sqrt(mean(x^2) + eps) (transformers' Llama, Mistral, Qwen2; not Gemma's,
 # which scales by 1 + weight).
-RMS_NORMS: tuple[str, ...] = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
-
-
 def _norm_of(module: nn.Module, width: int) -> tuple[str, float, torch.Tensor | None, torch.Tensor | None] | None:
-    """(kind, eps, scale, shift) of a layer norm (``nn.LayerNorm`` over the last ``width`` values, its
-    affine optional) or an RMS norm of :data:`RMS_NORMS` (``weight``, ``variance_epsilon`` or ``eps``), else
-    None."""
-    if type(module) is nn.LayerNorm:
-        if tuple(module.normalized_shape) != (width,):
-            return None
-        return "layer", float(module.eps), module.weight, module.bias
-    if type(module).__name__ in RMS_NORMS:
-        weight = getattr(module, "weight", None)
-        eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
-        if (isinstance(weight, torch.Tensor) and weight.shape == (width,) and isinstance(eps, float)
-                and not list(module.children())):
-            return "rms", eps, weight, None
-    return None
+    return norm_of(module, width)
 
 
 class NormLinear(nn.Linear):

@@ -48,6 +48,7 @@ best candidate within the budgets.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -348,8 +349,7 @@ class _Search:
                 self._prune_larger(c, f"out of memory at batch {c.batch}")
             return
         noop = [n for n in c.cell.prepared.notes if n.startswith("channels_last:")]
-        twin = Config(c.config.precision, "contiguous", c.config.backend, c.config.compile_mode,
-                      c.config.cudnn_benchmark)
+        twin = dataclasses.replace(c.config, memory_format="contiguous", name=None)
         if noop and (twin.label, c.batch) in self.cands and c.config.memory_format == "channels_last":
             self._drop(c, "pruned", f"channels_last changes nothing in this model: the same as {twin.label}", rung)
             self._prune_larger(c, f"channels_last changes nothing in this model: the same as {twin.label}")

@@ -4,6 +4,7 @@ the constraints a row can break (with by how much)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from typing import Any
@@ -50,7 +51,7 @@ def eager_twin(config: Config) -> Config | None:
     (compile); None for one that is cheap to prepare."""
     if config.backend != "compile":
         return None
-    return Config(config.precision, config.memory_format, "eager", cudnn_benchmark=config.cudnn_benchmark)
+    return dataclasses.replace(config, backend="eager", compile_mode=None, name=None)
 
 
 def energy_per_item(row: Row) -> float | None:

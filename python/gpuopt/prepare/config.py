@@ -14,6 +14,7 @@ import torch
 
 from .._ext import _C
 from ..quant.linear import QUANTIZED_PRECISIONS, fp8_refusal, quantize_linears
+from ..quant.prologue import fold_prologues
 from ..timing import graphs
 from ..timing.inputs import split_inputs
 from . import exported
@@ -39,6 +40,9 @@ def reset_compile_caches() -> int:
 
 
 _AMP = {"fp16-amp": torch.float16, "bf16-amp": torch.bfloat16}
+# The precisions whose layers quantize their inputs at each call: the norm or activation feeding them folds
+# into that quantization unless fold=False (gpuopt.quant.prologue).
+_FOLDING = ("fp8", "int8")
 # Quantized precisions run everything but their linear layers in bf16.
 _CAST = {"fp16": torch.float16, "bf16": torch.bfloat16, **{p: torch.bfloat16 for p in QUANTIZED_PRECISIONS}}
 
@@ -76,6 +80,7 @@ class Config:
     backend: str = "eager"
     compile_mode: str | None = None
     cudnn_benchmark: bool = True
+    fold: bool = True
     name: str | None = None
 
     def __post_init__(self):
@@ -98,6 +103,11 @@ class Config:
                              "kernels (convolutions, most matmuls) and numpy has no bfloat16; use fp32 or fp16")
         if not isinstance(self.cudnn_benchmark, bool):
             raise TypeError(f"cudnn_benchmark must be True or False, got {self.cudnn_benchmark!r}")
+        if not isinstance(self.fold, bool):
+            raise TypeError(f"fold must be True or False, got {self.fold!r}")
+        if not self.fold and self.precision not in _FOLDING:
+            raise ValueError(f"fold=False ('no-fold') applies to the precisions that quantize activations "
+                             f"({', '.join(_FOLDING)}); got precision {self.precision!r}")
         if self.name is not None and not isinstance(self.name, str):
             raise TypeError(f"name must be a string, got {self.name!r}")
 
@@ -111,6 +121,8 @@ class Config:
             parts.append(self.backend)
         if not self.cudnn_benchmark:
             parts.append("no-cudnn-benchmark")
+        if not self.fold:
+            parts.append("no-fold")
         return "+".join(parts)
 
     @property
@@ -120,7 +132,7 @@ class Config:
 
     @classmethod
     def parse(cls, text: str | Config, name: str | None = None) -> Config:
-        """Build a config from ``precision[+memory_format][+backend[:compile_mode]][+no-cudnn-benchmark]``
+        """Build a config from ``precision[+memory_format][+backend[:compile_mode]][+no-cudnn-benchmark][+no-fold]``
         (tokens in any order, each at most once; omitted parts take their defaults)."""
         if isinstance(text, Config):
             return text
@@ -145,8 +157,10 @@ class Config:
                 put("compile_mode", token.split(":", 1)[1], token)
             elif token == "no-cudnn-benchmark":
                 put("cudnn_benchmark", False, token)
+            elif token == "no-fold":
+                put("fold", False, token)
             else:
-                allowed = [*PRECISIONS, *MEMORY_FORMATS, *BACKENDS, "compile:<mode>", "no-cudnn-benchmark"]
+                allowed = [*PRECISIONS, *MEMORY_FORMATS, *BACKENDS, "compile:<mode>", "no-cudnn-benchmark", "no-fold"]
                 raise ValueError(f"unknown config token {token!r} in {text!r}; allowed: {', '.join(allowed)}")
         return cls(name=name, **kw)
 
@@ -285,6 +299,10 @@ class Prepared:
             self.notes.append(report.describe())
         self.eager_module = m
         args, kwargs = self.convert_inputs(example_inputs)
+        if c.precision in _FOLDING and c.fold:
+            with self._guard():
+                folded = fold_prologues(m, args, kwargs)
+            self.notes.append(f"{c.precision}: {folded.describe()}")
         if c.backend == "eager":
             self.module = m
         elif c.backend == "torchscript":

@@ -35,9 +35,74 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
-class Fp8Linear(torch.nn.Module):
+_NORMS = ("none", "layer", "rms")
+_ACTIVATIONS = ("none", "gelu", "gelu_tanh", "relu", "silu")
+
+
+class _QuantizedInput(torch.nn.Module):
+    """A linear layer that quantizes its input per row at each call, optionally through a prologue: the norm
+    or activation that produced the input, folded into the quantization (:func:`set_prologue`;
+    :mod:`gpuopt.quant.prologue` finds them)."""
+
+    def _init_prologue(self) -> None:
+        self.prologue_norm, self.prologue_eps, self.prologue_activation = "none", 1e-5, "none"
+        self.register_buffer("prologue_weight", None)
+        self.register_buffer("prologue_bias", None)
+        self.shared_input: Any = None  # a SharedQuantization with the layers that read the same tensor
+
+    @property
+    def prologue_active(self) -> bool:
+        return self.prologue_norm != "none" or self.prologue_activation != "none"
+
+    def set_prologue(self, *, norm: str = "none", weight: torch.Tensor | None = None,
+                     bias: torch.Tensor | None = None, eps: float = 1e-5, activation: str = "none") -> None:
+        """From now on the layer computes ``linear(activation(norm(x)))``: ``norm`` "layer" or "rms" over
+        the last dimension with ``eps`` and its elementwise ``weight`` and ``bias`` (kept in float32), then
+        ``activation`` ("gelu", "gelu_tanh", "relu", "silu"), all inside the quantization of x."""
+        if norm not in _NORMS:
+            raise ValueError(f"norm must be one of {', '.join(_NORMS)}, got {norm!r}")
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {', '.join(_ACTIVATIONS)}, got {activation!r}")
+        for name, t in (("weight", weight), ("bias", bias)):
+            if t is not None and (not isinstance(t, torch.Tensor) or t.shape != (self.in_features,)):
+                raise ValueError(f"{name} must be a tensor of shape ({self.in_features},) (in_features), got "
+                                 f"{getattr(t, 'shape', t)!r}")
+        if norm == "none" and (weight is not None or bias is not None):
+            raise ValueError("weight and bias are the norm's elementwise affine: give norm='layer' or 'rms' with them")
+
+        def kept(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.detach().to(self.weight.device, torch.float32).clone()
+
+        self.prologue_norm, self.prologue_eps, self.prologue_activation = norm, float(eps), activation
+        self.prologue_weight, self.prologue_bias = kept(weight), kept(bias)
+
+    def _quantize(self, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """x's rows quantized (through the prologue), or the quantization a sibling layer made of the same x
+        (``shared_input``: :class:`gpuopt.quant.prologue.SharedQuantization`)."""
+        if self.shared_input is not None:
+            return self.shared_input.take(x, lambda: self._quantize_rows(x, dtype))
+        return self._quantize_rows(x, dtype)
+
+    def _quantize_rows(self, x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = _rows(x)
+        if not self.prologue_active:
+            return torch.ops.gpuopt.quantize_rowwise(rows, dtype)
+        return torch.ops.gpuopt.quantize_rowwise(rows, dtype, self.prologue_norm, self.prologue_weight,
+                                                 self.prologue_bias, self.prologue_eps, self.prologue_activation)
+
+    def extra_repr(self) -> str:
+        text = f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        if self.prologue_norm != "none":
+            text += f", prologue_norm={self.prologue_norm}"
+        if self.prologue_activation != "none":
+            text += f", prologue_activation={self.prologue_activation}"
+        return text
+
+
+class Fp8Linear(_QuantizedInput):
     """``y = x @ W.T + b`` on FP8 tensor cores: ``weight`` float8 e4m3 [out, in] with per-output-channel
-    ``scales`` [1, out] (float32); activations quantized per row at each call."""
+    ``scales`` [1, out] (float32); activations quantized per row at each call (through the prologue, if
+    one is set)."""
 
     def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
@@ -45,6 +110,7 @@ class Fp8Linear(torch.nn.Module):
         self.register_buffer("weight", weight)
         self.register_buffer("scales", scales)
         self.register_buffer("bias", bias)
+        self._init_prologue()
         # The bias in the GEMM's epilogue where this torch's row-wise _scaled_mm takes one on this device
         # (no extra pass over the output), else added after it.
         self.fused_bias = bias is not None and _scaled_mm_takes_bias(weight.device)
@@ -56,7 +122,7 @@ class Fp8Linear(torch.nn.Module):
         return cls(q, s.reshape(1, -1).contiguous(), bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        qx, sx = torch.ops.gpuopt.quantize_rowwise(_rows(x), torch.float8_e4m3fn)
+        qx, sx = self._quantize(x, torch.float8_e4m3fn)
         # On CUDA, Hopper's fast FP8 accumulation (partial sums kept in the tensor cores' own precision
         # between promotions), as torchao's float8 inference uses for the forward GEMM: 8-15% faster at
         # BERT-base and 4096-wide shapes on the H100; the parity gate checks what it costs.
@@ -66,9 +132,6 @@ class Fp8Linear(torch.nn.Module):
         if self.bias is not None and not self.fused_bias:
             y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
 _BIAS_PROBED: dict[str, bool] = {}
@@ -89,9 +152,10 @@ def _scaled_mm_takes_bias(device: torch.device) -> bool:
     return _BIAS_PROBED[key]
 
 
-class Int8Linear(torch.nn.Module):
+class Int8Linear(_QuantizedInput):
     """Dynamic int8 ``y = x @ W.T + b``: ``weight`` int8 [out, in] with per-output-channel ``scales``
-    [1, out] (float32); activations quantized per row at each call, int32 accumulation."""
+    [1, out] (float32); activations quantized per row at each call (through the prologue, if one is set),
+    int32 accumulation."""
 
     def __init__(self, weight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
@@ -99,6 +163,7 @@ class Int8Linear(torch.nn.Module):
         self.register_buffer("weight", weight)
         self.register_buffer("scales", scales)
         self.register_buffer("bias", bias)
+        self._init_prologue()
 
     @classmethod
     def from_float(cls, lin: torch.nn.Linear) -> Int8Linear:
@@ -109,7 +174,7 @@ class Int8Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = _rows(x)
         rows = x2.shape[0]
-        qx, sx = torch.ops.gpuopt.quantize_rowwise(x2, torch.int8)
+        qx, sx = self._quantize(x, torch.int8)
         if x2.is_cuda and rows < _INT_MM_MIN_ROWS:  # zero rows past the real ones: torch._int_mm's minimum
             qx = torch.nn.functional.pad(qx, (0, 0, 0, _INT_MM_MIN_ROWS - rows))
         acc = torch._int_mm(qx, self.weight.t())[:rows]
@@ -117,9 +182,6 @@ class Int8Linear(torch.nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
 class QuantizedSelfAttention(torch.nn.Module):

@@ -1,0 +1,370 @@
+"""The step before a quantized linear layer folded into its quantization (:func:`fold_prologues`).
+
+An fp8 or dynamic-int8 linear layer quantizes its input per row at every call (``quantize_rowwise``:
+one read of the 16-bit input, one write of a byte per value). The layer norm or activation that produced
+that input wrote it in 16 bits and the quantization reads it back: for ViT-B/16's MLP the GELU alone
+moves 4 bytes a value and the quantization 3. Folded, the quantization reads the norm's or activation's
+*input* and applies it in float32 on the way (``quantize_rowwise(x, dtype, norm=..., weight=, bias=,
+eps=, activation=...)``), and the module becomes ``nn.Identity``: one pass over the activations instead
+of two, and no 16-bit rounding in between.
+
+Which producers fold is found by running the model once on the example inputs: every call of the
+producer module must hand its output to quantized linear layers only (any other use, a view, an add, a
+return from the model, keeps it), and every call of each of those layers must take the producer's
+output. Folded: layer norms over the last dimension and the RMS norms of :data:`RMS_NORMS` (a norm
+feeding several layers -- a query, key and value -- folds into each), and the activations of
+:func:`activation_of` (torch's GELU, ReLU, SiLU; transformers' GELU variants). Layer-level wiring is not
+assumed: a model whose producer and layer are connected differently on another input is outside what a
+one-input trace can see (models whose control flow depends on the input are rare at inference).
+
+Layer: ``quant`` (below ``prepare``, which calls it for the ``fp8`` and ``int8`` precisions).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+# RMS norms by class name: x * rsqrt(mean(x^2) + eps) * weight (not Gemma's, which scales by 1 + weight).
+RMS_NORMS: tuple[str, ...] = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
+
+# transformers.activations classes by name -> the quantize kernel's activation (GELUActivation: erf, also
+# with use_gelu_python; the others the tanh approximation, FastGELU written differently).
+_HF_ACTIVATIONS = {"GELUActivation": "gelu", "NewGELUActivation": "gelu_tanh", "GELUTanh": "gelu_tanh",
+                   "PytorchGELUTanh": "gelu_tanh", "FastGELUActivation": "gelu_tanh", "SiLUActivation": "silu"}
+
+# Reads of a tensor's metadata, not its values: they do not keep a producer from folding.
+_METADATA_PROPERTIES = frozenset({"shape", "dtype", "device", "ndim", "is_cuda", "layout", "requires_grad",
+                                  "is_leaf", "names", "is_sparse", "is_quantized", "is_meta", "is_nested"})
+_METADATA_METHODS = frozenset({"dim", "size", "stride", "numel", "is_contiguous", "__len__", "element_size",
+                               "get_device", "is_floating_point", "is_complex", "nelement", "ndimension"})
+
+
+def norm_of(module: nn.Module, width: int, dtype: torch.dtype | None = None
+            ) -> tuple[str, float, torch.Tensor | None, torch.Tensor | None] | None:
+    """(kind, eps, scale, shift) of a norm over the last ``width`` values: ``nn.LayerNorm`` ("layer", its
+    affine optional), ``nn.RMSNorm`` or a class of :data:`RMS_NORMS` ("rms"; ``weight``, ``variance_epsilon``
+    or ``eps``; ``nn.RMSNorm``'s eps=None is the input ``dtype``'s machine epsilon, as torch takes it);
+    else None."""
+    if type(module) is nn.LayerNorm:
+        if tuple(module.normalized_shape) != (width,):
+            return None
+        return "layer", float(module.eps), module.weight, module.bias
+    if type(module) is getattr(nn, "RMSNorm", None):
+        if tuple(module.normalized_shape) != (width,):
+            return None
+        eps = module.eps
+        if eps is None:
+            if dtype is None or not dtype.is_floating_point:
+                return None
+            eps = torch.finfo(dtype).eps
+        return "rms", float(eps), module.weight, None
+    if type(module).__name__ in RMS_NORMS:
+        weight = getattr(module, "weight", None)
+        eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+        if (isinstance(weight, torch.Tensor) and weight.shape == (width,) and isinstance(eps, float)
+                and not list(module.children())):
+            return "rms", eps, weight, None
+    return None
+
+
+def activation_of(module: nn.Module) -> str | None:
+    """The quantize kernel's name for an activation module ("gelu", "gelu_tanh", "relu", "silu"), or None."""
+    t = type(module)
+    if t is nn.GELU:
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(module.approximate)
+    if t is nn.ReLU:
+        return "relu"
+    if t is nn.SiLU:
+        return "silu"
+    if t.__module__.startswith("transformers.") and t.__name__ in _HF_ACTIVATIONS and not list(module.children()):
+        return _HF_ACTIVATIONS[t.__name__]
+    return None
+
+
+class SharedQuantization:
+    """One quantization of a tensor for the ``n`` layers that read it in turn (a query, key and value
+    projection): the first to run quantizes and keeps the result for the others; the last one lets it go.
+    The result is reused only for the same tensor object, unchanged (its version counter, where it has one),
+    and not inside ``torch.compile`` (each layer quantizes: the compiled graph has no Python-side state)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self._ref: Any = None
+        self._version: int | None = None
+        self._value: Any = None
+        self._left = 0
+
+    def take(self, x: torch.Tensor, make: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return make()
+        version = None if x.is_inference() else x._version
+        if self._left > 0 and self._ref is not None and self._ref() is x and self._version == version:
+            self._left -= 1
+            value = self._value
+            if self._left == 0:
+                self._ref = self._value = None
+            return value
+        value = make()
+        self._ref, self._version, self._value, self._left = weakref.ref(x), version, value, self.n - 1
+        return value
+
+
+def _candidate(module: nn.Module) -> bool:
+    return (activation_of(module) is not None or type(module) in (nn.LayerNorm, getattr(nn, "RMSNorm", None))
+            or type(module).__name__ in RMS_NORMS)
+
+
+@dataclass
+class _Call:
+    """One call of a producer module: its output (a weak reference: the run holds no activations) and why it
+    cannot fold (None while it can)."""
+
+    producer: nn.Module
+    ref: Any
+    shape: tuple
+    dtype: torch.dtype
+    why_not: str | None = None
+    read_by: int = 0  # calls of quantized layers that took it
+
+    def holds(self, t: torch.Tensor) -> bool:
+        return self.ref is not None and self.ref() is t
+
+
+@dataclass
+class _Readers:
+    """The quantized layers that took one tensor, in call order."""
+
+    ref: Any
+    layers: list[nn.Module]
+
+
+@dataclass
+class FoldReport:
+    """What :func:`fold_prologues` folded (producer name -> the layers it went into), what it kept, with why,
+    and the groups of layers that share one quantization of their common input."""
+
+    folded: dict[str, list[str]] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)  # producer name -> "layer norm", "gelu", ...
+    kept: dict[str, str] = field(default_factory=dict)
+    shared: list[list[str]] = field(default_factory=list)
+
+    def describe(self) -> str:
+        if not self.folded:
+            text = "no norm or activation folded into the quantization"
+        else:
+            counts: dict[str, int] = {}
+            for name in self.folded:
+                counts[self.kinds[name]] = counts.get(self.kinds[name], 0) + 1
+            what = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+            text = (f"folded into the quantization of the layers they feed (their 16-bit outputs no longer "
+                    f"written): {what}")
+        if self.kept:
+            text += f"; {len(self.kept)} not folded (e.g. {next(iter(self.kept))}: {next(iter(self.kept.values()))})"
+        if self.shared:
+            sizes = sorted({len(g) for g in self.shared})
+            text += (f"; {len(self.shared)} groups of {'/'.join(map(str, sizes))} layers reading one tensor quantize "
+                     f"it once (e.g. {', '.join(self.shared[0])})")
+        return text
+
+
+class _Uses(TorchFunctionMode):
+    """Marks every read of a tracked producer output that is not its consumer's: the innermost quantized
+    layer running took it as input, the call returned it unchanged (dropout in eval), or it read metadata."""
+
+    def __init__(self, live: dict[int, _Call], active: list[int]):
+        super().__init__()
+        self.live, self.active = live, active
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        for t in _tensors((args, kwargs)):
+            call = self.live.get(id(t))
+            if call is None or not call.holds(t) or call.why_not is not None:
+                continue
+            if (self.active and self.active[-1] == id(t)) or _metadata(func):
+                continue
+            if out is t and not _in_place(func, kwargs):  # returned unchanged: dropout in eval, a no-op cast
+                continue
+            call.why_not = f"its output is read by {_name(func)} outside a quantized linear layer"
+        return out
+
+
+def _in_place(func: Any, kwargs: dict) -> bool:
+    name = getattr(func, "__name__", "")
+    return bool(kwargs.get("inplace")) or (name.endswith("_") and not name.endswith("__"))
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    """The tensors in nested tuples, lists and dicts (transformers' ModelOutput is a dict)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        return [t for v in obj.values() for t in _tensors(v)]
+    if isinstance(obj, (tuple, list)):
+        return [t for v in obj for t in _tensors(v)]
+    return []
+
+
+def _metadata(func: Any) -> bool:
+    name = getattr(func, "__name__", "")
+    if name == "__get__":
+        return getattr(getattr(func, "__self__", None), "__name__", "") in _METADATA_PROPERTIES
+    return name in _METADATA_METHODS
+
+
+def _name(func: Any) -> str:
+    name = getattr(func, "__name__", None) or repr(func)
+    if name == "__get__":
+        return f"Tensor.{getattr(getattr(func, '__self__', None), '__name__', '?')}"
+    return name
+
+
+def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
+    """Fold the norms and activations that feed only gpuopt's fp8 / dynamic-int8 linear layers into those
+    layers' quantization (module docstring), found by one run of ``model(*args, **kwargs)`` (no grad).
+    ``model`` is changed in place: the layers get the prologue (``set_prologue``), the folded modules
+    become ``nn.Identity``. Returns what was folded and what was kept, with why."""
+    from .linear import Fp8Linear, Int8Linear  # noqa: PLC0415 - linear imports this module
+
+    report = FoldReport()
+    names: dict[int, str] = {}
+    for name, m in model.named_modules():
+        names.setdefault(id(m), name)
+    consumers = [m for m in model.modules() if isinstance(m, (Fp8Linear, Int8Linear))]
+    producers = [m for m in model.modules() if _candidate(m)]
+    if not consumers or not producers:
+        return report
+    live: dict[int, _Call] = {}
+    calls: list[_Call] = []
+    active: list[int] = []
+    taken: dict[int, list[_Call | None]] = {id(c): [] for c in consumers}
+    readers: dict[int, _Readers] = {}
+    groups: list[_Readers] = []
+
+    def produced(mod, inp, out):
+        x = inp[0] if inp else None
+        if isinstance(out, torch.Tensor) and isinstance(x, torch.Tensor):
+            call = _Call(mod, weakref.ref(out), tuple(out.shape), x.dtype)
+            if x.shape != out.shape or x.dtype != out.dtype:
+                call.why_not = "its output differs from its input in shape or dtype"
+            live[id(out)] = call
+        else:
+            call = _Call(mod, None, (), torch.float32, why_not="not called on one tensor")
+        calls.append(call)
+
+    def entered(mod, inp, kw):
+        x = inp[0] if inp else next(iter(kw.values()), None)
+        call = live.get(id(x)) if isinstance(x, torch.Tensor) else None
+        call = call if call is not None and call.holds(x) else None
+        taken[id(mod)].append(call)
+        if call is not None:
+            call.read_by += 1
+        if isinstance(x, torch.Tensor):
+            r = readers.get(id(x))
+            if r is not None and r.ref() is x:
+                r.layers.append(mod)
+            else:
+                readers[id(x)] = r = _Readers(weakref.ref(x), [mod])
+                groups.append(r)
+        active.append(id(x))
+
+    def left(mod, inp, out):
+        active.pop()
+
+    handles = []
+    try:
+        for p in producers:
+            handles.append(p.register_forward_hook(produced))
+        for c in consumers:
+            handles.append(c.register_forward_pre_hook(entered, with_kwargs=True))
+            handles.append(c.register_forward_hook(left))
+        with torch.no_grad(), _Uses(live, active):
+            out = model(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    returned = {id(t) for t in _tensors(out)}
+
+    # Per producer: all its calls foldable, read only by layers that take nothing else.
+    by_producer: dict[int, list[_Call]] = {}
+    for call in calls:
+        by_producer.setdefault(id(call.producer), []).append(call)
+    plan: list[tuple[nn.Module, dict[str, Any], list[nn.Module]]] = []
+    claimed: set[int] = set()
+    for p in producers:
+        pname = names.get(id(p), type(p).__name__)
+        pcalls = by_producer.get(id(p), [])
+        if not pcalls:
+            continue  # not called on this input: left as it is, nothing to say
+        why = next((c.why_not for c in pcalls if c.why_not), None)
+        if why is None and any(c.ref is not None and id(c.ref()) in returned for c in pcalls):
+            why = "its output is returned by the model"
+        if why is None and any(c.read_by == 0 for c in pcalls):
+            why = "its output is not read by a quantized linear layer"
+        mine = [c for c in consumers if any(t is not None and t.producer is p for t in taken[id(c)])]
+        if why is None and any(any(t is None or t.producer is not p for t in taken[id(c)]) for c in mine):
+            why = "a layer it feeds also takes other inputs"
+        if why is None and any(id(c) in claimed or c.prologue_active for c in mine):
+            why = "a layer it feeds already has a prologue"
+        spec: dict[str, Any] = {}
+        if why is None:
+            act = activation_of(p)
+            if act is not None:
+                spec = {"activation": act}
+                kind = act.replace("_", " ")
+            else:
+                widths = {c.shape[-1] for c in pcalls}
+                dtypes = {c.dtype for c in pcalls}
+                norm = norm_of(p, widths.pop(), dtypes.pop()) if len(widths) == 1 and len(dtypes) == 1 else None
+                if norm is None:
+                    why = "a norm this fold does not take (not over the last dimension alone)"
+                else:
+                    spec = {"norm": norm[0], "eps": norm[1], "weight": norm[2], "bias": norm[3]}
+                    kind = f"{norm[0]} norm"
+        if why is not None:
+            report.kept[pname] = why
+            continue
+        claimed.update(id(c) for c in mine)
+        plan.append((p, spec, mine))
+        report.folded[pname] = [names.get(id(c), "?") for c in mine]
+        report.kinds[pname] = kind
+    for p, spec, mine in plan:
+        for c in mine:
+            c.set_prologue(**spec)
+        for parent in model.modules():
+            for child_name, child in list(parent.named_children()):
+                if child is p:
+                    setattr(parent, child_name, nn.Identity())
+    # Layers that always take the same tensor together (a query, key and value): one quantization, shared.
+    together: dict[int, set[tuple[int, ...]]] = {}
+    for g in groups:
+        key = tuple(id(m) for m in g.layers)
+        for m in g.layers:
+            together.setdefault(id(m), set()).add(key)
+    seen: set[tuple[int, ...]] = set()
+    by_id = {id(c): c for c in consumers}
+    for g in groups:
+        key = tuple(id(m) for m in g.layers)
+        if len(key) < 2 or key in seen or len(set(key)) != len(key):
+            continue
+        seen.add(key)
+        if any(together[i] != {key} for i in key):
+            continue  # one of them also reads other tensors, or with other layers
+        layers = [by_id[i] for i in key]
+        if len({(type(m), m.prologue_norm, m.prologue_activation, id(m.prologue_weight)) for m in layers}) != 1:
+            continue
+        shared = SharedQuantization(len(layers))
+        for m in layers:
+            m.shared_input = shared
+        report.shared.append([names.get(i, "?") for i in key])
+    return report
+
+
+__all__ = ["RMS_NORMS", "FoldReport", "SharedQuantization", "activation_of", "fold_prologues", "norm_of"]
