@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdint>
 
 #include "gpuopt/cuda.h"
@@ -37,6 +38,14 @@ int group_for(std::int64_t chunks) {
   return 32;
 }
 
+// Threads of a block holding a row of k values in kVecs 16-value chunks each: the fewest warps that hold it
+// (3072 values: 192 threads, none idle).
+unsigned held_threads(std::int64_t k, int vecs) {
+  const std::int64_t per_thread = 16 * static_cast<std::int64_t>(vecs);
+  const std::int64_t threads = ((k + per_thread - 1) / per_thread + 31) / 32 * 32;
+  return static_cast<unsigned>(std::min<std::int64_t>(threads, kernels::kQuantizeThreads));
+}
+
 template <typename T>
 void launch(const QuantizeRowsParams& p, cudaStream_t stream) {
   const bool fp8 = p.qtype == QuantType::kFloat8E4M3;
@@ -52,7 +61,9 @@ void launch(const QuantizeRowsParams& p, cudaStream_t stream) {
   const auto blocks = static_cast<unsigned>(p.rows);
   constexpr int kThreads = kernels::kQuantizeThreads;
   const std::int64_t chunks = (p.k + 16 * kThreads - 1) / (16 * kThreads);  // 16-value chunks per thread
-  const bool held = p.k % 16 == 0 && aligned16(p.x) && aligned16(p.q);
+  // The register paths read the norm's weight and bias in float4s: unaligned ones take the last path.
+  const bool held = p.k % 16 == 0 && aligned16(p.x) && aligned16(p.q) &&
+                    (pro.weight == nullptr || aligned16(pro.weight)) && (pro.bias == nullptr || aligned16(pro.bias));
   const int group = held ? group_for(p.k / 16) : 0;
   if (group == 32) {
     launch_grouped<T, 32>(x, q, p, p.k / 16, qmax, fp8, pro, stream);
@@ -61,11 +72,11 @@ void launch(const QuantizeRowsParams& p, cudaStream_t stream) {
   } else if (group == 8) {
     launch_grouped<T, 8>(x, q, p, p.k / 16, qmax, fp8, pro, stream);
   } else if (held && chunks <= 1) {
-    kernels::quantize_rows_held<T, 1><<<blocks, kThreads, 0, stream>>>(x, q, p.scales, p.k, qmax, fp8, pro);
+    kernels::quantize_rows_held<T, 1><<<blocks, held_threads(p.k, 1), 0, stream>>>(x, q, p.scales, p.k, qmax, fp8, pro);
   } else if (held && chunks <= 2) {
-    kernels::quantize_rows_held<T, 2><<<blocks, kThreads, 0, stream>>>(x, q, p.scales, p.k, qmax, fp8, pro);
+    kernels::quantize_rows_held<T, 2><<<blocks, held_threads(p.k, 2), 0, stream>>>(x, q, p.scales, p.k, qmax, fp8, pro);
   } else if (held && chunks <= 4) {
-    kernels::quantize_rows_held<T, 4><<<blocks, kThreads, 0, stream>>>(x, q, p.scales, p.k, qmax, fp8, pro);
+    kernels::quantize_rows_held<T, 4><<<blocks, held_threads(p.k, 4), 0, stream>>>(x, q, p.scales, p.k, qmax, fp8, pro);
   } else {
     kernels::quantize_rows_any<T><<<blocks, kThreads, 0, stream>>>(x, q, p.scales, p.k, qmax, fp8, pro);
   }

@@ -18,7 +18,7 @@ __device__ __forceinline__ std::uint8_t quantize_one(float v, bool fp8) {
   return static_cast<std::uint8_t>(static_cast<std::int8_t>(i));
 }
 
-// The block's maximum of `v` (every thread gets it).
+// The block's maximum of `v` (every thread gets it; blockDim.x a multiple of 32, at most kQuantizeThreads).
 __device__ __forceinline__ float block_max(float v) {
   __shared__ float warp_max[kQuantizeThreads / 32];
 #pragma unroll
@@ -27,7 +27,7 @@ __device__ __forceinline__ float block_max(float v) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   if (lane == 0) warp_max[warp] = v;
   __syncthreads();
-  v = lane < kQuantizeThreads / 32 ? warp_max[lane] : 0.0f;
+  v = lane < static_cast<int>(blockDim.x / 32) ? warp_max[lane] : 0.0f;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
@@ -43,7 +43,7 @@ __device__ __forceinline__ float block_sum(float v) {
   __syncthreads();  // an earlier call's reads of warp_sum are done
   if (lane == 0) warp_sum[warp] = v;
   __syncthreads();
-  v = lane < kQuantizeThreads / 32 ? warp_sum[lane] : 0.0f;
+  v = lane < static_cast<int>(blockDim.x / 32) ? warp_sum[lane] : 0.0f;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
@@ -70,6 +70,86 @@ __device__ __forceinline__ float activate(float v, int activation) {
   }
 }
 
+// 16 float32 values from 16-byte aligned p.
+__device__ __forceinline__ void load16f(const float* p, float (&out)[16]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float4 f = __ldg(reinterpret_cast<const float4*>(p) + j);
+    out[4 * j] = f.x;
+    out[4 * j + 1] = f.y;
+    out[4 * j + 2] = f.z;
+    out[4 * j + 3] = f.w;
+  }
+}
+
+template <int kAct, int kVecs>
+__device__ __forceinline__ void activate_all(float (&v)[kVecs][16], const std::int64_t (&at)[kVecs]) {
+#pragma unroll
+  for (int c = 0; c < kVecs; ++c) {
+    if (at[c] >= 0) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[c][i] = activate(v[c][i], kAct);
+    }
+  }
+}
+
+// The prologue over a thread's chunks of one row: v[c][0..15] hold columns at[c].. (at[c] < 0: no chunk);
+// `reduce` sums a value over the row's threads. Each step loops over all values with its kind fixed (no
+// per-value branch); the norm's weight and bias (16-byte aligned, checked at launch) in float4 loads.
+template <int kVecs, typename Reduce>
+__device__ __forceinline__ void apply_prologue(float (&v)[kVecs][16], const std::int64_t (&at)[kVecs], std::int64_t k,
+                                               const Prologue& pro, Reduce reduce) {
+  if (pro.norm != 0) {
+    float mean = 0.0f;
+    if (pro.norm == 1) {
+      float s = 0.0f;
+#pragma unroll
+      for (int c = 0; c < kVecs; ++c) {
+        if (at[c] >= 0) {
+#pragma unroll
+          for (int i = 0; i < 16; ++i) s += v[c][i];
+        }
+      }
+      mean = reduce(s) / static_cast<float>(k);
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kVecs; ++c) {
+      if (at[c] >= 0) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) ss += (v[c][i] - mean) * (v[c][i] - mean);
+      }
+    }
+    const float rstd = rsqrtf(reduce(ss) / static_cast<float>(k) + pro.eps);
+#pragma unroll
+    for (int c = 0; c < kVecs; ++c) {
+      if (at[c] >= 0) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[c][i] = (v[c][i] - mean) * rstd;
+        if (pro.weight != nullptr) {
+          float w[16];
+          load16f(pro.weight + at[c], w);
+#pragma unroll
+          for (int i = 0; i < 16; ++i) v[c][i] *= w[i];
+        }
+        if (pro.bias != nullptr) {
+          float b[16];
+          load16f(pro.bias + at[c], b);
+#pragma unroll
+          for (int i = 0; i < 16; ++i) v[c][i] += b[i];
+        }
+      }
+    }
+  }
+  switch (pro.activation) {
+    case 1: activate_all<1>(v, at); break;
+    case 2: activate_all<2>(v, at); break;
+    case 3: activate_all<3>(v, at); break;
+    case 4: activate_all<4>(v, at); break;
+    default: break;
+  }
+}
+
 // x's value at column `col` through the prologue, given the row's mean (0 for rms) and 1 / std (rms).
 __device__ __forceinline__ float prologue_value(float v, std::int64_t col, const Prologue& p, float mean,
                                                 float rstd) {
@@ -93,7 +173,8 @@ __device__ __forceinline__ float inverse_scale(float amax, float qmax, float* sc
   return row_inverse(amax, qmax);
 }
 
-// A row held in registers: kVecs chunks of 16 values per thread (k % 16 == 0, 16-byte aligned x).
+// A row held in registers: kVecs chunks of 16 values per thread (k % 16 == 0, 16-byte aligned x), blockDim.x
+// threads (a multiple of 32, at most kQuantizeThreads: as many as the row needs, so none idles).
 template <typename T, int kVecs>
 __global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_held(const T* __restrict__ x,
                                                                        std::uint8_t* __restrict__ q,
@@ -104,50 +185,18 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_held(const T* 
   const T* xr = x + row * k;
   std::uint8_t* qr = q + row * k;
   float v[kVecs][16];
+  std::int64_t at[kVecs];
 #pragma unroll
   for (int c = 0; c < kVecs; ++c) {
-    const std::int64_t at = (static_cast<std::int64_t>(c) * kQuantizeThreads + threadIdx.x) * 16;
-    if (at < k) load16(xr + at, v[c]);
+    const std::int64_t col = (static_cast<std::int64_t>(c) * blockDim.x + threadIdx.x) * 16;
+    at[c] = col < k ? col : -1;
+    if (at[c] >= 0) load16(xr + col, v[c]);
   }
-  if (pro.any()) {
-    float mean = 0.0f, rstd = 1.0f;
-    if (pro.norm != 0) {
-      float s = 0.0f, ss = 0.0f;
-      if (pro.norm == 1) {
-#pragma unroll
-        for (int c = 0; c < kVecs; ++c) {
-          const std::int64_t at = (static_cast<std::int64_t>(c) * kQuantizeThreads + threadIdx.x) * 16;
-          if (at < k) {
-#pragma unroll
-            for (int i = 0; i < 16; ++i) s += v[c][i];
-          }
-        }
-        mean = block_sum(s) / static_cast<float>(k);
-      }
-#pragma unroll
-      for (int c = 0; c < kVecs; ++c) {
-        const std::int64_t at = (static_cast<std::int64_t>(c) * kQuantizeThreads + threadIdx.x) * 16;
-        if (at < k) {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) ss += (v[c][i] - mean) * (v[c][i] - mean);
-        }
-      }
-      rstd = rsqrtf(block_sum(ss) / static_cast<float>(k) + pro.eps);
-    }
-#pragma unroll
-    for (int c = 0; c < kVecs; ++c) {
-      const std::int64_t at = (static_cast<std::int64_t>(c) * kQuantizeThreads + threadIdx.x) * 16;
-      if (at < k) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) v[c][i] = prologue_value(v[c][i], at + i, pro, mean, rstd);
-      }
-    }
-  }
+  if (pro.any()) apply_prologue(v, at, k, pro, [](float s) { return block_sum(s); });
   float amax = 0.0f;
 #pragma unroll
   for (int c = 0; c < kVecs; ++c) {
-    const std::int64_t at = (static_cast<std::int64_t>(c) * kQuantizeThreads + threadIdx.x) * 16;
-    if (at < k) {
+    if (at[c] >= 0) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[c][i]));
     }
@@ -155,12 +204,11 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_held(const T* 
   const float inv = inverse_scale(block_max(amax), qmax, scales + row);
 #pragma unroll
   for (int c = 0; c < kVecs; ++c) {
-    const std::int64_t at = (static_cast<std::int64_t>(c) * kQuantizeThreads + threadIdx.x) * 16;
-    if (at < k) {
+    if (at[c] >= 0) {
       alignas(16) std::uint8_t out[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) out[i] = quantize_one(v[c][i] * inv, fp8);
-      *reinterpret_cast<uint4*>(qr + at) = *reinterpret_cast<const uint4*>(out);
+      *reinterpret_cast<uint4*>(qr + at[c]) = *reinterpret_cast<const uint4*>(out);
     }
   }
 }
@@ -189,50 +237,18 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_grouped(const 
   const T* xr = x + (live ? row : 0) * k;
   std::uint8_t* qr = q + (live ? row : 0) * k;
   float v[kVecs][16];
+  std::int64_t at[kVecs];
 #pragma unroll
   for (int c = 0; c < kVecs; ++c) {
-    const std::int64_t at = (static_cast<std::int64_t>(c) * kGroup + lane) * 16;
-    if (live && at < k) load16(xr + at, v[c]);
+    const std::int64_t col = (static_cast<std::int64_t>(c) * kGroup + lane) * 16;
+    at[c] = live && col < k ? col : -1;
+    if (at[c] >= 0) load16(xr + col, v[c]);
   }
-  if (pro.any()) {
-    float mean = 0.0f, rstd = 1.0f;
-    if (pro.norm != 0) {
-      float s = 0.0f, ss = 0.0f;
-      if (pro.norm == 1) {
-#pragma unroll
-        for (int c = 0; c < kVecs; ++c) {
-          const std::int64_t at = (static_cast<std::int64_t>(c) * kGroup + lane) * 16;
-          if (live && at < k) {
-#pragma unroll
-            for (int i = 0; i < 16; ++i) s += v[c][i];
-          }
-        }
-        mean = group_sum<kGroup>(s) / static_cast<float>(k);
-      }
-#pragma unroll
-      for (int c = 0; c < kVecs; ++c) {
-        const std::int64_t at = (static_cast<std::int64_t>(c) * kGroup + lane) * 16;
-        if (live && at < k) {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) ss += (v[c][i] - mean) * (v[c][i] - mean);
-        }
-      }
-      rstd = rsqrtf(group_sum<kGroup>(ss) / static_cast<float>(k) + pro.eps);
-    }
-#pragma unroll
-    for (int c = 0; c < kVecs; ++c) {
-      const std::int64_t at = (static_cast<std::int64_t>(c) * kGroup + lane) * 16;
-      if (live && at < k) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) v[c][i] = prologue_value(v[c][i], at + i, pro, mean, rstd);
-      }
-    }
-  }
+  if (pro.any()) apply_prologue(v, at, k, pro, [](float s) { return group_sum<kGroup>(s); });
   float amax = 0.0f;
 #pragma unroll
   for (int c = 0; c < kVecs; ++c) {
-    const std::int64_t at = (static_cast<std::int64_t>(c) * kGroup + lane) * 16;
-    if (live && at < k) {
+    if (at[c] >= 0) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[c][i]));
     }
@@ -244,12 +260,11 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_grouped(const 
   if (lane == 0) scales[row] = row_scale(amax, qmax);
 #pragma unroll
   for (int c = 0; c < kVecs; ++c) {
-    const std::int64_t at = (static_cast<std::int64_t>(c) * kGroup + lane) * 16;
-    if (at < k) {
+    if (at[c] >= 0) {
       alignas(16) std::uint8_t out[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) out[i] = quantize_one(v[c][i] * inv, fp8);
-      *reinterpret_cast<uint4*>(qr + at) = *reinterpret_cast<const uint4*>(out);
+      *reinterpret_cast<uint4*>(qr + at[c]) = *reinterpret_cast<const uint4*>(out);
     }
   }
 }
