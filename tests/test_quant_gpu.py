@@ -81,9 +81,14 @@ def test_the_prologue_kernel_matches_the_cpu_reference(dtype, rows, k, xtype, kw
         args["weight"] = torch.randn(k)
         if kw["norm"] == "layer":
             args["bias"] = torch.randn(k)
-    q, s = torch.ops.gpuopt.quantize_rowwise(x.cuda(), dtype, **{key: v.cuda() if isinstance(v, torch.Tensor) else v
-                                                                 for key, v in args.items()})
+    cuda_args = {key: v.cuda() if isinstance(v, torch.Tensor) else v for key, v in args.items()}
+    q, s = torch.ops.gpuopt.quantize_rowwise(x.cuda(), dtype, **cuda_args)
     q_ref, s_ref = torch.ops.gpuopt.quantize_rowwise(x, dtype, **args)
+    # The same kernel writing the prologue's output too: the same quantization, and the output as torch's.
+    y, q2, s2 = torch.ops.gpuopt.apply_quantize_rowwise(x.cuda(), dtype, **cuda_args)
+    assert torch.equal(q2, q) and torch.equal(s2, s)
+    y_ref, _, _ = torch.ops.gpuopt.apply_quantize_rowwise(x, dtype, **args)
+    torch.testing.assert_close(y.cpu(), y_ref, rtol={torch.float32: 1e-5}.get(xtype, 1e-2), atol=1e-4)
     # float32 statistics summed in another order: the scales agree to a few ulps, values to one step, rarely.
     torch.testing.assert_close(s.cpu(), s_ref, rtol=2e-5, atol=0)
     differ = q.cpu().float() != q_ref.float()
@@ -114,4 +119,25 @@ def test_a_vit_with_folded_norms_and_activations_passes_parity_on_the_gpu(config
     assert result.passed, result
     plain = Config.parse(f"{config}+no-fold").apply(vit, x, device="cuda")
     plain_err = gpuopt.parity(plain, ref, x, rtol=0.15).worst_rel_l2
+    assert result.worst_rel_l2 < 1.3 * plain_err + 0.005, (result, plain_err)
+
+
+@pytest.mark.parametrize("config", ["fp8", "fp8+cudagraph", "fp8+compile", "int8"])
+def test_a_bert_whose_norms_quantize_for_their_layers_passes_parity_on_the_gpu(config):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512,
+                                  vocab_size=1000)
+    torch.manual_seed(0)
+    bert = transformers.BertModel(cfg).eval()
+    ids = torch.randint(0, 1000, (8, 64))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    ref = Config("fp32").apply(bert, inputs, device="cuda")
+    p = Config.parse(config).apply(bert, inputs, device="cuda")
+    assert p.ok, p.error
+    note = p.notes[-1]
+    assert "2 gelu" in note and "4 norms read elsewhere too" in note and "2 groups of 3 layers" in note, note
+    result = gpuopt.parity(p, ref, inputs)
+    assert result.passed, result
+    plain = Config.parse(f"{config}+no-fold").apply(bert, inputs, device="cuda")
+    plain_err = gpuopt.parity(plain, ref, inputs).worst_rel_l2
     assert result.worst_rel_l2 < 1.3 * plain_err + 0.005, (result, plain_err)

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpuopt import Config
 from gpuopt.quant import Int8Linear
-from gpuopt.quant.prologue import SharedQuantization, fold_prologues
+from gpuopt.quant.prologue import QuantizingNorm, SharedQuantization, fold_prologues
 
 torchvision = pytest.importorskip("torchvision")
 QMAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
@@ -62,6 +62,21 @@ def _affine(m, w, b):
     return m
 
 
+@pytest.mark.parametrize("xtype", [torch.float32, torch.bfloat16])
+def test_apply_quantize_rowwise_returns_the_prologue_output_and_its_quantization(xtype):
+    torch.manual_seed(0)
+    x, w, b = torch.randn(5, 3, 64).to(xtype), torch.randn(64), torch.randn(64)
+    y, q, s = torch.ops.gpuopt.apply_quantize_rowwise(x, torch.int8, "layer", w, b, 1e-5)
+    want = nn.functional.layer_norm(x.float(), (64,), w, b, 1e-5)
+    assert y.dtype == xtype and y.shape == x.shape and q.shape == x.shape and s.shape == (5, 3, 1)
+    torch.testing.assert_close(y, want.to(xtype), rtol=1e-5 if xtype == torch.float32 else 1e-2, atol=1e-5)
+    q2, s2 = torch.ops.gpuopt.quantize_rowwise(x, torch.int8, "layer", w, b, 1e-5)
+    assert torch.equal(q, q2) and torch.equal(s, s2)  # the same quantization, from float32
+    torch.library.opcheck(torch.ops.gpuopt.apply_quantize_rowwise, (x, torch.float8_e4m3fn, "rms", w, None, 1e-6))
+    with pytest.raises(ValueError, match="an RMS norm has no bias"):
+        torch.ops.gpuopt.apply_quantize_rowwise(x, torch.int8, "rms", w, b)
+
+
 def test_the_prologue_arguments_are_checked_and_the_operator_is_well_behaved():
     x, w = torch.randn(4, 32), torch.randn(32)
     torch.library.opcheck(torch.ops.gpuopt.quantize_rowwise, (x, torch.int8, "layer", w, torch.randn(32), 1e-5, "gelu"))
@@ -84,13 +99,17 @@ def test_the_prologue_arguments_are_checked_and_the_operator_is_well_behaved():
 
 
 class _Calls(TorchDispatchMode):
+    """Counts the quantize operators run: ``n`` quantize_rowwise, ``applied`` apply_quantize_rowwise."""
+
     def __init__(self):
         super().__init__()
-        self.n = 0
+        self.n = self.applied = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.gpuopt.quantize_rowwise.default:
             self.n += 1
+        if func is torch.ops.gpuopt.apply_quantize_rowwise.default:
+            self.applied += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -182,14 +201,21 @@ def test_layers_reading_one_tensor_share_its_quantization():
     plain = Config.parse("int8+no-fold").apply(bert, inputs, device="cpu")
     note = shared.notes[-1]
     assert "2 groups of 3 layers reading one tensor quantize it once" in note and "2 gelu" in note, note
-    attn = shared.eager_module.encoder.layer[0].attention.self
+    # every norm but the last (read by the pooler through a slice, and returned) quantizes as it writes
+    assert "4 norms read elsewhere too (a residual) quantize their output for their layers" in note, note
+    em = shared.eager_module
+    attn = em.encoder.layer[0].attention.self
     assert attn.query.shared_input is attn.key.shared_input is attn.value.shared_input is not None
+    assert isinstance(em.embeddings.LayerNorm, QuantizingNorm) and em.embeddings.LayerNorm.shared is attn.query.shared_input
+    assert isinstance(em.encoder.layer[0].attention.output.LayerNorm, QuantizingNorm)
+    assert isinstance(em.encoder.layer[1].output.LayerNorm, nn.LayerNorm)
     with _Calls() as a:
         out_shared = shared(inputs)[0]
     with _Calls() as b:
         out_plain = plain(inputs)[0]
-    # per layer q/k/v once, the attention output, fc1, fc2 (against six), and the pooler's one
-    assert (a.n, b.n) == (2 * 4 + 1, 2 * 6 + 1)
+    # per layer: the attention output and fc2 (GELU folded in) quantize themselves, q/k/v and fc1 take what
+    # the norms before them made (4 norms); unfolded: six a layer; and the pooler's one
+    assert (a.n, a.applied, b.n, b.applied) == (2 * 2 + 1, 4, 2 * 6 + 1, 0)
     with torch.no_grad():
         ref = bert(**inputs)[0]
     for out in (out_shared, out_plain):

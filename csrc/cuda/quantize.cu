@@ -58,11 +58,12 @@ void launch(const QuantizeRowsParams& p, cudaStream_t stream) {
   pro.bias = pro.norm != 0 ? p.norm_bias : nullptr;
   pro.eps = p.eps;
   pro.activation = static_cast<int>(p.activation);
+  pro.y = p.y;
   const auto blocks = static_cast<unsigned>(p.rows);
   constexpr int kThreads = kernels::kQuantizeThreads;
   const std::int64_t chunks = (p.k + 16 * kThreads - 1) / (16 * kThreads);  // 16-value chunks per thread
   // The register paths read the norm's weight and bias in float4s: unaligned ones take the last path.
-  const bool held = p.k % 16 == 0 && aligned16(p.x) && aligned16(p.q) &&
+  const bool held = p.k % 16 == 0 && aligned16(p.x) && aligned16(p.q) && (p.y == nullptr || aligned16(p.y)) &&
                     (pro.weight == nullptr || aligned16(pro.weight)) && (pro.bias == nullptr || aligned16(pro.bias));
   const int group = held ? group_for(p.k / 16) : 0;
   if (group == 32) {

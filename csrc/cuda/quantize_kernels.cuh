@@ -74,6 +74,7 @@ struct Prologue {
   const float* bias = nullptr;
   float eps = 1e-5f;
   int activation = 0;
+  void* y = nullptr;  // the prologue's output in x's type, or nullptr
   __device__ __forceinline__ bool any() const { return norm != 0 || activation != 0; }
 };
 
@@ -98,6 +99,18 @@ __device__ __forceinline__ float activate(float v, int activation) {
     case 3: return v < 0.0f ? 0.0f : v;  // NaN stays NaN, as torch.relu
     case 4: return v / (1.0f + __expf(-v));
     default: return v;
+  }
+}
+
+// 16 values rounded to T, stored at 16-byte aligned p.
+template <typename T>
+__device__ __forceinline__ void store16(T* p, const float (&v)[16]) {
+  alignas(16) T out[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) out[i] = from_float<T>(v[i]);
+#pragma unroll
+  for (int j = 0; j < static_cast<int>(sizeof(out) / 16); ++j) {
+    reinterpret_cast<uint4*>(p)[j] = reinterpret_cast<const uint4*>(out)[j];
   }
 }
 
@@ -224,6 +237,12 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_held(const T* 
     if (at[c] >= 0) load16(xr + col, v[c]);
   }
   if (pro.any()) apply_prologue(v, at, k, pro, [](float s) { return block_sum(s); });
+  if (pro.y != nullptr) {
+#pragma unroll
+    for (int c = 0; c < kVecs; ++c) {
+      if (at[c] >= 0) store16(static_cast<T*>(pro.y) + row * k + at[c], v[c]);
+    }
+  }
   float amax = 0.0f;
 #pragma unroll
   for (int c = 0; c < kVecs; ++c) {
@@ -271,6 +290,12 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_grouped(const 
     if (at[c] >= 0) load16(xr + col, v[c]);
   }
   if (pro.any()) apply_prologue(v, at, k, pro, [](float s) { return group_sum<kGroup>(s); });
+  if (pro.y != nullptr) {
+#pragma unroll
+    for (int c = 0; c < kVecs; ++c) {
+      if (at[c] >= 0) store16(static_cast<T*>(pro.y) + row * k + at[c], v[c]);
+    }
+  }
   float amax = 0.0f;
 #pragma unroll
   for (int c = 0; c < kVecs; ++c) {
@@ -321,9 +346,12 @@ __global__ void __launch_bounds__(kQuantizeThreads) quantize_rows_any(const T* _
     amax = fmaxf(amax, fabsf(any ? prologue_value(v, i, pro, mean, rstd) : v));
   }
   const float inv = inverse_scale(block_max(amax), qmax, scales + row);
+  T* yr = pro.y != nullptr ? static_cast<T*>(pro.y) + row * k : nullptr;
   for (std::int64_t i = threadIdx.x; i < k; i += kQuantizeThreads) {
     const float v = to_float(xr[i]);
-    qr[i] = quantize_one((any ? prologue_value(v, i, pro, mean, rstd) : v) * inv, fp8);
+    const float y = any ? prologue_value(v, i, pro, mean, rstd) : v;
+    qr[i] = quantize_one(y * inv, fp8);
+    if (yr != nullptr) yr[i] = from_float<T>(y);
   }
 }
 

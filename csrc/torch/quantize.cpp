@@ -14,6 +14,11 @@
 //       produced a linear layer's input, folded into the quantization (gpuopt.quant.fold_prologues): its
 //       16-bit output is never written or read again.
 //
+//   gpuopt::apply_quantize_rowwise(same arguments) -> (Tensor y, Tensor q, Tensor scales)
+//       as quantize_rowwise, and y: the prologue's output in x's dtype (rounded once from float32; q is
+//       quantized from the float32 values). A norm whose output other operations also read (a residual)
+//       writes it and the quantization its layers take in one pass (gpuopt.quant.prologue).
+//
 // What fp8 and int8 linear layers quantize their activations with before torch._scaled_mm /
 // torch._int_mm: one kernel that reads x once (the norm's statistics, the absmax and the cast in one
 // pass). CPU: the same arithmetic through ATen. Meta: shapes only, so that torch.compile and CUDA graphs
@@ -154,10 +159,12 @@ std::tuple<at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& x, at::ScalarT
   return {q, scales};
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize_cuda(const at::Tensor& x, at::ScalarType dtype,
-                                                 const std::string& norm, const std::optional<at::Tensor>& weight,
-                                                 const std::optional<at::Tensor>& bias, double eps,
-                                                 const std::string& activation) {
+// The kernel: q and scales, and y (the prologue's output in x's dtype) where `keep`.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run_cuda(const at::Tensor& x, at::ScalarType dtype,
+                                                        const std::string& norm,
+                                                        const std::optional<at::Tensor>& weight,
+                                                        const std::optional<at::Tensor>& bias, double eps,
+                                                        const std::string& activation, bool keep) {
   const Prologue pro = check_args(x, dtype, norm, weight, bias, eps, activation);
 #ifdef GPUOPT_WITH_CUDA
   const c10::cuda::CUDAGuard guard(x.device());
@@ -165,6 +172,7 @@ std::tuple<at::Tensor, at::Tensor> quantize_cuda(const at::Tensor& x, at::Scalar
   const std::int64_t k = x.size(-1);
   const std::int64_t rows = k == 0 ? 0 : xc.numel() / k;
   at::Tensor q = at::empty(x.sizes(), x.options().dtype(dtype));
+  at::Tensor y = keep ? at::empty(x.sizes(), x.options()) : at::Tensor();
   std::vector<std::int64_t> sshape(x.sizes().begin(), x.sizes().end() - 1);
   sshape.push_back(1);
   at::Tensor scales = at::empty(sshape, x.options().dtype(at::kFloat));
@@ -185,13 +193,52 @@ std::tuple<at::Tensor, at::Tensor> quantize_cuda(const at::Tensor& x, at::Scalar
   p.norm_bias = b.defined() ? b.const_data_ptr<float>() : nullptr;
   p.eps = static_cast<float>(eps);
   p.activation = static_cast<cuda::QuantizeActivation>(static_cast<int>(pro.act));
+  p.y = keep ? y.mutable_data_ptr() : nullptr;
   cuda::quantize_rows(p, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
-  return {q, scales};
+  return {y, q, scales};
 #else
   (void)pro;
+  (void)keep;
   require_cuda("gpuopt::quantize_rowwise on a CUDA tensor");
   return {};
 #endif
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_cuda(const at::Tensor& x, at::ScalarType dtype,
+                                                 const std::string& norm, const std::optional<at::Tensor>& weight,
+                                                 const std::optional<at::Tensor>& bias, double eps,
+                                                 const std::string& activation) {
+  auto [y, q, scales] = run_cuda(x, dtype, norm, weight, bias, eps, activation, /*keep=*/false);
+  return {q, scales};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> apply_cuda(const at::Tensor& x, at::ScalarType dtype,
+                                                          const std::string& norm,
+                                                          const std::optional<at::Tensor>& weight,
+                                                          const std::optional<at::Tensor>& bias, double eps,
+                                                          const std::string& activation) {
+  return run_cuda(x, dtype, norm, weight, bias, eps, activation, /*keep=*/true);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> apply_cpu(const at::Tensor& x, at::ScalarType dtype,
+                                                         const std::string& norm,
+                                                         const std::optional<at::Tensor>& weight,
+                                                         const std::optional<at::Tensor>& bias, double eps,
+                                                         const std::string& activation) {
+  const Prologue pro = check_args(x, dtype, norm, weight, bias, eps, activation);
+  at::Tensor y = prologue_cpu(x.to(at::kFloat), pro, weight, bias, eps).to(x.scalar_type());
+  auto [q, scales] = quantize_cpu(x, dtype, norm, weight, bias, eps, activation);
+  return {y, q, scales};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> apply_meta(const at::Tensor& x, at::ScalarType dtype,
+                                                          const std::string& norm,
+                                                          const std::optional<at::Tensor>& weight,
+                                                          const std::optional<at::Tensor>& bias, double eps,
+                                                          const std::string& activation) {
+  check_args(x, dtype, norm, weight, bias, eps, activation);
+  return {at::empty_symint(x.sym_sizes(), x.options()), at::empty_symint(x.sym_sizes(), x.options().dtype(dtype)),
+          at::empty_symint(scale_shape(x), x.options().dtype(at::kFloat))};
 }
 
 std::tuple<at::Tensor, at::Tensor> quantize_meta(const at::Tensor& x, at::ScalarType dtype,
@@ -208,10 +255,22 @@ std::tuple<at::Tensor, at::Tensor> quantize_meta(const at::Tensor& x, at::Scalar
 
 TORCH_LIBRARY_FRAGMENT(gpuopt, m) { m.def(
       "quantize_rowwise(Tensor x, ScalarType dtype, str norm=\"none\", Tensor? weight=None, Tensor? bias=None, "
-      "float eps=1e-05, str activation=\"none\") -> (Tensor, Tensor)"); }
+      "float eps=1e-05, str activation=\"none\") -> (Tensor, Tensor)");
+  m.def(
+      "apply_quantize_rowwise(Tensor x, ScalarType dtype, str norm=\"none\", Tensor? weight=None, "
+      "Tensor? bias=None, float eps=1e-05, str activation=\"none\") -> (Tensor, Tensor, Tensor)"); }
 
-TORCH_LIBRARY_IMPL(gpuopt, CPU, m) { m.impl("quantize_rowwise", &gpuopt::torch_ext::quantize_cpu); }
+TORCH_LIBRARY_IMPL(gpuopt, CPU, m) {
+  m.impl("quantize_rowwise", &gpuopt::torch_ext::quantize_cpu);
+  m.impl("apply_quantize_rowwise", &gpuopt::torch_ext::apply_cpu);
+}
 
-TORCH_LIBRARY_IMPL(gpuopt, CUDA, m) { m.impl("quantize_rowwise", &gpuopt::torch_ext::quantize_cuda); }
+TORCH_LIBRARY_IMPL(gpuopt, CUDA, m) {
+  m.impl("quantize_rowwise", &gpuopt::torch_ext::quantize_cuda);
+  m.impl("apply_quantize_rowwise", &gpuopt::torch_ext::apply_cuda);
+}
 
-TORCH_LIBRARY_IMPL(gpuopt, Meta, m) { m.impl("quantize_rowwise", &gpuopt::torch_ext::quantize_meta); }
+TORCH_LIBRARY_IMPL(gpuopt, Meta, m) {
+  m.impl("quantize_rowwise", &gpuopt::torch_ext::quantize_meta);
+  m.impl("apply_quantize_rowwise", &gpuopt::torch_ext::apply_meta);
+}

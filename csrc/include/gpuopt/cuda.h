@@ -290,6 +290,7 @@ struct QuantizeRowsParams {
   const float* norm_bias = nullptr;    // [k] float32 or nullptr (0): its shift (kLayer only)
   float eps = 1e-5f;
   QuantizeActivation activation = QuantizeActivation::kNone;  // after the norm
+  void* y = nullptr;  // [rows, k] of `type`, contiguous, or nullptr: the prologue's output, written as well
 };
 
 // The largest value of each quantized type.

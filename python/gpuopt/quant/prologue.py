@@ -100,6 +100,13 @@ class SharedQuantization:
         self._value: Any = None
         self._left = 0
 
+    def put(self, x: torch.Tensor, value: Any) -> None:
+        """``value`` is x's quantization, made by the step that wrote x (:class:`QuantizingNorm`)."""
+        if torch.compiler.is_compiling():
+            return
+        self._ref, self._value, self._left = weakref.ref(x), value, self.n
+        self._version = None if x.is_inference() else x._version
+
     def take(self, x: torch.Tensor, make: Any) -> Any:
         if torch.compiler.is_compiling():
             return make()
@@ -113,6 +120,35 @@ class SharedQuantization:
         value = make()
         self._ref, self._version, self._value, self._left = weakref.ref(x), version, value, self.n - 1
         return value
+
+
+class QuantizingNorm(nn.Module):
+    """A norm whose output other operations read as well (a residual add), and whose quantized readers take
+    nothing else: it writes its output and their row-wise quantization in one pass
+    (``gpuopt::apply_quantize_rowwise``) and hands the quantization to them (``shared``), so that they do
+    not read the output back. ``norm`` is the module it replaces (what runs inside ``torch.compile``)."""
+
+    def __init__(self, norm: nn.Module, kind: str, eps: float, weight: torch.Tensor | None,
+                 bias: torch.Tensor | None, dtype: torch.dtype, shared: SharedQuantization):
+        super().__init__()
+        self.norm, self.kind, self.eps, self.dtype, self.shared = norm, kind, eps, dtype, shared
+
+        def kept(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.detach().to(torch.float32).clone()
+
+        self.register_buffer("norm_weight", kept(weight))
+        self.register_buffer("norm_bias", kept(bias))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return self.norm(x)
+        y, q, s = torch.ops.gpuopt.apply_quantize_rowwise(x, self.dtype, self.kind, self.norm_weight, self.norm_bias,
+                                                          self.eps)
+        self.shared.put(y, (q.reshape(-1, q.shape[-1]), s.reshape(-1, 1)))
+        return y
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind}, eps={self.eps}, quantized={str(self.dtype).replace('torch.', '')}"
 
 
 def _candidate(module: nn.Module) -> bool:
@@ -153,6 +189,7 @@ class FoldReport:
     kinds: dict[str, str] = field(default_factory=dict)  # producer name -> "layer norm", "gelu", ...
     kept: dict[str, str] = field(default_factory=dict)
     shared: list[list[str]] = field(default_factory=list)
+    quantizing: dict[str, list[str]] = field(default_factory=dict)  # norm -> the layers it quantizes for
 
     def describe(self) -> str:
         if not self.folded:
@@ -166,6 +203,9 @@ class FoldReport:
                     f"written): {what}")
         if self.kept:
             text += f"; {len(self.kept)} not folded (e.g. {next(iter(self.kept))}: {next(iter(self.kept.values()))})"
+        if self.quantizing:
+            text += (f"; {len(self.quantizing)} norms read elsewhere too (a residual) quantize their output for their "
+                     f"layers as they write it")
         if self.shared:
             sizes = sorted({len(g) for g in self.shared})
             text += (f"; {len(self.shared)} groups of {'/'.join(map(str, sizes))} layers reading one tensor quantize "
@@ -364,7 +404,43 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
         for m in layers:
             m.shared_input = shared
         report.shared.append([names.get(i, "?") for i in key])
+    # Norms that stay (read elsewhere too) but whose quantized readers take nothing else and share one
+    # quantization (a query, key and value) or are one layer: the norm quantizes for them.
+    folded_now = {id(p) for p, _, _ in plan}
+    for p in producers:
+        pcalls = by_producer.get(id(p), [])
+        if id(p) in folded_now or not pcalls or activation_of(p) is not None:
+            continue
+        if any(c.ref is None or c.read_by == 0 for c in pcalls):
+            continue
+        if any(c.why_not == "its output differs from its input in shape or dtype" for c in pcalls):
+            continue
+        mine = [c for c in consumers if any(t is not None and t.producer is p for t in taken[id(c)])]
+        if not mine or any(any(t is None or t.producer is not p for t in taken[id(c)]) for c in mine):
+            continue
+        if any(c.prologue_active for c in mine) or len({type(c) for c in mine}) != 1:
+            continue
+        if any(c.read_by != len(mine) for c in pcalls):
+            continue  # each output read by all of them, once
+        if len(mine) == 1 and mine[0].shared_input is None:
+            mine[0].shared_input = SharedQuantization(1)
+        shared = mine[0].shared_input
+        if shared is None or shared.n != len(mine) or any(c.shared_input is not shared for c in mine):
+            continue
+        widths, dtypes = {c.shape[-1] for c in pcalls}, {c.dtype for c in pcalls}
+        norm = norm_of(p, widths.pop(), dtypes.pop()) if len(widths) == 1 and len(dtypes) == 1 else None
+        if norm is None:
+            continue
+        qdtype = torch.float8_e4m3fn if isinstance(mine[0], Fp8Linear) else torch.int8
+        new = QuantizingNorm(p, norm[0], norm[1], norm[2], norm[3], qdtype, shared)
+        for parent in model.modules():
+            for child_name, child in list(parent.named_children()):
+                if child is p:
+                    setattr(parent, child_name, new)
+        pname = names.get(id(p), type(p).__name__)
+        report.quantizing[pname] = [names.get(id(c), "?") for c in mine]
+        report.kept.pop(pname, None)
     return report
 
 
-__all__ = ["RMS_NORMS", "FoldReport", "SharedQuantization", "activation_of", "fold_prologues", "norm_of"]
+__all__ = ["RMS_NORMS", "FoldReport", "QuantizingNorm", "SharedQuantization", "activation_of", "fold_prologues", "norm_of"]
