@@ -259,3 +259,18 @@ def test_fold_prologues_leaves_a_model_without_quantized_layers_alone():
     report = fold_prologues(m, (torch.randn(2, 8),), {})
     assert not report.folded and isinstance(m[0], nn.LayerNorm)
     assert report.describe() == "no norm or activation folded into the quantization"
+
+
+def test_a_quantizing_norm_holds_the_norm_it_replaced_and_compiles_to_it():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128,
+                                  vocab_size=100)
+    torch.manual_seed(0)
+    bert = transformers.BertModel(cfg).eval()
+    ids = torch.randint(0, 100, (2, 16))
+    p = Config("int8").apply(bert, {"input_ids": ids}, device="cpu")
+    qn = p.eager_module.embeddings.LayerNorm
+    assert isinstance(qn, QuantizingNorm) and type(qn.norm) is nn.LayerNorm  # not itself: compile runs qn.norm
+    x = torch.randn(2, 16, 64, dtype=torch.bfloat16)  # the quantized precisions run the rest in bf16
+    with torch.no_grad():
+        torch.testing.assert_close(qn(x), qn.norm(x), rtol=1e-2, atol=1e-2)

@@ -151,6 +151,13 @@ class QuantizingNorm(nn.Module):
         return f"kind={self.kind}, eps={self.eps}, quantized={str(self.dtype).replace('torch.', '')}"
 
 
+def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
+    """``old`` replaced by ``new`` wherever the model holds it (found first: ``new`` may hold ``old``)."""
+    places = [(parent, name) for parent in model.modules() for name, child in parent.named_children() if child is old]
+    for parent, name in places:
+        setattr(parent, name, new)
+
+
 def _candidate(module: nn.Module) -> bool:
     return (activation_of(module) is not None or type(module) in (nn.LayerNorm, getattr(nn, "RMSNorm", None))
             or type(module).__name__ in RMS_NORMS)
@@ -378,10 +385,7 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
     for p, spec, mine in plan:
         for c in mine:
             c.set_prologue(**spec)
-        for parent in model.modules():
-            for child_name, child in list(parent.named_children()):
-                if child is p:
-                    setattr(parent, child_name, nn.Identity())
+        _replace(model, p, nn.Identity())
     # Layers that always take the same tensor together (a query, key and value): one quantization, shared.
     together: dict[int, set[tuple[int, ...]]] = {}
     for g in groups:
@@ -433,10 +437,7 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
             continue
         qdtype = torch.float8_e4m3fn if isinstance(mine[0], Fp8Linear) else torch.int8
         new = QuantizingNorm(p, norm[0], norm[1], norm[2], norm[3], qdtype, shared)
-        for parent in model.modules():
-            for child_name, child in list(parent.named_children()):
-                if child is p:
-                    setattr(parent, child_name, new)
+        _replace(model, p, new)
         pname = names.get(id(p), type(p).__name__)
         report.quantizing[pname] = [names.get(id(c), "?") for c in mine]
         report.kept.pop(pname, None)
