@@ -65,8 +65,11 @@ def test_quantized_configs_pass_parity_on_the_gpu(config):
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])
 @pytest.mark.parametrize("rows, k, xtype", [
     (4099, 768, torch.bfloat16),    # a row per 16 threads
-    (300, 3072, torch.bfloat16),    # a row per warp, four chunks
-    (64, 12288, torch.float16),     # a row per block (block sums)
+    (30, 784, torch.bfloat16),      # 49 chunks: a row per 16 threads, four chunks on one lane only
+    (300, 3072, torch.bfloat16),    # a row per block of 192 threads (block sums)
+    (50, 2064, torch.float16),      # a block of 160 threads, its last warp one chunk
+    (40, 6144, torch.bfloat16),     # a block of 192 threads, two chunks each
+    (64, 12288, torch.float16),     # a block of 192 threads, four chunks each
     (33, 100, torch.float32),       # odd K: the pass-per-statistic path
 ])
 @pytest.mark.parametrize("kw", [dict(norm="layer", affine=True), dict(norm="rms", affine=True), dict(norm="layer"),

@@ -5,6 +5,9 @@ to the quantization), layers reading one tensor sharing its quantization, and th
 
 from __future__ import annotations
 
+import dataclasses
+import threading
+
 import pytest
 import torch
 from torch import nn
@@ -261,7 +264,7 @@ def test_fold_prologues_leaves_a_model_without_quantized_layers_alone():
     assert report.describe() == "no norm or activation folded into the quantization"
 
 
-def test_a_quantizing_norm_holds_the_norm_it_replaced_and_compiles_to_it():
+def test_a_quantizing_norm_holds_the_norm_it_replaced_and_runs_it_inside_compile(monkeypatch):
     transformers = pytest.importorskip("transformers")
     cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, intermediate_size=128,
                                   vocab_size=100)
@@ -270,7 +273,162 @@ def test_a_quantizing_norm_holds_the_norm_it_replaced_and_compiles_to_it():
     ids = torch.randint(0, 100, (2, 16))
     p = Config("int8").apply(bert, {"input_ids": ids}, device="cpu")
     qn = p.eager_module.embeddings.LayerNorm
-    assert isinstance(qn, QuantizingNorm) and type(qn.norm) is nn.LayerNorm  # not itself: compile runs qn.norm
+    assert isinstance(qn, QuantizingNorm) and type(qn.norm) is nn.LayerNorm  # not itself (it once was)
     x = torch.randn(2, 16, 64, dtype=torch.bfloat16)  # the quantized precisions run the rest in bf16
     with torch.no_grad():
-        torch.testing.assert_close(qn(x), qn.norm(x), rtol=1e-2, atol=1e-2)
+        eager = qn(x)
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # what torch.compile's trace sees
+        with _Calls() as calls:
+            compiled_path = qn(x)
+    assert calls.applied == 0 and torch.equal(compiled_path, qn.norm(x))
+    torch.testing.assert_close(eager, compiled_path, rtol=1e-2, atol=1e-2)
+
+
+def _int8(model, x):
+    torch.manual_seed(0)
+    folded = Config("int8").apply(model, x, device="cpu")
+    plain = Config.parse("int8+no-fold").apply(model, x, device="cpu")
+    a, b = folded(x), plain(x)
+    a, b = (a.float(), b.float()) if isinstance(a, torch.Tensor) else (a.hidden.float(), b.hidden.float())
+    return folded, float((a - b).norm() / b.norm())
+
+
+class _Siblings(nn.Module):
+    """Two layers reading h, h written in place between them."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32)
+
+    def forward(self, x):
+        h = x * 2
+        y = self.a(h)
+        h.mul_(3)
+        return y + self.b(h) + self.c(x)
+
+
+class _OutWrite(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act, self.lin = nn.ReLU(), nn.Linear(32, 32)
+
+    def forward(self, x):
+        h = self.act(x)
+        torch.add(h, x, out=h)
+        return self.lin(h)
+
+
+@dataclasses.dataclass
+class _Out:
+    hidden: torch.Tensor
+    logits: torch.Tensor
+
+
+class _DataclassOut(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm, self.lin = nn.LayerNorm(32), nn.Linear(32, 32)
+
+    def forward(self, x):
+        h = self.norm(x)
+        return _Out(h, self.lin(h))
+
+
+class _InputWrite(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act, self.lin = nn.GELU(), nn.Linear(32, 32)
+
+    def forward(self, x):
+        x = x + 0
+        h = self.act(x)
+        x.mul_(3)
+        return self.lin(h) + x
+
+
+@pytest.mark.parametrize("model, why", [
+    (_OutWrite, "act: its output is read by add outside a quantized linear layer"),  # out=h: not "unchanged"
+    (_InputWrite, "act: its input is written in place before a layer reads its output"),
+])
+def test_writes_in_place_and_outputs_kept_in_any_container_keep_the_producer(model, why):
+    p, diff = _int8(model().eval(), torch.randn(8, 32))
+    assert why in p.notes[-1], p.notes
+    assert diff < 1e-6  # nothing folded: the same model as no-fold
+
+
+def test_a_norm_whose_output_is_returned_in_a_dataclass_is_not_folded():
+    p, diff = _int8(_DataclassOut().eval(), torch.randn(8, 32))
+    norm = p.eager_module.norm
+    assert isinstance(norm, QuantizingNorm), p.notes  # still writes its output, and quantizes it for lin
+    assert "1 norms read elsewhere too" in p.notes[-1] and diff < 0.03
+
+
+def test_layers_reading_a_tensor_written_between_them_do_not_share_under_inference_mode():
+    p, diff = _int8(_Siblings().eval(), torch.randn(8, 32))
+    assert "groups of" not in p.notes[-1] and p.eager_module.a.shared_input is None, p.notes
+    assert diff < 1e-6
+
+
+class _QKV(nn.Module):
+    """An affine layer norm feeding three separate projections (pre-norm attention), and no producer at
+    all before two layers reading the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(32)
+        nn.init.normal_(self.norm.weight)
+        nn.init.normal_(self.norm.bias)
+        self.q, self.k, self.v, self.u, self.w = (nn.Linear(32, 32) for _ in range(5))
+
+    def forward(self, x):
+        h = self.norm(x)
+        return self.q(h) * self.k(h) + self.v(h) + self.u(x) - self.w(x)
+
+
+def test_an_affine_norm_folds_into_every_projection_and_they_share_one_quantization():
+    p, diff = _int8(_QKV().eval(), torch.randn(8, 32))
+    em = p.eager_module
+    note = p.notes[-1]
+    assert "1 layer norm" in note and "2 groups of 2/3 layers reading one tensor quantize it once" in note, note
+    assert em.q.shared_input is em.k.shared_input is em.v.shared_input is not None
+    assert em.u.shared_input is em.w.shared_input is not None and em.u.shared_input is not em.q.shared_input
+    assert em.q.prologue_norm == "layer" and diff < 0.03
+    with _Calls() as calls, torch.no_grad():
+        p(torch.randn(8, 32))
+    assert calls.n == 2
+
+
+def test_rms_norm_without_eps_takes_float32s_machine_epsilon_for_16_bit_inputs():
+    from gpuopt.quant.prologue import norm_of
+    norm = nn.RMSNorm(32)
+    assert norm_of(norm, 32, torch.bfloat16)[1] == torch.finfo(torch.float32).eps
+    assert norm_of(norm, 32, torch.float64)[1] == torch.finfo(torch.float64).eps
+    m = nn.Sequential(nn.RMSNorm(32), nn.Linear(32, 32)).eval()
+    p, diff = _int8(m, torch.randn(8, 32) * 0.01)  # small activations: a wrong eps would swamp them
+    assert "1 rms norm" in p.notes[-1] and diff < 0.03, (p.notes, diff)
+
+
+def test_a_shared_quantization_is_per_thread():
+    s = SharedQuantization(2)
+    x = torch.randn(4, 8)
+    first = s.take(x, lambda: torch.ops.gpuopt.quantize_rowwise(x, torch.int8))
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(s.take(x, lambda: "made on the other thread")))
+    t.start()
+    t.join()
+    assert seen == ["made on the other thread"] and s.take(x, lambda: None) is first
+
+
+def test_a_traced_run_that_fails_leaves_the_model_unfolded_and_says_why():
+    class Fails(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act, self.lin = nn.GELU(), nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.lin(self.act(x))
+
+    m = Config.parse("int8+no-fold").apply(Fails().eval(), torch.randn(2, 8), device="cpu").eager_module
+    report = fold_prologues(m, (torch.randn(2, 9),), {})  # the wrong width: the run raises
+    assert report.error is not None and "RuntimeError" in report.error and not report.folded
+    assert report.describe().startswith("nothing folded into the quantization: the traced run failed (RuntimeError")

@@ -22,6 +22,7 @@ Layer: ``quant`` (below ``prepare``, which calls it for the ``fp8`` and ``int8``
 
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +50,8 @@ def norm_of(module: nn.Module, width: int, dtype: torch.dtype | None = None
             ) -> tuple[str, float, torch.Tensor | None, torch.Tensor | None] | None:
     """(kind, eps, scale, shift) of a norm over the last ``width`` values: ``nn.LayerNorm`` ("layer", its
     affine optional), ``nn.RMSNorm`` or a class of :data:`RMS_NORMS` ("rms"; ``weight``, ``variance_epsilon``
-    or ``eps``; ``nn.RMSNorm``'s eps=None is the input ``dtype``'s machine epsilon, as torch takes it);
+    or ``eps``; ``nn.RMSNorm``'s eps=None is the machine epsilon of the type torch computes the input
+    ``dtype`` in: float32 for 16-bit inputs);
     else None."""
     if type(module) is nn.LayerNorm:
         if tuple(module.normalized_shape) != (width,):
@@ -59,10 +61,10 @@ def norm_of(module: nn.Module, width: int, dtype: torch.dtype | None = None
         if tuple(module.normalized_shape) != (width,):
             return None
         eps = module.eps
-        if eps is None:
+        if eps is None:  # torch takes the machine epsilon of the type it computes in (float32 for 16-bit)
             if dtype is None or not dtype.is_floating_point:
                 return None
-            eps = torch.finfo(dtype).eps
+            eps = torch.finfo(torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype).eps
         return "rms", float(eps), module.weight, None
     if type(module).__name__ in RMS_NORMS:
         weight = getattr(module, "weight", None)
@@ -90,35 +92,37 @@ def activation_of(module: nn.Module) -> str | None:
 class SharedQuantization:
     """One quantization of a tensor for the ``n`` layers that read it in turn (a query, key and value
     projection): the first to run quantizes and keeps the result for the others; the last one lets it go.
-    The result is reused only for the same tensor object, unchanged (its version counter, where it has one),
-    and not inside ``torch.compile`` (each layer quantizes: the compiled graph has no Python-side state)."""
+    The result is reused only for the same tensor object on the same thread, unchanged where its version
+    counter says so (inference tensors have none: :func:`fold_prologues` shares only where the traced run
+    wrote the tensor nowhere), and not inside ``torch.compile`` (each layer quantizes: the compiled graph
+    has no Python-side state)."""
 
     def __init__(self, n: int):
         self.n = n
-        self._ref: Any = None
-        self._version: int | None = None
-        self._value: Any = None
-        self._left = 0
+        self._state = threading.local()  # per thread: a server runs one model on several threads
 
     def put(self, x: torch.Tensor, value: Any) -> None:
         """``value`` is x's quantization, made by the step that wrote x (:class:`QuantizingNorm`)."""
         if torch.compiler.is_compiling():
             return
-        self._ref, self._value, self._left = weakref.ref(x), value, self.n
-        self._version = None if x.is_inference() else x._version
+        st = self._state
+        st.ref, st.value, st.left = weakref.ref(x), value, self.n
+        st.version = None if x.is_inference() else x._version
 
     def take(self, x: torch.Tensor, make: Any) -> Any:
         if torch.compiler.is_compiling():
             return make()
+        st = self._state
         version = None if x.is_inference() else x._version
-        if self._left > 0 and self._ref is not None and self._ref() is x and self._version == version:
-            self._left -= 1
-            value = self._value
-            if self._left == 0:
-                self._ref = self._value = None
+        ref = getattr(st, "ref", None)
+        if getattr(st, "left", 0) > 0 and ref is not None and ref() is x and st.version == version:
+            st.left -= 1
+            value = st.value
+            if st.left == 0:
+                st.ref = st.value = None
             return value
         value = make()
-        self._ref, self._version, self._value, self._left = weakref.ref(x), version, value, self.n - 1
+        st.ref, st.version, st.value, st.left = weakref.ref(x), version, value, self.n - 1
         return value
 
 
@@ -174,6 +178,10 @@ class _Call:
     dtype: torch.dtype
     why_not: str | None = None
     read_by: int = 0  # calls of quantized layers that took it
+    in_ref: Any = None  # its input (the folded layer reads that instead)
+    written: bool = False  # its output written in place
+    last_read: int = 0  # the trace's clock at the last layer call that took the output
+    input_written_at: int | None = None  # the clock at the first in-place write of its input after it ran
 
     def holds(self, t: torch.Tensor) -> bool:
         return self.ref is not None and self.ref() is t
@@ -185,6 +193,7 @@ class _Readers:
 
     ref: Any
     layers: list[nn.Module]
+    written: bool = False  # written in place during the run
 
 
 @dataclass
@@ -197,8 +206,11 @@ class FoldReport:
     kept: dict[str, str] = field(default_factory=dict)
     shared: list[list[str]] = field(default_factory=list)
     quantizing: dict[str, list[str]] = field(default_factory=dict)  # norm -> the layers it quantizes for
+    error: str | None = None  # the traced run failed: nothing was changed
 
     def describe(self) -> str:
+        if self.error is not None:
+            return f"nothing folded into the quantization: the traced run failed ({self.error})"
         if not self.folded:
             text = "no norm or activation folded into the quantization"
         else:
@@ -220,32 +232,65 @@ class FoldReport:
         return text
 
 
-class _Uses(TorchFunctionMode):
-    """Marks every read of a tracked producer output that is not its consumer's: the innermost quantized
-    layer running took it as input, the call returned it unchanged (dropout in eval), or it read metadata."""
+@dataclass
+class _Trace:
+    """What the traced run has seen so far (ids are checked against weak references: no activation kept)."""
 
-    def __init__(self, live: dict[int, _Call], active: list[int]):
+    live: dict[int, _Call] = field(default_factory=dict)  # producer outputs
+    inputs: dict[int, list[_Call]] = field(default_factory=dict)  # producer inputs
+    readers: dict[int, _Readers] = field(default_factory=dict)  # tensors quantized layers took
+    active: list[int] = field(default_factory=list)  # the inputs of the quantized layers running
+    clock: int = 0
+
+
+class _Uses(TorchFunctionMode):
+    """Marks every read of a tracked producer output that is not its consumer's (the innermost quantized
+    layer running took it as input, the call returned it unchanged and did not write it -- dropout in eval
+    --, or it read metadata), and every in-place write (``x.add_``, ``out=``, ``x[i] = v``, ``inplace=True``)
+    to a producer's output or input or to a tensor quantized layers took."""
+
+    def __init__(self, trace: _Trace):
         super().__init__()
-        self.live, self.active = live, active
+        self.trace = trace
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        tr = self.trace
+        written = _written(func, args, kwargs)
+        for t in written:
+            tr.clock += 1
+            call = tr.live.get(id(t))
+            if call is not None and call.holds(t):
+                call.written = True
+            for call in tr.inputs.get(id(t), []):
+                if call.in_ref() is t and call.input_written_at is None:
+                    call.input_written_at = tr.clock
+            r = tr.readers.get(id(t))
+            if r is not None and r.ref() is t:
+                r.written = True
         for t in _tensors((args, kwargs)):
-            call = self.live.get(id(t))
+            call = tr.live.get(id(t))
             if call is None or not call.holds(t) or call.why_not is not None:
                 continue
-            if (self.active and self.active[-1] == id(t)) or _metadata(func):
+            if (tr.active and tr.active[-1] == id(t)) or _metadata(func):
                 continue
-            if out is t and not _in_place(func, kwargs):  # returned unchanged: dropout in eval, a no-op cast
+            if out is t and not any(w is t for w in written):  # returned unchanged: dropout in eval, a no-op cast
                 continue
             call.why_not = f"its output is read by {_name(func)} outside a quantized linear layer"
         return out
 
 
-def _in_place(func: Any, kwargs: dict) -> bool:
+def _written(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors a call writes in place: ``out=``, and the first argument of an in-place method or function
+    (a trailing underscore, ``__iadd__`` and the like, ``__setitem__``, ``inplace=True``)."""
+    found = _tensors(kwargs.get("out"))
     name = getattr(func, "__name__", "")
-    return bool(kwargs.get("inplace")) or (name.endswith("_") and not name.endswith("__"))
+    in_place = (bool(kwargs.get("inplace")) or (name.endswith("_") and not name.endswith("__"))
+                or name == "__setitem__" or (name.startswith("__i") and name.endswith("__")))
+    if in_place and args and isinstance(args[0], torch.Tensor):
+        found.append(args[0])
+    return found
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -286,44 +331,45 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
         names.setdefault(id(m), name)
     consumers = [m for m in model.modules() if isinstance(m, (Fp8Linear, Int8Linear))]
     producers = [m for m in model.modules() if _candidate(m)]
-    if not consumers or not producers:
+    if not consumers or (not producers and len(consumers) < 2):
         return report
-    live: dict[int, _Call] = {}
+    tr = _Trace()
     calls: list[_Call] = []
-    active: list[int] = []
     taken: dict[int, list[_Call | None]] = {id(c): [] for c in consumers}
-    readers: dict[int, _Readers] = {}
     groups: list[_Readers] = []
 
     def produced(mod, inp, out):
         x = inp[0] if inp else None
         if isinstance(out, torch.Tensor) and isinstance(x, torch.Tensor):
-            call = _Call(mod, weakref.ref(out), tuple(out.shape), x.dtype)
+            call = _Call(mod, weakref.ref(out), tuple(out.shape), x.dtype, in_ref=weakref.ref(x))
             if x.shape != out.shape or x.dtype != out.dtype:
                 call.why_not = "its output differs from its input in shape or dtype"
-            live[id(out)] = call
+            tr.live[id(out)] = call
+            tr.inputs.setdefault(id(x), []).append(call)
         else:
             call = _Call(mod, None, (), torch.float32, why_not="not called on one tensor")
         calls.append(call)
 
     def entered(mod, inp, kw):
         x = inp[0] if inp else next(iter(kw.values()), None)
-        call = live.get(id(x)) if isinstance(x, torch.Tensor) else None
+        tr.clock += 1
+        call = tr.live.get(id(x)) if isinstance(x, torch.Tensor) else None
         call = call if call is not None and call.holds(x) else None
         taken[id(mod)].append(call)
         if call is not None:
             call.read_by += 1
+            call.last_read = tr.clock
         if isinstance(x, torch.Tensor):
-            r = readers.get(id(x))
+            r = tr.readers.get(id(x))
             if r is not None and r.ref() is x:
                 r.layers.append(mod)
             else:
-                readers[id(x)] = r = _Readers(weakref.ref(x), [mod])
+                tr.readers[id(x)] = r = _Readers(weakref.ref(x), [mod])
                 groups.append(r)
-        active.append(id(x))
+        tr.active.append(id(x))
 
     def left(mod, inp, out):
-        active.pop()
+        tr.active.pop()
 
     handles = []
     try:
@@ -332,12 +378,24 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
         for c in consumers:
             handles.append(c.register_forward_pre_hook(entered, with_kwargs=True))
             handles.append(c.register_forward_hook(left))
-        with torch.no_grad(), _Uses(live, active):
+        with torch.no_grad(), _Uses(tr):
             out = model(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the model runs unfolded; the notes say why
+        report.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        return report
     finally:
         for h in handles:
             h.remove()
-    returned = {id(t) for t in _tensors(out)}
+    # An output still alive once the run is over was returned or kept (in whatever container): it escapes.
+    for c in calls:
+        if c.why_not is None and c.ref is not None and c.ref() is not None:
+            c.why_not = "its output is returned by the model or kept after the run"
+    del out
+    for c in calls:
+        if c.why_not is None and c.written:
+            c.why_not = "its output is written in place"
+        if c.why_not is None and c.input_written_at is not None and c.input_written_at < c.last_read:
+            c.why_not = "its input is written in place before a layer reads its output"
 
     # Per producer: all its calls foldable, read only by layers that take nothing else.
     by_producer: dict[int, list[_Call]] = {}
@@ -351,8 +409,6 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
         if not pcalls:
             continue  # not called on this input: left as it is, nothing to say
         why = next((c.why_not for c in pcalls if c.why_not), None)
-        if why is None and any(c.ref is not None and id(c.ref()) in returned for c in pcalls):
-            why = "its output is returned by the model"
         if why is None and any(c.read_by == 0 for c in pcalls):
             why = "its output is not read by a quantized linear layer"
         mine = [c for c in consumers if any(t is not None and t.producer is p for t in taken[id(c)])]
@@ -382,9 +438,11 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
         plan.append((p, spec, mine))
         report.folded[pname] = [names.get(id(c), "?") for c in mine]
         report.kinds[pname] = kind
+    source: dict[int, int] = {}  # layer -> the producer folded into it
     for p, spec, mine in plan:
         for c in mine:
             c.set_prologue(**spec)
+            source[id(c)] = id(p)
         _replace(model, p, nn.Identity())
     # Layers that always take the same tensor together (a query, key and value): one quantization, shared.
     together: dict[int, set[tuple[int, ...]]] = {}
@@ -401,9 +459,11 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
         seen.add(key)
         if any(together[i] != {key} for i in key):
             continue  # one of them also reads other tensors, or with other layers
+        if any(r.written for r in groups if tuple(id(m) for m in r.layers) == key):
+            continue  # the tensor was written in place between (or after) their reads
         layers = [by_id[i] for i in key]
-        if len({(type(m), m.prologue_norm, m.prologue_activation, id(m.prologue_weight)) for m in layers}) != 1:
-            continue
+        if len({(type(m), source.get(id(m))) for m in layers}) != 1:
+            continue  # not the same prologue (the same folded producer, or none)
         shared = SharedQuantization(len(layers))
         for m in layers:
             m.shared_input = shared
@@ -415,8 +475,8 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
         pcalls = by_producer.get(id(p), [])
         if id(p) in folded_now or not pcalls or activation_of(p) is not None:
             continue
-        if any(c.ref is None or c.read_by == 0 for c in pcalls):
-            continue
+        if any(c.ref is None or c.read_by == 0 or c.written for c in pcalls):
+            continue  # a call on something else, an output no layer read or one written in place
         if any(c.why_not == "its output differs from its input in shape or dtype" for c in pcalls):
             continue
         mine = [c for c in consumers if any(t is not None and t.producer is p for t in taken[id(c)])]
@@ -426,15 +486,16 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
             continue
         if any(c.read_by != len(mine) for c in pcalls):
             continue  # each output read by all of them, once
-        if len(mine) == 1 and mine[0].shared_input is None:
-            mine[0].shared_input = SharedQuantization(1)
-        shared = mine[0].shared_input
-        if shared is None or shared.n != len(mine) or any(c.shared_input is not shared for c in mine):
+        shared = SharedQuantization(1) if len(mine) == 1 and mine[0].shared_input is None else mine[0].shared_input
+        if shared is None or shared.n != len(mine) or any(c.shared_input not in (shared, None) for c in mine):
+            continue
+        if len(mine) > 1 and any(c.shared_input is not shared for c in mine):
             continue
         widths, dtypes = {c.shape[-1] for c in pcalls}, {c.dtype for c in pcalls}
         norm = norm_of(p, widths.pop(), dtypes.pop()) if len(widths) == 1 and len(dtypes) == 1 else None
         if norm is None:
             continue
+        mine[0].shared_input = shared
         qdtype = torch.float8_e4m3fn if isinstance(mine[0], Fp8Linear) else torch.int8
         new = QuantizingNorm(p, norm[0], norm[1], norm[2], norm[3], qdtype, shared)
         _replace(model, p, new)
