@@ -432,3 +432,86 @@ def test_a_traced_run_that_fails_leaves_the_model_unfolded_and_says_why():
     report = fold_prologues(m, (torch.randn(2, 9),), {})  # the wrong width: the run raises
     assert report.error is not None and "RuntimeError" in report.error and not report.folded
     assert report.describe().startswith("nothing folded into the quantization: the traced run failed (RuntimeError")
+
+
+class _AliasWrite(nn.Module):
+    """A GELU feeding a layer, its input written through an alias before the layer reads (``how``)."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.how, self.act, self.lin = how, nn.GELU(), nn.Linear(32, 32)
+
+    def forward(self, x):
+        x = x + 0
+        h = self.act(x)
+        if self.how == "view":
+            x[:, :16].mul_(5)
+        elif self.how == "data":
+            x.data.mul_(5)
+        elif self.how == "aten":
+            torch.ops.aten.mul_.Scalar(x, 5.0)
+        elif self.how == "set data":
+            x.data = x * 5
+        elif self.how == "after":  # after the layer has read: harmless, still folds
+            y = self.lin(h)
+            x.mul_(5)
+            return y + x
+        return self.lin(h) + x
+
+
+@pytest.mark.parametrize("how", ["view", "data", "aten", "set data"])
+def test_a_write_to_the_producers_input_through_any_alias_keeps_it(how):
+    p, diff = _int8(_AliasWrite(how).eval(), torch.randn(8, 32))
+    assert "act: its input is written in place before a layer reads its output" in p.notes[-1], p.notes
+    assert diff < 1e-6
+
+
+def test_a_write_to_the_producers_input_after_the_layer_read_it_still_folds():
+    p, diff = _int8(_AliasWrite("after").eval(), torch.randn(8, 32))
+    assert "1 gelu" in p.notes[-1] and isinstance(p.eager_module.act, nn.Identity), p.notes
+    assert diff < 0.03
+
+
+class _ViewWrites(nn.Module):
+    """A tensor two layers read, written through a view between them; a norm's output (also read by an
+    add) written through a view before its layer; a ReLU's output written by an aten in-place op."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c, self.d = (nn.Linear(32, 32) for _ in range(4))
+        self.norm, self.act = nn.LayerNorm(32), nn.GELU()
+
+    def forward(self, x):
+        h = x * 2
+        y = self.a(h)
+        h.view(-1).mul_(3)
+        y = y + self.b(h)
+        n = self.norm(x)
+        r = n + 1
+        n[:, :].mul_(3)
+        y = y + self.c(n) + r
+        g = self.act(x)
+        torch.ops.aten.relu_.default(g)
+        return y + self.d(g)
+
+
+def test_writes_through_views_and_aten_ops_stop_sharing_quantizing_norms_and_folds():
+    p, diff = _int8(_ViewWrites().eval(), torch.randn(8, 32))
+    em = p.eager_module
+    assert em.a.shared_input is None and em.b.shared_input is None, p.notes
+    assert isinstance(em.norm, nn.LayerNorm) and isinstance(em.act, nn.GELU), p.notes
+    assert diff < 1e-6
+
+
+def test_a_prepared_model_with_shared_quantizations_copies_and_pickles():
+    import copy
+    import pickle
+    p, _ = _int8(_QKV().eval(), torch.randn(8, 32))
+    em = copy.deepcopy(p.eager_module)
+    assert em.q.shared_input is em.k.shared_input is em.v.shared_input
+    assert em.q.shared_input is not p.eager_module.q.shared_input and em.q.shared_input.n == 3
+    again = pickle.loads(pickle.dumps(p.eager_module))
+    assert again.q.shared_input is again.v.shared_input
+    x = torch.randn(8, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        torch.testing.assert_close(em(x), p.eager_module(x))

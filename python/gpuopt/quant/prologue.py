@@ -22,6 +22,7 @@ Layer: ``quant`` (below ``prepare``, which calls it for the ``fp8`` and ``int8``
 
 from __future__ import annotations
 
+import gc
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # RMS norms by class name: x * rsqrt(mean(x^2) + eps) * weight (not Gemma's, which scales by 1 + weight).
 RMS_NORMS: tuple[str, ...] = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
@@ -100,6 +102,9 @@ class SharedQuantization:
     def __init__(self, n: int):
         self.n = n
         self._state = threading.local()  # per thread: a server runs one model on several threads
+
+    def __reduce__(self) -> tuple:  # copies and pickles start empty (the state is per thread and per call)
+        return (SharedQuantization, (self.n,))
 
     def put(self, x: torch.Tensor, value: Any) -> None:
         """``value`` is x's quantization, made by the step that wrote x (:class:`QuantizingNorm`)."""
@@ -234,20 +239,44 @@ class FoldReport:
 
 @dataclass
 class _Trace:
-    """What the traced run has seen so far (ids are checked against weak references: no activation kept)."""
+    """What the traced run has seen so far (ids are checked against weak references, storages by address:
+    no activation is kept)."""
 
     live: dict[int, _Call] = field(default_factory=dict)  # producer outputs
-    inputs: dict[int, list[_Call]] = field(default_factory=dict)  # producer inputs
     readers: dict[int, _Readers] = field(default_factory=dict)  # tensors quantized layers took
     active: list[int] = field(default_factory=list)  # the inputs of the quantized layers running
     clock: int = 0
+    # storage address -> what lives there: producer outputs and inputs, tensors layers took
+    outputs_at: dict[int, list[_Call]] = field(default_factory=dict)
+    inputs_at: dict[int, list[_Call]] = field(default_factory=dict)
+    readers_at: dict[int, list[_Readers]] = field(default_factory=dict)
+    last_write: dict[int, int] = field(default_factory=dict)  # storage address -> clock
+
+    def wrote(self, address: int) -> None:
+        self.clock += 1
+        self.last_write[address] = self.clock
+        for call in self.outputs_at.get(address, []):
+            call.written = True
+        for call in self.inputs_at.get(address, []):
+            if call.input_written_at is None:
+                call.input_written_at = self.clock
+        for r in self.readers_at.get(address, []):
+            r.written = True
+
+
+def _storage(t: torch.Tensor) -> int | None:
+    """The address of t's storage (asked with torch function modes off: not a read the trace should see)."""
+    try:
+        with torch._C.DisableTorchFunction():
+            return t.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - no storage (nested, sparse): not tracked
+        return None
 
 
 class _Uses(TorchFunctionMode):
-    """Marks every read of a tracked producer output that is not its consumer's (the innermost quantized
-    layer running took it as input, the call returned it unchanged and did not write it -- dropout in eval
-    --, or it read metadata), and every in-place write (``x.add_``, ``out=``, ``x[i] = v``, ``inplace=True``)
-    to a producer's output or input or to a tensor quantized layers took."""
+    """Marks every read of a tracked producer output that is not its consumer's: the innermost quantized
+    layer running took it as input, the call returned it unchanged without writing its storage (dropout in
+    eval, a no-op cast), or it read metadata. Setting ``.data`` counts as a write."""
 
     def __init__(self, trace: _Trace):
         super().__init__()
@@ -255,42 +284,46 @@ class _Uses(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
         tr = self.trace
-        written = _written(func, args, kwargs)
-        for t in written:
-            tr.clock += 1
-            call = tr.live.get(id(t))
-            if call is not None and call.holds(t):
-                call.written = True
-            for call in tr.inputs.get(id(t), []):
-                if call.in_ref() is t and call.input_written_at is None:
-                    call.input_written_at = tr.clock
-            r = tr.readers.get(id(t))
-            if r is not None and r.ref() is t:
-                r.written = True
+        before = tr.clock
+        setting_data = (getattr(func, "__name__", "") == "__set__" and args and isinstance(args[0], torch.Tensor)
+                        and getattr(getattr(func, "__self__", None), "__name__", "") == "data")
+        if setting_data and (address := _storage(args[0])) is not None:
+            tr.wrote(address)  # x.data = ...: x's values change under the same object
+        out = func(*args, **kwargs)
         for t in _tensors((args, kwargs)):
             call = tr.live.get(id(t))
             if call is None or not call.holds(t) or call.why_not is not None:
                 continue
             if (tr.active and tr.active[-1] == id(t)) or _metadata(func):
                 continue
-            if out is t and not any(w is t for w in written):  # returned unchanged: dropout in eval, a no-op cast
+            if out is t and tr.last_write.get(_storage(t), -1) <= before:  # returned unchanged, not written
                 continue
             call.why_not = f"its output is read by {_name(func)} outside a quantized linear layer"
         return out
 
 
-def _written(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    """The tensors a call writes in place: ``out=``, and the first argument of an in-place method or function
-    (a trailing underscore, ``__iadd__`` and the like, ``__setitem__``, ``inplace=True``)."""
-    found = _tensors(kwargs.get("out"))
-    name = getattr(func, "__name__", "")
-    in_place = (bool(kwargs.get("inplace")) or (name.endswith("_") and not name.endswith("__"))
-                or name == "__setitem__" or (name.startswith("__i") and name.endswith("__")))
-    if in_place and args and isinstance(args[0], torch.Tensor):
-        found.append(args[0])
-    return found
+class _Writes(TorchDispatchMode):
+    """Every write an operator's schema declares (in-place, ``out=``, through any view or ``.data`` alias):
+    the storage it writes, for :meth:`_Trace.wrote`."""
+
+    def __init__(self, trace: _Trace):
+        super().__init__()
+        self.trace = trace
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        schema = getattr(func, "_schema", None)
+        if schema is not None:
+            for i, arg in enumerate(schema.arguments):
+                alias = arg.alias_info
+                if alias is None or not alias.is_write:
+                    continue
+                value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
+                for t in _tensors(value):
+                    if (address := _storage(t)) is not None:
+                        self.trace.wrote(address)
+        return func(*args, **kwargs)
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -345,7 +378,12 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
             if x.shape != out.shape or x.dtype != out.dtype:
                 call.why_not = "its output differs from its input in shape or dtype"
             tr.live[id(out)] = call
-            tr.inputs.setdefault(id(x), []).append(call)
+            out_at, in_at = _storage(out), _storage(x)
+            if out_at is None or in_at is None:
+                call.why_not = "its input or output has no storage to watch"
+            else:
+                tr.outputs_at.setdefault(out_at, []).append(call)
+                tr.inputs_at.setdefault(in_at, []).append(call)
         else:
             call = _Call(mod, None, (), torch.float32, why_not="not called on one tensor")
         calls.append(call)
@@ -366,6 +404,11 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
             else:
                 tr.readers[id(x)] = r = _Readers(weakref.ref(x), [mod])
                 groups.append(r)
+                address = _storage(x)
+                if address is None:
+                    r.written = True  # unwatchable: never shared
+                else:
+                    tr.readers_at.setdefault(address, []).append(r)
         tr.active.append(id(x))
 
     def left(mod, inp, out):
@@ -378,7 +421,7 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
         for c in consumers:
             handles.append(c.register_forward_pre_hook(entered, with_kwargs=True))
             handles.append(c.register_forward_hook(left))
-        with torch.no_grad(), _Uses(tr):
+        with torch.no_grad(), _Uses(tr), _Writes(tr):
             out = model(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - the model runs unfolded; the notes say why
         report.error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
@@ -387,6 +430,7 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
         for h in handles:
             h.remove()
     # An output still alive once the run is over was returned or kept (in whatever container): it escapes.
+    gc.collect()  # not one held only by a reference cycle
     for c in calls:
         if c.why_not is None and c.ref is not None and c.ref() is not None:
             c.why_not = "its output is returned by the model or kept after the run"
