@@ -33,6 +33,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..timing.inputs import tensors_in
+
 # RMS norms by class name: x * rsqrt(mean(x^2) + eps) * weight (not Gemma's, which scales by 1 + weight).
 RMS_NORMS: tuple[str, ...] = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")
 
@@ -291,7 +293,7 @@ class _Uses(TorchFunctionMode):
         if setting_data and (address := _storage(args[0])) is not None:
             tr.wrote(address)  # x.data = ...: x's values change under the same object
         out = func(*args, **kwargs)
-        for t in _tensors((args, kwargs)):
+        for t in tensors_in((args, kwargs)):
             call = tr.live.get(id(t))
             if call is None or not call.holds(t) or call.why_not is not None:
                 continue
@@ -320,21 +322,10 @@ class _Writes(TorchDispatchMode):
                 if alias is None or not alias.is_write:
                     continue
                 value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
-                for t in _tensors(value):
+                for t in tensors_in(value):
                     if (address := _storage(t)) is not None:
                         self.trace.wrote(address)
         return func(*args, **kwargs)
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    """The tensors in nested tuples, lists and dicts (transformers' ModelOutput is a dict)."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensors(v)]
-    if isinstance(obj, (tuple, list)):
-        return [t for v in obj for t in _tensors(v)]
-    return []
 
 
 def _metadata(func: Any) -> bool:
