@@ -60,6 +60,9 @@ class Config:
       ``bf16`` (weights and inputs cast); quantized linear layers with the rest in bf16: ``fp8`` (FP8
       e4m3 matmuls, compute capability 8.9+), ``int8`` (dynamic int8), ``int8-wo`` (int8 weights,
       16-bit activations) -- see :mod:`gpuopt.quant`; the notes say which layers were quantized.
+    - ``fold`` (``fp8``, ``int8``): the norms and activations that feed quantized layers are folded into
+      their quantization, found by one traced run (:mod:`gpuopt.quant.prologue`; the notes say what); token
+      ``no-fold`` (``fold=False``) keeps them as they are.
     - ``memory_format``: ``contiguous`` or ``channels_last``.
     - ``backend``: ``eager``; ``torchscript`` (trace, freeze, optimize_for_inference); ``compile``
       (``compile_mode`` one of default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs);
