@@ -141,10 +141,12 @@ at::Tensor prologue_cpu(const at::Tensor& x32, const Prologue& p, const std::opt
   return y;
 }
 
-std::tuple<at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& x, at::ScalarType dtype, const std::string& norm,
-                                                const std::optional<at::Tensor>& weight,
-                                                const std::optional<at::Tensor>& bias, double eps,
-                                                const std::string& activation) {
+// The reference: q and scales, and y (the prologue's output in x's dtype) where `keep`; as run_cuda.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run_cpu(const at::Tensor& x, at::ScalarType dtype,
+                                                       const std::string& norm,
+                                                       const std::optional<at::Tensor>& weight,
+                                                       const std::optional<at::Tensor>& bias, double eps,
+                                                       const std::string& activation, bool keep) {
   const Prologue pro = check_args(x, dtype, norm, weight, bias, eps, activation);
   const float qmax = qmax_of(dtype);
   const at::Tensor x32 = prologue_cpu(x.to(at::kFloat), pro, weight, bias, eps);
@@ -156,6 +158,14 @@ std::tuple<at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& x, at::ScalarT
   inv = at::where(inv.isfinite(), inv, at::zeros_like(inv));
   at::Tensor v = x32.mul(inv);
   at::Tensor q = dtype == at::kChar ? v.round().clamp(-127, 127).to(at::kChar) : v.clamp(-448, 448).to(dtype);
+  return {keep ? x32.to(x.scalar_type()) : at::Tensor(), q, scales};
+}
+
+std::tuple<at::Tensor, at::Tensor> quantize_cpu(const at::Tensor& x, at::ScalarType dtype, const std::string& norm,
+                                                const std::optional<at::Tensor>& weight,
+                                                const std::optional<at::Tensor>& bias, double eps,
+                                                const std::string& activation) {
+  auto [y, q, scales] = run_cpu(x, dtype, norm, weight, bias, eps, activation, /*keep=*/false);
   return {q, scales};
 }
 
@@ -225,10 +235,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> apply_cpu(const at::Tensor& x, at
                                                          const std::optional<at::Tensor>& weight,
                                                          const std::optional<at::Tensor>& bias, double eps,
                                                          const std::string& activation) {
-  const Prologue pro = check_args(x, dtype, norm, weight, bias, eps, activation);
-  at::Tensor y = prologue_cpu(x.to(at::kFloat), pro, weight, bias, eps).to(x.scalar_type());
-  auto [q, scales] = quantize_cpu(x, dtype, norm, weight, bias, eps, activation);
-  return {y, q, scales};
+  return run_cpu(x, dtype, norm, weight, bias, eps, activation, /*keep=*/true);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> apply_meta(const at::Tensor& x, at::ScalarType dtype,

@@ -187,6 +187,7 @@ class _Call:
     read_by: int = 0  # calls of quantized layers that took it
     in_ref: Any = None  # its input (the folded layer reads that instead)
     written: bool = False  # its output written in place
+    reshapes: bool = False  # its output differs from its input in shape or dtype
     last_read: int = 0  # the trace's clock at the last layer call that took the output
     input_written_at: int | None = None  # the clock at the first in-place write of its input after it ran
 
@@ -367,6 +368,7 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
         if isinstance(out, torch.Tensor) and isinstance(x, torch.Tensor):
             call = _Call(mod, weakref.ref(out), tuple(out.shape), x.dtype, in_ref=weakref.ref(x))
             if x.shape != out.shape or x.dtype != out.dtype:
+                call.reshapes = True
                 call.why_not = "its output differs from its input in shape or dtype"
             tr.live[id(out)] = call
             out_at, in_at = _storage(out), _storage(x)
@@ -432,10 +434,20 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
         if c.why_not is None and c.input_written_at is not None and c.input_written_at < c.last_read:
             c.why_not = "its input is written in place before a layer reads its output"
 
-    # Per producer: all its calls foldable, read only by layers that take nothing else.
     by_producer: dict[int, list[_Call]] = {}
     for call in calls:
         by_producer.setdefault(id(call.producer), []).append(call)
+
+    def fed(p: nn.Module) -> tuple[list[nn.Module], bool]:
+        """The layers that took p's output, and whether every call of each took p's output only."""
+        mine = [c for c in consumers if any(t is not None and t.producer is p for t in taken[id(c)])]
+        return mine, all(all(t is not None and t.producer is p for t in taken[id(c)]) for c in mine)
+
+    def norm_spec(p: nn.Module, pcalls: list[_Call]):
+        widths, dtypes = {c.shape[-1] for c in pcalls}, {c.dtype for c in pcalls}
+        return norm_of(p, widths.pop(), dtypes.pop()) if len(widths) == 1 and len(dtypes) == 1 else None
+
+    # Per producer: all its calls foldable, read only by layers that take nothing else.
     plan: list[tuple[nn.Module, dict[str, Any], list[nn.Module]]] = []
     claimed: set[int] = set()
     for p in producers:
@@ -446,8 +458,8 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
         why = next((c.why_not for c in pcalls if c.why_not), None)
         if why is None and any(c.read_by == 0 for c in pcalls):
             why = "its output is not read by a quantized linear layer"
-        mine = [c for c in consumers if any(t is not None and t.producer is p for t in taken[id(c)])]
-        if why is None and any(any(t is None or t.producer is not p for t in taken[id(c)]) for c in mine):
+        mine, only = fed(p)
+        if why is None and not only:
             why = "a layer it feeds also takes other inputs"
         if why is None and any(id(c) in claimed or c.prologue_active for c in mine):
             why = "a layer it feeds already has a prologue"
@@ -458,9 +470,7 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
                 spec = {"activation": act}
                 kind = act.replace("_", " ")
             else:
-                widths = {c.shape[-1] for c in pcalls}
-                dtypes = {c.dtype for c in pcalls}
-                norm = norm_of(p, widths.pop(), dtypes.pop()) if len(widths) == 1 and len(dtypes) == 1 else None
+                norm = norm_spec(p, pcalls)
                 if norm is None:
                     why = "a norm this fold does not take (not over the last dimension alone)"
                 else:
@@ -481,10 +491,13 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
         _replace(model, p, nn.Identity())
     # Layers that always take the same tensor together (a query, key and value): one quantization, shared.
     together: dict[int, set[tuple[int, ...]]] = {}
+    written: set[tuple[int, ...]] = set()  # keys of groups whose tensor was written in place
     for g in groups:
         key = tuple(id(m) for m in g.layers)
         for m in g.layers:
             together.setdefault(id(m), set()).add(key)
+        if g.written:
+            written.add(key)
     seen: set[tuple[int, ...]] = set()
     by_id = {id(c): c for c in consumers}
     for g in groups:
@@ -494,7 +507,7 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
         seen.add(key)
         if any(together[i] != {key} for i in key):
             continue  # one of them also reads other tensors, or with other layers
-        if any(r.written for r in groups if tuple(id(m) for m in r.layers) == key):
+        if key in written:
             continue  # the tensor was written in place between (or after) their reads
         layers = [by_id[i] for i in key]
         if len({(type(m), source.get(id(m))) for m in layers}) != 1:
@@ -510,24 +523,20 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
         pcalls = by_producer.get(id(p), [])
         if id(p) in folded_now or not pcalls or activation_of(p) is not None:
             continue
-        if any(c.ref is None or c.read_by == 0 or c.written for c in pcalls):
-            continue  # a call on something else, an output no layer read or one written in place
-        if any(c.why_not == "its output differs from its input in shape or dtype" for c in pcalls):
-            continue
-        mine = [c for c in consumers if any(t is not None and t.producer is p for t in taken[id(c)])]
-        if not mine or any(any(t is None or t.producer is not p for t in taken[id(c)]) for c in mine):
-            continue
-        if any(c.prologue_active for c in mine) or len({type(c) for c in mine}) != 1:
+        if any(c.ref is None or c.read_by == 0 or c.written or c.reshapes for c in pcalls):
+            continue  # a call on something else, an output no layer read, written in place or reshaped
+        mine, only = fed(p)
+        if not mine or not only or any(c.prologue_active for c in mine) or len({type(c) for c in mine}) != 1:
             continue
         if any(c.read_by != len(mine) for c in pcalls):
             continue  # each output read by all of them, once
-        shared = SharedQuantization(1) if len(mine) == 1 and mine[0].shared_input is None else mine[0].shared_input
-        if shared is None or shared.n != len(mine) or any(c.shared_input not in (shared, None) for c in mine):
-            continue
-        if len(mine) > 1 and any(c.shared_input is not shared for c in mine):
-            continue
-        widths, dtypes = {c.shape[-1] for c in pcalls}, {c.dtype for c in pcalls}
-        norm = norm_of(p, widths.pop(), dtypes.pop()) if len(widths) == 1 and len(dtypes) == 1 else None
+        if len(mine) == 1 and mine[0].shared_input is None:
+            shared = SharedQuantization(1)
+        else:  # the group that already shares one quantization, exactly
+            shared = mine[0].shared_input
+            if shared is None or shared.n != len(mine) or any(c.shared_input is not shared for c in mine):
+                continue
+        norm = norm_spec(p, pcalls)
         if norm is None:
             continue
         mine[0].shared_input = shared
