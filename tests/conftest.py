@@ -13,6 +13,15 @@ import torch
 pytest_plugins = ["pytester"]  # the pytest plugin's own tests run inner sessions
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``pytest -n auto`` (pytest-xdist; the README's test command): one worker per CPU this process may run
+    on, but a single worker where a CUDA device is visible -- the GPU tests time kernels, and two sessions
+    sharing one GPU would time each other."""
+    if torch.cuda.is_available():
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 @pytest.fixture
 def seed() -> int:
     """A fresh random seed per test, printed so that a failure shows it (pytest prints a failing
