@@ -13,10 +13,19 @@ import torch
 pytest_plugins = ["pytester"]  # the pytest plugin's own tests run inner sessions
 
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Under `pytest -n`, one intra-op thread per worker: the workers already use every CPU, and threads
+    # beyond them would make the host-timed tests noisier.
+    torch.set_num_threads(1)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's: unknown (and unused) where it is not installed
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``pytest -n auto`` (pytest-xdist; the README's test command): one worker per CPU this process may run
     on, but a single worker where a CUDA device is visible -- the GPU tests time kernels, and two sessions
-    sharing one GPU would time each other."""
+    sharing one GPU would time each other. PYTEST_XDIST_AUTO_NUM_WORKERS, where set, still decides."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
+        return int(os.environ["PYTEST_XDIST_AUTO_NUM_WORKERS"])
     if torch.cuda.is_available():
         return 1
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
