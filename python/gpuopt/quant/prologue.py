@@ -185,7 +185,6 @@ class _Call:
     dtype: torch.dtype
     why_not: str | None = None
     read_by: int = 0  # calls of quantized layers that took it
-    in_ref: Any = None  # its input (the folded layer reads that instead)
     written: bool = False  # its output written in place
     reshapes: bool = False  # its output differs from its input in shape or dtype
     last_read: int = 0  # the trace's clock at the last layer call that took the output
@@ -366,7 +365,7 @@ def fold_prologues(model: nn.Module, args: tuple, kwargs: dict) -> FoldReport:
     def produced(mod, inp, out):
         x = inp[0] if inp else None
         if isinstance(out, torch.Tensor) and isinstance(x, torch.Tensor):
-            call = _Call(mod, weakref.ref(out), tuple(out.shape), x.dtype, in_ref=weakref.ref(x))
+            call = _Call(mod, weakref.ref(out), tuple(out.shape), x.dtype)
             if x.shape != out.shape or x.dtype != out.dtype:
                 call.reshapes = True
                 call.why_not = "its output differs from its input in shape or dtype"
