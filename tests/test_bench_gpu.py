@@ -3,6 +3,8 @@ out-of-memory cell in a sweep."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -77,26 +79,35 @@ def test_rows_are_placed_on_the_roofline(resnet18):
     assert roof["bound"] == expected
 
 
+def _batch_beyond_memory() -> int:
+    """A batch of 2048x2048 images whose first convolution's output alone (tiny-cnn: 32 channels, fp32)
+    is larger than the whole GPU: 167 on an 80 GB H100, 294 on a 141 GB H200 (a fixed 128 fit the H200
+    and ran for minutes instead of failing)."""
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return math.ceil(1.05 * total / (32 * 2048 * 2048 * 4))
+
+
 def test_a_real_out_of_memory_cell_is_recorded_and_the_sweep_goes_on(tmp_path):
-    # 2048x2048 images: batch 128 is 6.4 GB of input but ~140 GB of activations, beyond any one GPU here.
-    spec = {"models": [{"name": "tiny-cnn", "input_shape": [3, 2048, 2048], "batch_sizes": [2, 128, 4]}],
+    big = _batch_beyond_memory()
+    spec = {"models": [{"name": "tiny-cnn", "input_shape": [3, 2048, 2048], "batch_sizes": [2, big, 4]}],
             "configs": ["fp32"], "modes": ["latency"], "measure": {"max_time_s": 0.5}}
     res = gpuopt.sweep(spec, tmp_path, progress=False)
     by_batch = {r.batch_size: r for r in res.rows}
-    assert by_batch[128].status == "failed" and "out of memory" in by_batch[128].error, by_batch[128]
+    assert by_batch[big].status == "failed" and "out of memory" in by_batch[big].error, by_batch[big]
     assert by_batch[2].status == by_batch[4].status == "ok"
 
 
 def test_a_real_out_of_memory_batch_is_recorded_and_benchmark_keeps_the_others(tmp_path):
-    # The fp32 reference runs out of memory at batch 128 (as above): benchmark() records that batch's
+    # The fp32 reference runs out of memory at the big batch (as above): benchmark() records that batch's
     # cells with the reason and keeps the batch sizes before and after it (gpuopt 0.1 raised and lost them).
+    big = _batch_beyond_memory()
     res = gpuopt.benchmark("tiny-cnn", input_shape=(3, 2048, 2048), configs=["fp32", "fp16-amp"],
-                           batch_sizes=[2, 128, 4], modes=["latency"], output_dir=str(tmp_path), max_time_s=0.5,
+                           batch_sizes=[2, big, 4], modes=["latency"], output_dir=str(tmp_path), max_time_s=0.5,
                            progress=False)
     for cfg in ("fp32", "fp16-amp"):
-        failed = res.find("tiny-cnn", cfg, 128, "latency")
+        failed = res.find("tiny-cnn", cfg, big, "latency")
         assert failed.status == "failed", failed
-        assert failed.error.startswith("out of memory") and "at batch 128" in failed.error, failed.error
+        assert failed.error.startswith("out of memory") and f"at batch {big}" in failed.error, failed.error
         for b in (2, 4):
             assert res.find("tiny-cnn", cfg, b, "latency").status == "ok"
     assert len(gpuopt.Results.load(tmp_path / "results.json").rows) == 6
