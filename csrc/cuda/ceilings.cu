@@ -13,14 +13,15 @@ namespace {
 
 constexpr int kThreads = 256;
 
-int sm_count() {
+// Enough resident blocks to fill every SM: its resident threads (2048 on the A100 and Hopper, 1536 on
+// sm_86/sm_89 such as the L4) in blocks of kThreads, so the grid is one full wave.
+unsigned full_grid() {
   int device = 0;
   GPUOPT_CHECK_CUDA(cudaGetDevice(&device));
-  return device_attribute(cudaDevAttrMultiProcessorCount, device);
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, device);
+  const int threads = device_attribute(cudaDevAttrMaxThreadsPerMultiProcessor, device);
+  return static_cast<unsigned>(sms * std::max(1, threads / kThreads));
 }
-
-// Enough resident blocks to fill every SM (2048 threads each on recent GPUs).
-unsigned full_grid() { return static_cast<unsigned>(sm_count() * (2048 / kThreads)); }
 
 // Times `launch` once per rep between events; returns (median, best) of amount / time.
 Rate rate(const std::function<void()>& launch, double amount, int reps, cudaStream_t stream, bool per_ms_is_rate) {
