@@ -28,29 +28,38 @@ __device__ __forceinline__ void linear_mma_words(const uint4& wl, const uint4& w
   }
 }
 
-// out[m, n0 .. n0 + 15] for the block's 16 output columns. K is cut into chunks of kVec * 32 values: lane
-// (g, t) loads kVec consecutive uint4 of weight rows g and g + 8 (and of x's row g) at 8 kVec t of the
-// chunk, so a row's chunk is kVec * 64 contiguous bytes. kWarps warps take chunks w, w + kWarps, ...
+// x's loads: through the read-only path where x was written before the kernel started (decode_linear_mma),
+// L2 only where another block of the same kernel may have written it (the persistent chain, decode_chain.cu:
+// the non-coherent L1 could hold a line from before).
+template <bool kCoherent>
+__device__ __forceinline__ uint4 load_x(const uint4* p) {
+  if constexpr (kCoherent) {
+    return __ldcg(p);
+  } else {
+    return __ldg(p);
+  }
+}
+
+// out[m, n0 .. n0 + 15] for one block's 16 output columns (n0 = 16 * tile). K is cut into chunks of kVec * 32
+// values: lane (g, t) loads kVec consecutive uint4 of weight rows g and g + 8 (and of x's row g) at 8 kVec t of
+// the chunk, so a row's chunk is kVec * 64 contiguous bytes. kWarps warps take chunks w, w + kWarps, ...
 // (batches of kLinearLoads / kVec chunks first, then one at a time) and add up in shared memory. Needs k
-// % (kVec * 32) == 0, 16-byte aligned x and weight, 1 <= rows <= 8; launched with kWarps * 32 threads and
-// ceil(n_cols / 16) blocks. kVec: 1, 2 or 4. kStats: x's row sums and sums of squares are taken too, for a
-// folded norm (ep.norm, linear_epilogue.cuh). Under programmatic launch (pdl.cuh) its
-// blocks may start while the kernel before finishes, and wait for it before any load.
-// At most 64 registers a thread (2048 threads an SM at 64 registers: two 16-warp blocks): more would halve the
-// blocks an SM holds at 16 warps.
-template <typename T, int kWarps, int kVec, bool kStats>  // T: __half or __nv_bfloat16
-__global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
-    decode_linear_mma(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
-                      T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k, LinearEpilogue<T> ep) {
+// % (kVec * 32) == 0, 16-byte aligned x and weight, 1 <= rows <= 8, kWarps * 32 threads. kVec: 1, 2 or 4.
+// kStats: x's row sums and sums of squares are taken too, for a folded norm (ep.norm, linear_epilogue.cuh).
+// Ends with the block's threads past their last read of `partial` (a __syncthreads is the caller's before the
+// next tile).
+template <typename T, int kWarps, int kVec, bool kStats, bool kCoherentX>
+__device__ __forceinline__ void linear_tile(const T* __restrict__ x, const T* __restrict__ weight,
+                                            const T* __restrict__ bias, T* __restrict__ out, int rows,
+                                            std::int64_t n_cols, std::int64_t k, const LinearEpilogue<T>& ep,
+                                            std::int64_t n0, float (&partial)[kWarps][8][16],
+                                            float2 (&row_stats)[kStats ? kWarps : 1][8]) {
   constexpr int kChunk = kVec * kLinearChunk;
   constexpr int kBatch = kLinearLoads / kVec;
-  __shared__ float partial[kWarps][8][16];  // [warp][x row][output column]
-  __shared__ float2 row_stats[kStats ? kWarps : 1][8];  // [warp][x row]: sum, sum of squares
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int g = lane / 4;
   const int t = lane % 4;
-  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * 16;
   // Rows past the matrix (of the weight, or of x) read the last one instead: every load is then
   // unconditional, so a whole batch of them is in flight; what they feed is never written.
   const T* w_lo = weight + (n0 + g < n_cols ? n0 + g : n_cols - 1) * k + 8 * kVec * t;
@@ -60,8 +69,6 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const std::int64_t chunks = k / kChunk;
   std::int64_t c = warp;
-  allow_next_grid();
-  wait_for_prior_grid();
   if (threadIdx.x == 0) prefetch_constants<T>(bias, n0, ep);
   if (static_cast<int>(threadIdx.x) < rows) prefetch_residual<T>(static_cast<int>(threadIdx.x), n0, n_cols, ep);
   for (; c + (kBatch - 1) * kWarps < chunks; c += kBatch * kWarps) {
@@ -73,7 +80,7 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
       for (int v = 0; v < kVec; ++v) {
         wl[i][v] = __ldg(reinterpret_cast<const uint4*>(w_lo + off) + v);
         wh[i][v] = __ldg(reinterpret_cast<const uint4*>(w_hi + off) + v);
-        xv[i][v] = __ldg(reinterpret_cast<const uint4*>(x_row + off) + v);
+        xv[i][v] = load_x<kCoherentX>(reinterpret_cast<const uint4*>(x_row + off) + v);
       }
     }
 #pragma unroll
@@ -88,7 +95,7 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
     for (int v = 0; v < kVec; ++v) {
       linear_mma_words<T>(__ldg(reinterpret_cast<const uint4*>(w_lo + off) + v),
                           __ldg(reinterpret_cast<const uint4*>(w_hi + off) + v),
-                          __ldg(reinterpret_cast<const uint4*>(x_row + off) + v), acc);
+                          load_x<kCoherentX>(reinterpret_cast<const uint4*>(x_row + off) + v), acc);
     }
   }
   // D: lane (g, t) holds output columns g and g + 8 for x rows 2t and 2t + 1.
@@ -117,6 +124,22 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
     const float b = bias != nullptr ? to_float(bias[n]) : 0.0f;
     out[static_cast<std::int64_t>(m) * n_cols + n] = finish_linear<T>(sum, stats, k, b, ep, m, n, n_cols);
   }
+}
+
+// One block per 16 output columns (ceil(n_cols / 16) blocks of kWarps * 32 threads): linear_tile. Under
+// programmatic launch (pdl.cuh) its blocks may start while the kernel before finishes, and wait for it before
+// any load. At most 64 registers a thread (an SM's 65,536 registers hold two 16-warp blocks at 64): more would
+// halve the blocks an SM holds at 16 warps.
+template <typename T, int kWarps, int kVec, bool kStats>  // T: __half or __nv_bfloat16
+__global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
+    decode_linear_mma(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
+                      T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k, LinearEpilogue<T> ep) {
+  __shared__ float partial[kWarps][8][16];  // [warp][x row][output column]
+  __shared__ float2 row_stats[kStats ? kWarps : 1][8];  // [warp][x row]: sum, sum of squares
+  allow_next_grid();
+  wait_for_prior_grid();
+  linear_tile<T, kWarps, kVec, kStats, false>(x, weight, bias, out, rows, n_cols, k, ep,
+                                              static_cast<std::int64_t>(blockIdx.x) * 16, partial, row_stats);
 }
 
 }  // namespace gpuopt::cuda::kernels
