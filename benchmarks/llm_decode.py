@@ -433,16 +433,18 @@ def part_chain(args, ceilings, results: dict, targets: list[Target]) -> None:
     calls = {"plain": chain(False), "pdl": chain(True), "persistent": persistent(),
              "persistent-generation": persistent(kind=0), "persistent-sleep": persistent(kind=3),
              "persistent-prefetch": persistent(prefetch=True), "persistent-1-per-sm": persistent(blocks=sms),
-             "persistent-no-barrier": persistent(kind=4)}
+             "persistent-no-barrier": persistent(kind=4), "persistent-preload": persistent(kind=5),
+             "persistent-preload-no-barrier": persistent(kind=6)}
     reference = calls["plain"]()
     for label, call in calls.items():
-        if label not in ("plain", "persistent-no-barrier") and not torch.equal(call(), reference):
+        if "no-barrier" not in label and label != "plain" and not torch.equal(call(), reference):
             out.setdefault("errors", {})[label] = "output differs from the plain launch's"
     opts = {"mode": "graph", "calls_per_sample": 1, "max_time_s": 0.5 if args.quick else 1.5}
     us = {}
     for base, cand in (("plain", "pdl"), ("pdl", "persistent"), ("persistent", "persistent-generation"),
                        ("persistent", "persistent-sleep"), ("persistent", "persistent-prefetch"),
-                       ("persistent", "persistent-1-per-sm"), ("persistent", "persistent-no-barrier")):
+                       ("persistent", "persistent-1-per-sm"), ("persistent", "persistent-no-barrier"),
+                       ("pdl", "persistent-preload"), ("persistent-preload", "persistent-preload-no-barrier")):
         if cand in out.get("errors", {}):
             continue
         try:

@@ -82,8 +82,10 @@ __device__ __forceinline__ void grid_barrier(unsigned* state) {
 
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-template <typename T, bool kCounter, bool kSleep, bool kNoBarrier = false>
-__global__ void __launch_bounds__(kChainWarps * 32, 32 / kChainWarps)
+// kPreload: one 16-warp block an SM (up to 128 registers a thread), each holding its next tile's first batch of
+// weights in registers across the barrier (loaded before it), so that the weights stream while the blocks wait.
+template <typename T, bool kCounter, bool kSleep, bool kNoBarrier = false, bool kPreload = false>
+__global__ void __launch_bounds__(kChainWarps * 32, kPreload ? 1 : 32 / kChainWarps)
     decode_chain_persistent(ChainLayers layers, int n_layers, int rows, unsigned* barrier, bool prefetch) {
   __shared__ float partial[kChainWarps][8][16];
   __shared__ float2 row_stats[1][8];
@@ -92,21 +94,32 @@ __global__ void __launch_bounds__(kChainWarps * 32, 32 / kChainWarps)
   LinearEpilogue<T> relu;
   relu.relu = true;
   const T* x = static_cast<const T*>(layers.x);
+  TileBatch<kChainVec> pre;
+  const int first_tile = static_cast<int>(blockIdx.x);
+  auto k_of = [&](int s) { return layers.k[s] < 0 ? -layers.k[s] : layers.k[s]; };
+  if (kPreload && first_tile * 16 < layers.n[0]) {
+    linear_preload<T, kChainWarps, kChainVec>(static_cast<const T*>(layers.weight[0]), layers.n[0], k_of(0),
+                                              first_tile * 16LL, pre);
+  }
   for (int s = 0; s < n_layers; ++s) {
-    const int k = layers.k[s] < 0 ? -layers.k[s] : layers.k[s];
+    const int k = k_of(s);
     const int n = layers.n[s];
     const auto* w = static_cast<const T*>(layers.weight[s]);
     auto* out = static_cast<T*>(layers.out[s]);
-    for (int tile = static_cast<int>(blockIdx.x); tile * 16 < n; tile += static_cast<int>(gridDim.x)) {
-      linear_tile<T, kChainWarps, kChainVec, false, true>(x, w, static_cast<const T*>(layers.bias[s]), out, rows, n,
-                                                          k, layers.k[s] < 0 ? relu : plain, tile * 16LL, partial,
-                                                          row_stats);
+    for (int tile = first_tile; tile * 16 < n; tile += static_cast<int>(gridDim.x)) {
+      linear_tile<T, kChainWarps, kChainVec, false, true, kPreload>(
+          x, w, static_cast<const T*>(layers.bias[s]), out, rows, n, k, layers.k[s] < 0 ? relu : plain, tile * 16LL,
+          partial, row_stats, kPreload && tile == first_tile ? &pre : nullptr);
       __syncthreads();
     }
     if (s + 1 == n_layers) break;
+    if (kPreload && first_tile * 16 < layers.n[s + 1]) {
+      linear_preload<T, kChainWarps, kChainVec>(static_cast<const T*>(layers.weight[s + 1]), layers.n[s + 1],
+                                                k_of(s + 1), first_tile * 16LL, pre);
+    }
     if (prefetch) {  // the lines of the next layer's first tile this block's warps load first, into L2
-      const int next_k = layers.k[s + 1] < 0 ? -layers.k[s + 1] : layers.k[s + 1];
-      const int next_row = static_cast<int>(blockIdx.x) * 16 + static_cast<int>(threadIdx.x % 16);
+      const int next_k = k_of(s + 1);
+      const int next_row = first_tile * 16 + static_cast<int>(threadIdx.x % 16);
       const int line = static_cast<int>(threadIdx.x / 16);  // of 128 bytes: the first batch of the 16 warps
       if (next_row < layers.n[s + 1] && line * 64 < next_k) {
         prefetch_l2(static_cast<const T*>(layers.weight[s + 1]) + static_cast<std::int64_t>(next_row) * next_k +
@@ -126,7 +139,7 @@ __global__ void __launch_bounds__(kChainWarps * 32, 32 / kChainWarps)
 
 namespace {
 
-template <typename T, bool kCounter, bool kSleep, bool kNoBarrier = false>
+template <typename T, bool kCounter, bool kSleep, bool kNoBarrier = false, bool kPreload = false>
 void launch_chain(const DecodeChainParams& p, cudaStream_t stream) {
   kernels::ChainLayers layers = {};
   layers.x = p.x;
@@ -137,7 +150,7 @@ void launch_chain(const DecodeChainParams& p, cudaStream_t stream) {
     layers.n[s] = static_cast<int>(p.n[s]);
     layers.k[s] = static_cast<int>(p.relu[s] ? -p.k[s] : p.k[s]);
   }
-  auto* kernel = kernels::decode_chain_persistent<T, kCounter, kSleep, kNoBarrier>;
+  auto* kernel = kernels::decode_chain_persistent<T, kCounter, kSleep, kNoBarrier, kPreload>;
   int per_sm = 0;
   GPUOPT_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kernels::kChainWarps * 32, 0));
   int sms = 0;
@@ -177,7 +190,7 @@ void decode_chain(const DecodeChainParams& p, cudaStream_t stream) {
                        "decode_chain: layer ", s, " has n=", p.n[s], ", k=", p.k[s],
                        "; k must be a positive multiple of 64 and the layer before's n (or less, for one row)");
   }
-  GPUOPT_CHECK_VALUE(p.barrier_kind >= 0 && p.barrier_kind <= 4, "decode_chain: barrier_kind must be 0 to 4, got ",
+  GPUOPT_CHECK_VALUE(p.barrier_kind >= 0 && p.barrier_kind <= 6, "decode_chain: barrier_kind must be 0 to 6, got ",
                      p.barrier_kind);
   if (p.type != ActivationType::kFloat16) {
     launch_chain<__nv_bfloat16, true, false>(p, stream);
@@ -188,6 +201,8 @@ void decode_chain(const DecodeChainParams& p, cudaStream_t stream) {
     case 1: launch_chain<__half, true, false>(p, stream); return;
     case 2: launch_chain<__half, false, true>(p, stream); return;
     case 4: launch_chain<__half, true, false, true>(p, stream); return;
+    case 5: launch_chain<__half, true, false, false, true>(p, stream); return;
+    case 6: launch_chain<__half, true, false, true, true>(p, stream); return;
     default: launch_chain<__half, true, true>(p, stream); return;
   }
 }

@@ -48,12 +48,54 @@ __device__ __forceinline__ uint4 load_x(const uint4* p) {
 // kStats: x's row sums and sums of squares are taken too, for a folded norm (ep.norm, linear_epilogue.cuh).
 // Ends with the block's threads past their last read of `partial` (a __syncthreads is the caller's before the
 // next tile).
-template <typename T, int kWarps, int kVec, bool kStats, bool kCoherentX>
+// The weights of a tile's first batch of loads, loaded ahead (linear_preload) by the persistent chain.
+template <int kVec>
+struct TileBatch {
+  uint4 lo[kLinearLoads / kVec][kVec];
+  uint4 hi[kLinearLoads / kVec][kVec];
+};
+
+// The weight rows lane (g, t) of a tile at n0 reads, at its first chunk.
+template <typename T, int kVec>
+__device__ __forceinline__ void tile_rows(const T* weight, std::int64_t n_cols, std::int64_t k, std::int64_t n0,
+                                          const T*& w_lo, const T*& w_hi) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int g = lane / 4;
+  const int t = lane % 4;
+  w_lo = weight + (n0 + g < n_cols ? n0 + g : n_cols - 1) * k + 8 * kVec * t;
+  w_hi = weight + (n0 + g + 8 < n_cols ? n0 + g + 8 : n_cols - 1) * k + 8 * kVec * t;
+}
+
+// Loads the weights of the tile at n0's first batch (what linear_tile's first pass of its batched loop loads),
+// where that pass runs.
+template <typename T, int kWarps, int kVec>
+__device__ __forceinline__ void linear_preload(const T* __restrict__ weight, std::int64_t n_cols, std::int64_t k,
+                                               std::int64_t n0, TileBatch<kVec>& pre) {
+  constexpr int kChunk = kVec * kLinearChunk;
+  constexpr int kBatch = kLinearLoads / kVec;
+  const T* w_lo;
+  const T* w_hi;
+  tile_rows<T, kVec>(weight, n_cols, k, n0, w_lo, w_hi);
+  const std::int64_t c = threadIdx.x / 32;
+  if (c + (kBatch - 1) * kWarps >= k / kChunk) return;
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {
+    const std::int64_t off = (c + i * kWarps) * kChunk;
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) {
+      pre.lo[i][v] = __ldg(reinterpret_cast<const uint4*>(w_lo + off) + v);
+      pre.hi[i][v] = __ldg(reinterpret_cast<const uint4*>(w_hi + off) + v);
+    }
+  }
+}
+
+template <typename T, int kWarps, int kVec, bool kStats, bool kCoherentX, bool kPre = false>
 __device__ __forceinline__ void linear_tile(const T* __restrict__ x, const T* __restrict__ weight,
                                             const T* __restrict__ bias, T* __restrict__ out, int rows,
                                             std::int64_t n_cols, std::int64_t k, const LinearEpilogue<T>& ep,
                                             std::int64_t n0, float (&partial)[kWarps][8][16],
-                                            float2 (&row_stats)[kStats ? kWarps : 1][8]) {
+                                            float2 (&row_stats)[kStats ? kWarps : 1][8],
+                                            const TileBatch<kVec>* pre = nullptr) {
   constexpr int kChunk = kVec * kLinearChunk;
   constexpr int kBatch = kLinearLoads / kVec;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -71,6 +113,7 @@ __device__ __forceinline__ void linear_tile(const T* __restrict__ x, const T* __
   std::int64_t c = warp;
   if (threadIdx.x == 0) prefetch_constants<T>(bias, n0, ep);
   if (static_cast<int>(threadIdx.x) < rows) prefetch_residual<T>(static_cast<int>(threadIdx.x), n0, n_cols, ep);
+  bool first = kPre && pre != nullptr;  // the first pass's weights are in *pre
   for (; c + (kBatch - 1) * kWarps < chunks; c += kBatch * kWarps) {
     uint4 wl[kBatch][kVec], wh[kBatch][kVec], xv[kBatch][kVec];
 #pragma unroll
@@ -78,11 +121,17 @@ __device__ __forceinline__ void linear_tile(const T* __restrict__ x, const T* __
       const std::int64_t off = (c + i * kWarps) * kChunk;
 #pragma unroll
       for (int v = 0; v < kVec; ++v) {
-        wl[i][v] = __ldg(reinterpret_cast<const uint4*>(w_lo + off) + v);
-        wh[i][v] = __ldg(reinterpret_cast<const uint4*>(w_hi + off) + v);
+        if (kPre && first) {
+          wl[i][v] = pre->lo[i][v];
+          wh[i][v] = pre->hi[i][v];
+        } else {
+          wl[i][v] = __ldg(reinterpret_cast<const uint4*>(w_lo + off) + v);
+          wh[i][v] = __ldg(reinterpret_cast<const uint4*>(w_hi + off) + v);
+        }
         xv[i][v] = load_x<kCoherentX>(reinterpret_cast<const uint4*>(x_row + off) + v);
       }
     }
+    first = false;
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
 #pragma unroll

@@ -278,7 +278,8 @@ struct DecodeChainParams {
   unsigned* barrier = nullptr;  // four words (16-byte aligned), zero before the first launch, owned by the caller
                                 // (one chain at a time, one grid size)
   int barrier_kind = 1;         // the grid barrier's form: 0 generation, 1 counter; + 2: the waits sleep; 4: none
-                                // (wrong outputs: what the layers cost without it)
+                                // (wrong outputs: what the layers cost without it); 5: counter, and each block's next
+                                // tile's first weights loaded into registers before it (one block an SM); 6: 5 without it
   int blocks = 0;               // 0: as many as fit at once (every SM's), else at most that many
   bool prefetch = false;        // before each barrier, ask the L2 for the next layer's first tile's weights
 };
