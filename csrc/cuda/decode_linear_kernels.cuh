@@ -28,80 +28,29 @@ __device__ __forceinline__ void linear_mma_words(const uint4& wl, const uint4& w
   }
 }
 
-// x's loads: through the read-only path where x was written before the kernel started (decode_linear_mma),
-// L2 only where another block of the same kernel may have written it (the persistent chain, decode_chain.cu:
-// the non-coherent L1 could hold a line from before).
-template <bool kCoherent>
-__device__ __forceinline__ uint4 load_x(const uint4* p) {
-  if constexpr (kCoherent) {
-    return __ldcg(p);
-  } else {
-    return __ldg(p);
-  }
-}
-
-// out[m, n0 .. n0 + 15] for one block's 16 output columns (n0 = 16 * tile). K is cut into chunks of kVec * 32
-// values: lane (g, t) loads kVec consecutive uint4 of weight rows g and g + 8 (and of x's row g) at 8 kVec t of
-// the chunk, so a row's chunk is kVec * 64 contiguous bytes. kWarps warps take chunks w, w + kWarps, ...
+// out[m, n0 .. n0 + 15] for the block's 16 output columns. K is cut into chunks of kVec * 32 values: lane
+// (g, t) loads kVec consecutive uint4 of weight rows g and g + 8 (and of x's row g) at 8 kVec t of the
+// chunk, so a row's chunk is kVec * 64 contiguous bytes. kWarps warps take chunks w, w + kWarps, ...
 // (batches of kLinearLoads / kVec chunks first, then one at a time) and add up in shared memory. Needs k
-// % (kVec * 32) == 0, 16-byte aligned x and weight, 1 <= rows <= 8, kWarps * 32 threads. kVec: 1, 2 or 4.
-// kStats: x's row sums and sums of squares are taken too, for a folded norm (ep.norm, linear_epilogue.cuh).
-// Ends with the block's threads past their last read of `partial` (a __syncthreads is the caller's before the
-// next tile).
-// The weights of a tile's first batch of loads, loaded ahead (linear_preload) by the persistent chain.
-template <int kVec>
-struct TileBatch {
-  uint4 lo[kLinearLoads / kVec][kVec];
-  uint4 hi[kLinearLoads / kVec][kVec];
-};
-
-// The weight rows lane (g, t) of a tile at n0 reads, at its first chunk.
-template <typename T, int kVec>
-__device__ __forceinline__ void tile_rows(const T* weight, std::int64_t n_cols, std::int64_t k, std::int64_t n0,
-                                          const T*& w_lo, const T*& w_hi) {
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int g = lane / 4;
-  const int t = lane % 4;
-  w_lo = weight + (n0 + g < n_cols ? n0 + g : n_cols - 1) * k + 8 * kVec * t;
-  w_hi = weight + (n0 + g + 8 < n_cols ? n0 + g + 8 : n_cols - 1) * k + 8 * kVec * t;
-}
-
-// Loads the weights of the tile at n0's first batch (what linear_tile's first pass of its batched loop loads),
-// where that pass runs.
-template <typename T, int kWarps, int kVec>
-__device__ __forceinline__ void linear_preload(const T* __restrict__ weight, std::int64_t n_cols, std::int64_t k,
-                                               std::int64_t n0, TileBatch<kVec>& pre) {
+// % (kVec * 32) == 0, 16-byte aligned x and weight, 1 <= rows <= 8; launched with kWarps * 32 threads and
+// ceil(n_cols / 16) blocks. kVec: 1, 2 or 4. kStats: x's row sums and sums of squares are taken too, for a
+// folded norm (ep.norm, linear_epilogue.cuh). Under programmatic launch (pdl.cuh) its
+// blocks may start while the kernel before finishes, and wait for it before any load.
+// At most 64 registers a thread (an SM's 65,536 registers hold two 16-warp blocks at 64): more would halve the
+// blocks an SM holds at 16 warps.
+template <typename T, int kWarps, int kVec, bool kStats>  // T: __half or __nv_bfloat16
+__global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
+    decode_linear_mma(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
+                      T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k, LinearEpilogue<T> ep) {
   constexpr int kChunk = kVec * kLinearChunk;
   constexpr int kBatch = kLinearLoads / kVec;
-  const T* w_lo;
-  const T* w_hi;
-  tile_rows<T, kVec>(weight, n_cols, k, n0, w_lo, w_hi);
-  const std::int64_t c = threadIdx.x / 32;
-  if (c + (kBatch - 1) * kWarps >= k / kChunk) return;
-#pragma unroll
-  for (int i = 0; i < kBatch; ++i) {
-    const std::int64_t off = (c + i * kWarps) * kChunk;
-#pragma unroll
-    for (int v = 0; v < kVec; ++v) {
-      pre.lo[i][v] = __ldg(reinterpret_cast<const uint4*>(w_lo + off) + v);
-      pre.hi[i][v] = __ldg(reinterpret_cast<const uint4*>(w_hi + off) + v);
-    }
-  }
-}
-
-template <typename T, int kWarps, int kVec, bool kStats, bool kCoherentX, bool kPre = false>
-__device__ __forceinline__ void linear_tile(const T* __restrict__ x, const T* __restrict__ weight,
-                                            const T* __restrict__ bias, T* __restrict__ out, int rows,
-                                            std::int64_t n_cols, std::int64_t k, const LinearEpilogue<T>& ep,
-                                            std::int64_t n0, float (&partial)[kWarps][8][16],
-                                            float2 (&row_stats)[kStats ? kWarps : 1][8],
-                                            const TileBatch<kVec>* pre = nullptr) {
-  constexpr int kChunk = kVec * kLinearChunk;
-  constexpr int kBatch = kLinearLoads / kVec;
+  __shared__ float partial[kWarps][8][16];  // [warp][x row][output column]
+  __shared__ float2 row_stats[kStats ? kWarps : 1][8];  // [warp][x row]: sum, sum of squares
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int g = lane / 4;
   const int t = lane % 4;
+  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * 16;
   // Rows past the matrix (of the weight, or of x) read the last one instead: every load is then
   // unconditional, so a whole batch of them is in flight; what they feed is never written.
   const T* w_lo = weight + (n0 + g < n_cols ? n0 + g : n_cols - 1) * k + 8 * kVec * t;
@@ -111,9 +60,10 @@ __device__ __forceinline__ void linear_tile(const T* __restrict__ x, const T* __
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const std::int64_t chunks = k / kChunk;
   std::int64_t c = warp;
+  allow_next_grid();
+  wait_for_prior_grid();
   if (threadIdx.x == 0) prefetch_constants<T>(bias, n0, ep);
   if (static_cast<int>(threadIdx.x) < rows) prefetch_residual<T>(static_cast<int>(threadIdx.x), n0, n_cols, ep);
-  bool first = kPre && pre != nullptr;  // the first pass's weights are in *pre
   for (; c + (kBatch - 1) * kWarps < chunks; c += kBatch * kWarps) {
     uint4 wl[kBatch][kVec], wh[kBatch][kVec], xv[kBatch][kVec];
 #pragma unroll
@@ -121,17 +71,11 @@ __device__ __forceinline__ void linear_tile(const T* __restrict__ x, const T* __
       const std::int64_t off = (c + i * kWarps) * kChunk;
 #pragma unroll
       for (int v = 0; v < kVec; ++v) {
-        if (kPre && first) {
-          wl[i][v] = pre->lo[i][v];
-          wh[i][v] = pre->hi[i][v];
-        } else {
-          wl[i][v] = __ldg(reinterpret_cast<const uint4*>(w_lo + off) + v);
-          wh[i][v] = __ldg(reinterpret_cast<const uint4*>(w_hi + off) + v);
-        }
-        xv[i][v] = load_x<kCoherentX>(reinterpret_cast<const uint4*>(x_row + off) + v);
+        wl[i][v] = __ldg(reinterpret_cast<const uint4*>(w_lo + off) + v);
+        wh[i][v] = __ldg(reinterpret_cast<const uint4*>(w_hi + off) + v);
+        xv[i][v] = __ldg(reinterpret_cast<const uint4*>(x_row + off) + v);
       }
     }
-    first = false;
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
 #pragma unroll
@@ -144,7 +88,7 @@ __device__ __forceinline__ void linear_tile(const T* __restrict__ x, const T* __
     for (int v = 0; v < kVec; ++v) {
       linear_mma_words<T>(__ldg(reinterpret_cast<const uint4*>(w_lo + off) + v),
                           __ldg(reinterpret_cast<const uint4*>(w_hi + off) + v),
-                          load_x<kCoherentX>(reinterpret_cast<const uint4*>(x_row + off) + v), acc);
+                          __ldg(reinterpret_cast<const uint4*>(x_row + off) + v), acc);
     }
   }
   // D: lane (g, t) holds output columns g and g + 8 for x rows 2t and 2t + 1.
@@ -173,22 +117,6 @@ __device__ __forceinline__ void linear_tile(const T* __restrict__ x, const T* __
     const float b = bias != nullptr ? to_float(bias[n]) : 0.0f;
     out[static_cast<std::int64_t>(m) * n_cols + n] = finish_linear<T>(sum, stats, k, b, ep, m, n, n_cols);
   }
-}
-
-// One block per 16 output columns (ceil(n_cols / 16) blocks of kWarps * 32 threads): linear_tile. Under
-// programmatic launch (pdl.cuh) its blocks may start while the kernel before finishes, and wait for it before
-// any load. At most 64 registers a thread (an SM's 65,536 registers hold two 16-warp blocks at 64): more would
-// halve the blocks an SM holds at 16 warps.
-template <typename T, int kWarps, int kVec, bool kStats>  // T: __half or __nv_bfloat16
-__global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
-    decode_linear_mma(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
-                      T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k, LinearEpilogue<T> ep) {
-  __shared__ float partial[kWarps][8][16];  // [warp][x row][output column]
-  __shared__ float2 row_stats[kStats ? kWarps : 1][8];  // [warp][x row]: sum, sum of squares
-  allow_next_grid();
-  wait_for_prior_grid();
-  linear_tile<T, kWarps, kVec, kStats, false>(x, weight, bias, out, rows, n_cols, k, ep,
-                                              static_cast<std::int64_t>(blockIdx.x) * 16, partial, row_stats);
 }
 
 }  // namespace gpuopt::cuda::kernels

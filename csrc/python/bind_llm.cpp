@@ -124,19 +124,6 @@ void bind_llm(py::module_& m) {
         "is on, the device has compute capability 9.0+ and this build's code for it is built for 9.0+. False in a "
         "build without CUDA; ValueError where no CUDA device is visible, IndexError for an index out of range.");
 
-  m.def("decode_chain", &torch_ext::decode_chain, py::arg("x"), py::arg("weights"), py::arg("biases"),
-        py::arg("activations"), py::arg("barrier"), py::arg("blocks") = 0, py::arg("prefetch") = false,
-        py::arg("barrier_kind") = 1,
-        "A chain of decode linear layers in one persistent kernel (benchmarks): layer s computes "
-        "act_s(x_s @ weights[s].T + biases[s]) with x_0 = x and x_s the output of layer s - 1 (its first K_s "
-        "columns for one row), every block of one cooperative launch taking its share of each layer's 16-column "
-        "tiles and waiting at a grid barrier before the next layer; returns the last output. The same tiles as "
-        "decode_linear with 16 warps and two loads per row (the same bits). activations: 'none' or 'relu' per "
-        "layer; barrier: a CUDA int32 tensor of 4 zeros before its first use, for one chain at a time; blocks: "
-        "0 for as many as fit at once; prefetch: before each barrier every block asks the L2 for its next "
-        "tile's first weights; barrier_kind: 0 a generation barrier with fences, 1 a 64-bit "
-        "release/acquire counter, + 2 the waits sleep. Capturable in a CUDA graph.");
-
   m.def(
       "decode_linear_layout",
       [](const std::optional<int>& warps, const std::optional<int>& vector) {

@@ -1,13 +1,9 @@
 // The process-wide settings of gpuopt::decode_linear (decode_linear.cpp), for tests and benchmarks.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <utility>
-#include <vector>
 
 namespace gpuopt::torch_ext {
 
@@ -31,14 +27,5 @@ bool set_programmatic_launch(bool enabled);
 // launches); checked_cuda_device's errors otherwise (ValueError without a visible device, IndexError for
 // an index out of range).
 bool programmatic_launch_runs(int device);
-
-// A chain of decode linear layers in one persistent kernel (gpuopt::cuda::decode_chain; benchmarks):
-// out_s = act_s(x_s @ weights[s].T + biases[s]), x_0 = x, x_s = out_{s-1} (its first K_s columns for one row);
-// returns the last. activations: "none" or "relu" per layer. barrier: a CUDA int32 tensor of 4 zeros when
-// first used, one chain at a time. blocks: 0 for as many as fit at once. prefetch: before each barrier every
-// block asks the L2 for its next tile's first weights. barrier_kind: the barrier's form (cuda.h). TypeError/ValueError for what the kernel does not take.
-at::Tensor decode_chain(const at::Tensor& x, const std::vector<at::Tensor>& weights,
-                        const std::vector<std::optional<at::Tensor>>& biases, const std::vector<std::string>& activations,
-                        const at::Tensor& barrier, std::int64_t blocks, bool prefetch, std::int64_t barrier_kind);
 
 }  // namespace gpuopt::torch_ext

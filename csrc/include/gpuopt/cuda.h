@@ -257,34 +257,6 @@ struct DecodeLinearParams {
 constexpr std::int64_t kDecodeLinearMaxRows = 8;
 // K per warp step: 16 bytes of each of a lane's two weight rows.
 constexpr std::int64_t kDecodeLinearChunk = 32;
-// ---- A chain of decode linear layers in one persistent kernel (csrc/cuda/decode_chain.cu), for the chain
-// benchmark: layer s computes act_s(x_s @ weight_s.T + bias_s) into out_s, x_0 = x and x_s = out_{s-1} (its first
-// k_s values where rows == 1), each layer's tiles shared by all blocks of one cooperative launch with a grid
-// barrier between layers instead of a kernel boundary. fp16/bf16, 1 to kDecodeLinearMaxRows rows, k_s a multiple
-// of 64; the same tiles as decode_linear with 16 warps and two loads (the same bits). Capturable.
-constexpr int kDecodeChainMaxLayers = 100;
-struct DecodeChainParams {
-  ActivationType type = ActivationType::kFloat16;
-  const void* x = nullptr;  // [rows, k_0], contiguous
-  int n_layers = 0;
-  const void* weight[kDecodeChainMaxLayers] = {};  // [n_s, k_s], contiguous
-  const void* bias[kDecodeChainMaxLayers] = {};    // [n_s] or nullptr
-  void* out[kDecodeChainMaxLayers] = {};           // [rows, n_s], contiguous
-  std::int64_t n[kDecodeChainMaxLayers] = {};
-  std::int64_t k[kDecodeChainMaxLayers] = {};
-  bool relu[kDecodeChainMaxLayers] = {};
-  std::int64_t rows = 1;
-  int device = 0;
-  unsigned* barrier = nullptr;  // four words (16-byte aligned), zero before the first launch, owned by the caller
-                                // (one chain at a time, one grid size)
-  int barrier_kind = 1;         // the grid barrier's form: 0 generation, 1 counter; + 2: the waits sleep; 4: none
-                                // (wrong outputs: what the layers cost without it); 5: counter, and each block's next
-                                // tile's first weights loaded into registers before it (one block an SM); 6: 5 without it
-  int blocks = 0;               // 0: as many as fit at once (every SM's), else at most that many
-  bool prefetch = false;        // before each barrier, ask the L2 for the next layer's first tile's weights
-};
-void decode_chain(const DecodeChainParams& p, cudaStream_t stream);
-
 // Whether decode_linear takes these arguments: fp16/bf16, 1 <= rows <= kDecodeLinearMaxRows, n >= 1,
 // k a positive multiple of kDecodeLinearChunk, x and weight 16-byte aligned, and p.device of compute
 // capability 8.0+ with this binary's code for it built for 8.0+ (asked once per device).
