@@ -51,14 +51,6 @@ void launch_warps(const DecodeLinearParams& p, cudaStream_t stream) {
 
 template <typename T, bool kStats>
 void launch_vector(const DecodeLinearParams& p, cudaStream_t stream) {
-  if (p.tiled) {  // probe: 16 warps, two loads
-    const auto blocks = static_cast<unsigned>(p.n / 16);
-    launch_programmatic(kernels::decode_linear_mma<T, 16, 2, kStats, true>, dim3(blocks), dim3(16 * 32), p.device,
-                        stream, static_cast<const T*>(p.x), static_cast<const T*>(p.weight),
-                        static_cast<const T*>(p.bias), static_cast<T*>(p.out), static_cast<int>(p.rows), p.n, p.k,
-                        kernels::linear_epilogue<T>(p, p.activation == LinearActivation::kRelu));
-    return;
-  }
   switch (vector_for(p)) {
     case 4: launch_warps<T, 4, kStats>(p, stream); return;
     case 2: launch_warps<T, 2, kStats>(p, stream); return;
@@ -95,8 +87,6 @@ void decode_linear(const DecodeLinearParams& p, cudaStream_t stream) {
   GPUOPT_CHECK_VALUE(p.out != nullptr, "decode_linear: out must not be null");
   GPUOPT_CHECK_VALUE(p.vector == 0 || p.vector == 1 || p.vector == 2 || p.vector == 4,
                      "decode_linear: vector must be 0 (chosen), 1, 2 or 4; got ", p.vector);
-  GPUOPT_CHECK_VALUE(!p.tiled || (p.n % 16 == 0 && p.k % 64 == 0 && p.warps == 0 && p.vector == 0),
-                     "decode_linear: a tiled weight needs n % 16 == 0, k % 64 == 0 and the chosen layout");
   GPUOPT_CHECK_VALUE(p.norm != LinearNorm::kLayer || p.norm_sum != nullptr,
                      "decode_linear: a folded layer norm needs norm_sum (the weight's row sums)");
   if (p.type == ActivationType::kFloat16) {

@@ -38,9 +38,7 @@ __device__ __forceinline__ void linear_mma_words(const uint4& wl, const uint4& w
 // blocks may start while the kernel before finishes, and wait for it before any load.
 // At most 64 registers a thread (an SM's 65,536 registers hold two 16-warp blocks at 64): more would halve the
 // blocks an SM holds at 16 warps.
-// kTiled: the weight is stored tile by tile, [n / 16][k / (kVec * 32)][16][kVec * 32] (n % 16 == 0): the 16 rows'
-// chunk a warp loads at once are 16 kVec * 64 contiguous bytes instead of kVec * 64 bytes of 16 rows k apart.
-template <typename T, int kWarps, int kVec, bool kStats, bool kTiled = false>  // T: __half or __nv_bfloat16
+template <typename T, int kWarps, int kVec, bool kStats>  // T: __half or __nv_bfloat16
 __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
     decode_linear_mma(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
                       T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k, LinearEpilogue<T> ep) {
@@ -55,10 +53,8 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
   const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * 16;
   // Rows past the matrix (of the weight, or of x) read the last one instead: every load is then
   // unconditional, so a whole batch of them is in flight; what they feed is never written.
-  const T* w_lo = kTiled ? weight + n0 * k + g * kChunk + 8 * kVec * t
-                         : weight + (n0 + g < n_cols ? n0 + g : n_cols - 1) * k + 8 * kVec * t;
-  const T* w_hi = kTiled ? w_lo + 8 * kChunk : weight + (n0 + g + 8 < n_cols ? n0 + g + 8 : n_cols - 1) * k + 8 * kVec * t;
-  constexpr std::int64_t kWStride = kTiled ? 16 * kChunk : kChunk;  // between a row's consecutive chunks
+  const T* w_lo = weight + (n0 + g < n_cols ? n0 + g : n_cols - 1) * k + 8 * kVec * t;
+  const T* w_hi = weight + (n0 + g + 8 < n_cols ? n0 + g + 8 : n_cols - 1) * k + 8 * kVec * t;
   const T* x_row = x + static_cast<std::int64_t>(g < rows ? g : rows - 1) * k + 8 * kVec * t;
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -73,11 +69,10 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const std::int64_t off = (c + i * kWarps) * kChunk;
-      const std::int64_t w_off = (c + i * kWarps) * kWStride;
 #pragma unroll
       for (int v = 0; v < kVec; ++v) {
-        wl[i][v] = __ldg(reinterpret_cast<const uint4*>(w_lo + w_off) + v);
-        wh[i][v] = __ldg(reinterpret_cast<const uint4*>(w_hi + w_off) + v);
+        wl[i][v] = __ldg(reinterpret_cast<const uint4*>(w_lo + off) + v);
+        wh[i][v] = __ldg(reinterpret_cast<const uint4*>(w_hi + off) + v);
         xv[i][v] = __ldg(reinterpret_cast<const uint4*>(x_row + off) + v);
       }
     }
@@ -91,8 +86,8 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
     const std::int64_t off = c * kChunk;
 #pragma unroll
     for (int v = 0; v < kVec; ++v) {
-      linear_mma_words<T>(__ldg(reinterpret_cast<const uint4*>(w_lo + c * kWStride) + v),
-                          __ldg(reinterpret_cast<const uint4*>(w_hi + c * kWStride) + v),
+      linear_mma_words<T>(__ldg(reinterpret_cast<const uint4*>(w_lo + off) + v),
+                          __ldg(reinterpret_cast<const uint4*>(w_hi + off) + v),
                           __ldg(reinterpret_cast<const uint4*>(x_row + off) + v), acc);
     }
   }

@@ -124,11 +124,6 @@ void bind_llm(py::module_& m) {
         "is on, the device has compute capability 9.0+ and this build's code for it is built for 9.0+. False in a "
         "build without CUDA; ValueError where no CUDA device is visible, IndexError for an index out of range.");
 
-  m.def("decode_linear_tiled", &torch_ext::decode_linear_tiled, py::arg("x"), py::arg("weight_tiled"), py::arg("n"),
-        py::arg("bias") = py::none(), py::arg("activation") = "none",
-        "Probe: decode_linear's kernel (16 warps, two loads) on a weight stored tile by tile: weight_tiled = "
-        "w.view(N // 16, 16, K // 64, 64).transpose(1, 2).contiguous() for a [N, K] weight w.");
-
   m.def(
       "decode_linear_layout",
       [](const std::optional<int>& warps, const std::optional<int>& vector) {

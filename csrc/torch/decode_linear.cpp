@@ -184,38 +184,6 @@ std::pair<int, int> set_decode_linear_layout(int warps, int vector) {
   return {g_warps.exchange(warps), g_vector.exchange(vector)};
 }
 
-at::Tensor decode_linear_tiled(const at::Tensor& x, const at::Tensor& weight_tiled, std::int64_t n,
-                               const std::optional<at::Tensor>& bias, const std::string& activation) {
-  TORCH_CHECK_VALUE(x.is_cuda() && x.dim() == 2 && x.is_contiguous() && x.size(0) >= 1 &&
-                        x.size(0) <= 8, "decode_linear_tiled: x must be a contiguous CUDA [rows, K], 1-8 rows");
-  TORCH_CHECK_VALUE(weight_tiled.is_contiguous() && weight_tiled.numel() == n * x.size(1) &&
-                        weight_tiled.scalar_type() == x.scalar_type(),
-                    "decode_linear_tiled: weight_tiled must hold n * K values of x's dtype, contiguous");
-#ifdef GPUOPT_WITH_CUDA
-  const c10::cuda::CUDAGuard guard(x.device());
-  cuda::DecodeLinearParams p;
-  p.type = activation_type(x.scalar_type());
-  p.x = x.const_data_ptr();
-  p.weight = weight_tiled.const_data_ptr();
-  p.bias = bias.has_value() ? bias->const_data_ptr() : nullptr;
-  p.rows = x.size(0);
-  p.n = n;
-  p.k = x.size(1);
-  p.device = x.device().index();
-  p.activation = relu(activation) ? cuda::LinearActivation::kRelu : cuda::LinearActivation::kNone;
-  p.tiled = true;
-  at::Tensor out = at::empty({x.size(0), n}, x.options());
-  p.out = out.mutable_data_ptr();
-  cuda::decode_linear(p, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
-  return out;
-#else
-  (void)bias;
-  (void)activation;
-  require_cuda("decode_linear_tiled");
-  return {};
-#endif
-}
-
 #ifdef GPUOPT_WITH_CUDA
 bool programmatic_launch() { return cuda::programmatic_launch(); }
 bool set_programmatic_launch(bool enabled) { return cuda::set_programmatic_launch(enabled); }

@@ -1,10 +1,7 @@
 // The process-wide settings of gpuopt::decode_linear (decode_linear.cpp), for tests and benchmarks.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <utility>
 
@@ -30,10 +27,5 @@ bool set_programmatic_launch(bool enabled);
 // launches); checked_cuda_device's errors otherwise (ValueError without a visible device, IndexError for
 // an index out of range).
 bool programmatic_launch_runs(int device);
-
-// Probe: decode_linear's kernel on a weight stored tile by tile (weight_tiled = w.view(N / 16, 16, K / 64,
-// 64).transpose(1, 2).contiguous() of a [N, K] weight, N % 16 == 0, K % 64 == 0), x [rows, K] with 1-8 rows.
-at::Tensor decode_linear_tiled(const at::Tensor& x, const at::Tensor& weight_tiled, std::int64_t n,
-                               const std::optional<at::Tensor>& bias, const std::string& activation);
 
 }  // namespace gpuopt::torch_ext

@@ -251,8 +251,6 @@ struct DecodeLinearParams {
   const float* norm_sum = nullptr;  // [n] float32, for kLayer: the weight's row sums
   float eps = 1e-5f;                // added to the variance (kLayer) or mean square (kRms)
   const void* residual = nullptr;   // [rows, n] of `type`, contiguous, added last; or nullptr
-  // Probe: the weight stored tile by tile, [n / 16][k / 64][16][64] (16 warps, two loads per row and chunk).
-  bool tiled = false;
 };
 
 // The most rows decode_linear takes (one MMA tile): past that a cuBLAS GEMM is as fast.
