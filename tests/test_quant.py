@@ -18,6 +18,7 @@ from gpuopt.quant import (
     fp8_refusal,
     quantize_linears,
 )
+from gpuopt.quant import linear as quant_linear
 from gpuopt.run import zoo
 
 QMAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
@@ -184,7 +185,39 @@ def test_fp8_is_refused_on_gpus_before_compute_capability_8_9(monkeypatch):
     assert why == ("fp8 needs FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper); "
                    "NVIDIA A100-SXM4-80GB has 8.0")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(quant_linear, "_rowwise_refusal", lambda device_type, index: None)
     assert fp8_refusal(torch.device("cuda", 0)) is None
+
+
+def test_fp8_is_refused_where_this_torch_refuses_row_wise_scaled_matmuls(monkeypatch):
+    # torch before 2.7 on an L4 (8.9): FP8 tensor cores, but no row-wise scaling in _scaled_mm.
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA L4")
+    asked = []
+
+    def refusal(device_type, index):
+        asked.append((device_type, index))
+        return "RuntimeError: Rowwise scaling is not supported"
+
+    monkeypatch.setattr(quant_linear, "_rowwise_refusal", refusal)
+    why = fp8_refusal(torch.device("cuda", 1))
+    assert asked == [("cuda", 1)]
+    assert why == ("fp8 needs row-wise scaled FP8 matmuls (torch._scaled_mm with per-row scales), which torch "
+                   f"{torch.__version__} refuses on NVIDIA L4 (RuntimeError: Rowwise scaling is not supported)")
+
+
+def test_the_row_wise_probe_reports_what_the_matmul_raises(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise RuntimeError("Rowwise scaling is not supported")
+
+    quant_linear._rowwise_refusal.cache_clear()
+    monkeypatch.setattr(torch, "_scaled_mm", refuse)
+    try:
+        assert quant_linear._rowwise_refusal("cpu", None) == "RuntimeError: Rowwise scaling is not supported"
+        assert fp8_refusal(torch.device("cpu")) == ("fp8 on the CPU needs a torch whose _scaled_mm runs there "
+                                                    "(RuntimeError: Rowwise scaling is not supported)")
+    finally:
+        quant_linear._rowwise_refusal.cache_clear()  # the real answer again for the tests after
 
 
 @needs_cpu_fp8

@@ -21,6 +21,14 @@ def _skip_fp8_where_refused(config: str) -> None:
         pytest.skip(why)
 
 
+def test_fp8_runs_on_hopper_with_this_torch():
+    # The fp8 tests here skip where fp8_refusal refuses: on 9.0+ it must not, or they would skip unseen.
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("not a Hopper-or-newer GPU: whether this torch runs row-wise fp8 here is its own question")
+    assert fp8_refusal(torch.device("cuda")) is None
+    assert fp8_refusal(torch.device("cuda", torch.cuda.current_device())) is None
+
+
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])
 @pytest.mark.parametrize("rows, k, xtype", [
     (4096, 4096, torch.bfloat16),   # held in registers, one chunk per thread

@@ -18,6 +18,7 @@ reason. Everything else runs in the config's 16-bit type.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -326,18 +327,35 @@ def _quantized(lin: torch.nn.Linear, precision: str) -> torch.nn.Module:
 
 def fp8_refusal(device: torch.device) -> str | None:
     """Why ``fp8`` cannot run on ``device`` (None when it can): on CUDA it needs compute capability 8.9
-    (Ada) or newer; on the CPU, a torch whose ``_scaled_mm`` runs there."""
+    (Ada) or newer and a torch whose row-wise scaled matmul (``torch._scaled_mm`` with per-row scales, what
+    :class:`Fp8Linear` runs) runs there -- torch before 2.7 refuses it on Ada ("Rowwise scaling is not
+    supported"); on the CPU, a torch whose ``_scaled_mm`` runs there. The matmul is tried once per device
+    (:func:`_rowwise_refusal`)."""
     if device.type == "cuda":
         cc = torch.cuda.get_device_capability(device)
+        name = torch.cuda.get_device_name(device)
         if cc < (8, 9):
             return (f"fp8 needs FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper); "
-                    f"{torch.cuda.get_device_name(device)} has {cc[0]}.{cc[1]}")
-        return None
+                    f"{name} has {cc[0]}.{cc[1]}")
+        why = _rowwise_refusal("cuda", torch.cuda._get_device_index(device, optional=True))
+        return (f"fp8 needs row-wise scaled FP8 matmuls (torch._scaled_mm with per-row scales), which torch "
+                f"{torch.__version__} refuses on {name} ({why})") if why else None
+    why = _rowwise_refusal("cpu", None)
+    return f"fp8 on the CPU needs a torch whose _scaled_mm runs there ({why})" if why else None
+
+
+@functools.cache
+def _rowwise_refusal(device_type: str, index: int | None) -> str | None:
+    """What a 16 x 16 row-wise scaled FP8 matmul raises on the device ("Type: message"), None when it runs.
+    Once per device: it launches work, so :func:`fp8_refusal` is not asked during a CUDA graph capture
+    before a first call outside it."""
+    device = torch.device(device_type, index) if index is not None else torch.device(device_type)
     try:
-        a = torch.zeros(16, 16).to(torch.float8_e4m3fn)
-        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
+        a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1, device=device), scale_b=torch.ones(1, 16, device=device),
+                         out_dtype=torch.bfloat16)
     except Exception as exc:  # noqa: BLE001 - whatever this torch says, it is the reason
-        return f"fp8 on the CPU needs a torch whose _scaled_mm runs there ({type(exc).__name__}: {exc})"
+        return f"{type(exc).__name__}: {exc}"
     return None
 
 
