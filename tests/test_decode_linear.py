@@ -191,7 +191,7 @@ def test_fused_llm_copies_run_decode_linears_with_the_same_logits(rng):
     from gpuopt.llm.models import linear_params
 
     assert linear_params(fused) == linear_params(plain) > 0  # FLOPs and the roofline count gpuopt's layers
-    ids = torch.randint(0, 1000, (1, 6), generator=rng)
+    ids = torch.randint(0, 1000, (1, 6), generator=rng).to(fused.device)  # the models are on the GPU where there is one
     with torch.inference_mode():
         a = fused(input_ids=ids, use_cache=False).logits.float()
         b = plain(input_ids=ids, use_cache=False).logits.float()
