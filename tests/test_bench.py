@@ -4,6 +4,7 @@ sizes, sweeps and resume, and reading version 1 files (CI)."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -151,6 +152,18 @@ def test_speedups_are_ratios_of_medians_with_the_documented_verdict(results):
 def _cell(model: str, config: str, samples: np.ndarray, batch: int = 4, mode: str = "latency") -> Row:
     return Row.measured(Measurement.from_samples(samples.tolist(), mode=mode), model=model, config=config,
                         batch_size=batch, mode=mode)
+
+
+def test_the_results_name_the_device_the_rows_ran_on(np_rng):
+    gpu = {"gpus": [{"name": "NVIDIA H200"}]}
+    on_cpu = dataclasses.replace(_cell("m", "fp32", np_rng.lognormal(0, 0.1, 20)), device="cpu")
+    # a CPU run on a machine with a GPU says CPU (its title and repr), not the machine's first GPU
+    assert Results([on_cpu], env=gpu).device == "CPU" and "device CPU" in repr(Results([on_cpu], env=gpu))
+    on_gpu = dataclasses.replace(_cell("m", "fp16", np_rng.lognormal(0, 0.1, 20)), device="NVIDIA H200")
+    assert Results([on_gpu], env=gpu).device == "NVIDIA H200"
+    assert Results([on_cpu, on_gpu], env=gpu).device == "NVIDIA H200"
+    assert Results([_cell("m", "fp32", np_rng.lognormal(0, 0.1, 20))], env={}).device == "CPU"  # no GPU at all
+    assert Results([_cell("m", "fp32", np_rng.lognormal(0, 0.1, 20))], env=gpu).device == "NVIDIA H200"
 
 
 def test_the_dataframe_keeps_the_label_column_and_numbers_numeric(np_rng):

@@ -181,6 +181,7 @@ def test_a_rank_that_stops_is_named_and_the_finished_cells_are_kept(tmp_path):
 ])
 def test_sweep_gpus_usage_errors_exit_2(args, message, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 0)  # a machine without a GPU, on a GPU machine too
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({k: v for k, v in SPEC.items() if k != "device"} if args == ["--gpus", "2"] else SPEC))
     with pytest.raises(SystemExit) as exc:

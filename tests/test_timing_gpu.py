@@ -284,3 +284,13 @@ def test_compare_finds_the_faster_of_two_real_workloads():
     assert c.verdict == "faster" and 1.2 < c.speedup < 1.45, c
     paired = gpuopt.compare(lambda: ya.copy_(a), lambda: yb.copy_(b), mode="graph")
     assert paired.verdict == "faster" and paired.interleaved and 1.2 < paired.speedup < 1.45, paired
+
+
+def test_host_mode_on_the_cpu_runs_beside_visible_gpus():
+    # device="cpu" times the CPU alone: no device guard and no synchronize of a GPU (it raised IndexError for
+    # device -1 on a machine with GPUs, failing CPU ranks of gpuopt.dist and CPU benchmarks there).
+    m = gpuopt.measure(lambda: sum(range(1000)), mode="host", device="cpu", max_time_s=0.05, min_time_s=0.0)
+    assert m.n >= 1 and m.mode == "host"
+    res = gpuopt.benchmark("tiny-cnn", batch_sizes=[2], device="cpu", modes=["host"], max_time_s=0.05, min_time_s=0.0,
+                           progress=False)
+    assert not res.failed and res.device == "CPU" and {r.device for r in res.rows} == {"cpu"}

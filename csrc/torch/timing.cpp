@@ -394,8 +394,9 @@ struct HostContext {
 #ifdef GPUOPT_WITH_CUDA
   std::optional<c10::cuda::CUDAGuard> guard;
 #endif
+  // A negative device (Python's device="cpu") times the CPU alone, GPUs visible or not.
   explicit HostContext(const MeasureOptions& o) {
-    sync = cuda_device_count() > 0;
+    sync = o.device >= 0 && cuda_device_count() > 0;
     if (!sync) return;
     const c10::DeviceIndex index = checked_cuda_device(o.device, "mode=\"host\"");
 #ifdef GPUOPT_WITH_CUDA

@@ -411,8 +411,11 @@ class Results:
 
     @property
     def device(self) -> str:
+        """What the rows ran on: "CPU" where every row that says ran on the CPU (on a machine with GPUs too),
+        else the first GPU of the environment ("CPU" without one)."""
+        ran = {r.device for r in self._rows.values() if r.device}
         gpus = self.env.get("gpus") or []
-        return gpus[0]["name"] if gpus else "CPU"
+        return "CPU" if ran == {"cpu"} or not gpus else gpus[0]["name"]
 
     @property
     def ok(self) -> list[Row]:
