@@ -210,14 +210,24 @@ def test_the_row_wise_probe_reports_what_the_matmul_raises(monkeypatch):
     def refuse(*args, **kwargs):
         raise RuntimeError("Rowwise scaling is not supported")
 
-    quant_linear._rowwise_refusal.cache_clear()
+    monkeypatch.setattr(quant_linear, "_ROWWISE", {})  # the real answers again for the tests after
     monkeypatch.setattr(torch, "_scaled_mm", refuse)
-    try:
-        assert quant_linear._rowwise_refusal("cpu", None) == "RuntimeError: Rowwise scaling is not supported"
-        assert fp8_refusal(torch.device("cpu")) == ("fp8 on the CPU needs a torch whose _scaled_mm runs there "
-                                                    "(RuntimeError: Rowwise scaling is not supported)")
-    finally:
-        quant_linear._rowwise_refusal.cache_clear()  # the real answer again for the tests after
+    assert quant_linear._rowwise_refusal("cpu", None) == "RuntimeError: Rowwise scaling is not supported"
+    assert fp8_refusal(torch.device("cpu")) == ("fp8 on the CPU needs a torch whose _scaled_mm runs there "
+                                                "(RuntimeError: Rowwise scaling is not supported)")
+
+
+def test_the_row_wise_probe_raises_what_says_nothing_about_fp8(monkeypatch):
+    # Out of memory, or a CUDA error left by earlier work: raised, and not kept as the device's answer.
+    monkeypatch.setattr(quant_linear, "_ROWWISE", {})
+    for error in (torch.OutOfMemoryError("CUDA out of memory"), RuntimeError("CUDA error: an illegal memory access")):
+        def fail(*args, error=error, **kwargs):
+            raise error
+
+        monkeypatch.setattr(torch, "_scaled_mm", fail)
+        with pytest.raises(type(error), match=str(error)):
+            quant_linear._rowwise_refusal("cpu", None)
+    assert quant_linear._ROWWISE == {}
 
 
 @needs_cpu_fp8

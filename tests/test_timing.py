@@ -382,3 +382,15 @@ def test_the_clock_monitor_without_nvml_or_device_is_inactive_and_harmless():
     assert mon.summary(0.0) is None and mon.error == "" and mon.stop()
     with pytest.raises(ValueError, match="interval_ms must be a finite number of milliseconds > 0, got 0"):
         _C.ClockMonitor(0, None, 0.0)
+
+
+def test_a_negative_device_index_is_refused_and_cpu_names_the_cpu():
+    from gpuopt.timing.inputs import device_index
+
+    with pytest.raises(ValueError, match=r"device must be a CUDA device index >= 0 \(or 'cpu' for the CPU alone\), got -1"):
+        device_index(-1)
+    with pytest.raises(ValueError, match="got -1"):
+        measure(lambda: None, mode="host", device=-1, max_time_s=0.01, min_time_s=0.0)
+    assert device_index("cpu") is None and device_index(torch.device("cpu")) is None
+    m = measure(lambda: None, mode="host", device="cpu", max_time_s=0.01, min_time_s=0.0)
+    assert m.n >= 1 and m.device is None

@@ -294,3 +294,4 @@ def test_host_mode_on_the_cpu_runs_beside_visible_gpus():
     res = gpuopt.benchmark("tiny-cnn", batch_sizes=[2], device="cpu", modes=["host"], max_time_s=0.05, min_time_s=0.0,
                            progress=False)
     assert not res.failed and res.device == "CPU" and {r.device for r in res.rows} == {"cpu"}
+    assert all(r.measurement.device is None for r in res.rows)  # measured on the CPU, not on cuda:0

@@ -18,13 +18,13 @@ reason. Everything else runs in the config's 16-bit type.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from .._ext import _C  # noqa: F401  (loads the gpuopt operators)
+from ..timing.inputs import device_index
 from .weight_only import Int8WeightOnlyLinear
 
 QUANTIZED_PRECISIONS = ("int8-wo", "int8", "fp8")
@@ -337,26 +337,39 @@ def fp8_refusal(device: torch.device) -> str | None:
         if cc < (8, 9):
             return (f"fp8 needs FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper); "
                     f"{name} has {cc[0]}.{cc[1]}")
-        why = _rowwise_refusal("cuda", torch.cuda._get_device_index(device, optional=True))
+        why = _rowwise_refusal("cuda", device_index(device))
         return (f"fp8 needs row-wise scaled FP8 matmuls (torch._scaled_mm with per-row scales), which torch "
                 f"{torch.__version__} refuses on {name} ({why})") if why else None
     why = _rowwise_refusal("cpu", None)
     return f"fp8 on the CPU needs a torch whose _scaled_mm runs there ({why})" if why else None
 
 
-@functools.cache
+# (device type, index) -> what the row-wise probe raised, or None: only answers about this torch and device
+# (no out-of-memory, no CUDA error left by earlier work, which say nothing about fp8 and may pass).
+_ROWWISE: dict[tuple[str, int | None], str | None] = {}
+
+
 def _rowwise_refusal(device_type: str, index: int | None) -> str | None:
-    """What a 16 x 16 row-wise scaled FP8 matmul raises on the device ("Type: message"), None when it runs.
-    Once per device: it launches work, so :func:`fp8_refusal` is not asked during a CUDA graph capture
-    before a first call outside it."""
+    """What a 16 x 16 row-wise scaled FP8 matmul, called as :class:`Fp8Linear` calls it, raises on the device
+    ("Type: message"), None when it runs. Asked once per device (it launches work: :func:`fp8_refusal` runs
+    before any CUDA graph capture, when a config is prepared). Out of memory and CUDA errors are raised."""
+    key = (device_type, index)
+    if key in _ROWWISE:
+        return _ROWWISE[key]
     device = torch.device(device_type, index) if index is not None else torch.device(device_type)
     try:
         a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
         torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1, device=device), scale_b=torch.ones(1, 16, device=device),
-                         out_dtype=torch.bfloat16)
+                         out_dtype=torch.bfloat16, use_fast_accum=device.type == "cuda")
+        why = None
+    except torch.OutOfMemoryError:
+        raise
     except Exception as exc:  # noqa: BLE001 - whatever this torch says, it is the reason
-        return f"{type(exc).__name__}: {exc}"
-    return None
+        if "CUDA error" in str(exc):
+            raise
+        why = f"{type(exc).__name__}: {exc}"
+    _ROWWISE[key] = why
+    return why
 
 
 def is_quantized(module: Any) -> bool:

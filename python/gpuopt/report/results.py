@@ -411,11 +411,14 @@ class Results:
 
     @property
     def device(self) -> str:
-        """What the rows ran on: "CPU" where every row that says ran on the CPU (on a machine with GPUs too),
-        else the first GPU of the environment ("CPU" without one)."""
+        """What the rows ran on: the one device every row that names one ran on ("CPU" for the CPU, on a machine
+        with GPUs too), else the first GPU of the environment ("CPU" without one)."""
         ran = {r.device for r in self._rows.values() if r.device}
+        if len(ran) == 1:
+            (one,) = ran
+            return "CPU" if one == "cpu" else one
         gpus = self.env.get("gpus") or []
-        return "CPU" if ran == {"cpu"} or not gpus else gpus[0]["name"]
+        return gpus[0]["name"] if gpus else "CPU"
 
     @property
     def ok(self) -> list[Row]:

@@ -349,7 +349,7 @@ class Runner:
                  facts: dict[str, Any], options: dict[str, Any]) -> Row:
         mode = where["mode"]
         try:
-            opts = {"device": self.device, **options}  # a CPU run on a machine with GPUs leaves them alone
+            opts = {**options, "device": self.device}  # a CPU run on a machine with GPUs leaves them alone
             label = f"{self.work.name} b{batch} {config.label} {mode}"
             if mode == TRAIN_MODE:
                 fn = train_step(config, self.model, inputs, self.device)

@@ -45,12 +45,15 @@ def argument_sets(inputs: Any) -> list[tuple[tuple, dict]]:
 
 
 def device_index(device) -> int | None:
-    """None -> current CUDA device (or None without CUDA); int, 'cuda:1' or torch.device -> index."""
+    """None -> current CUDA device (or None without CUDA); int >= 0, 'cuda:1' or torch.device -> index; 'cpu' ->
+    None (the CPU alone: host mode then synchronizes no GPU)."""
     if device is None:
         return torch.cuda.current_device() if torch.cuda.is_available() else None
     if isinstance(device, bool):
         raise TypeError(f"device must be an int, a string like 'cuda:0' or a torch.device, got {device!r}")
     if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"device must be a CUDA device index >= 0 (or 'cpu' for the CPU alone), got {device}")
         return device
     if isinstance(device, (str, torch.device)):
         d = torch.device(device)

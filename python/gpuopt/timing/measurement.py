@@ -522,7 +522,7 @@ def measure(fn: Callable[..., Any], *, label: str | None = None, **options: Any)
     - ``inputs`` [None]: argument sets rotated between calls: a tuple/list is positional arguments,
       a dict keyword arguments, anything else one positional argument.
     - ``flush_l2`` [False]: overwrite twice the L2 before each latency/graph sample, untimed.
-    - ``device`` [current], ``calls_per_sample`` [auto: throughput block / calls per graph],
+    - ``device`` [current; ``"cpu"``: host mode times the CPU alone and synchronizes no GPU], ``calls_per_sample`` [auto: throughput block / calls per graph],
       ``block_target_ms`` [2.0], ``monitor`` [True: NVML clocks and processes, when the driver's
       NVML library is present; read by a C++ thread].
     - ``energy`` [True]: on a GPU, the energy of the timed region from NVML's energy counter, read by the
