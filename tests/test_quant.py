@@ -185,7 +185,7 @@ def test_fp8_is_refused_on_gpus_before_compute_capability_8_9(monkeypatch):
     assert why == ("fp8 needs FP8 tensor cores (compute capability 8.9 or newer: Ada, Hopper); "
                    "NVIDIA A100-SXM4-80GB has 8.0")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setattr(quant_linear, "_rowwise_refusal", lambda device_type, index: None)
+    monkeypatch.setattr(quant_linear, "_rowwise_refusal", lambda device_type, index, bias=False: None)
     assert fp8_refusal(torch.device("cuda", 0)) is None
 
 
@@ -195,13 +195,13 @@ def test_fp8_is_refused_where_this_torch_refuses_row_wise_scaled_matmuls(monkeyp
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA L4")
     asked = []
 
-    def refusal(device_type, index):
-        asked.append((device_type, index))
+    def refusal(device_type, index, bias=False):
+        asked.append((device_type, index, bias))
         return "RuntimeError: Rowwise scaling is not supported"
 
     monkeypatch.setattr(quant_linear, "_rowwise_refusal", refusal)
     why = fp8_refusal(torch.device("cuda", 1))
-    assert asked == [("cuda", 1)]
+    assert asked == [("cuda", 1, False)]
     assert why == ("fp8 needs row-wise scaled FP8 matmuls (torch._scaled_mm with per-row scales), which torch "
                    f"{torch.__version__} refuses on NVIDIA L4 (RuntimeError: Rowwise scaling is not supported)")
 

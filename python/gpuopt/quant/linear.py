@@ -135,22 +135,9 @@ class Fp8Linear(_QuantizedInput):
         return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
 
 
-_BIAS_PROBED: dict[str, bool] = {}
-
-
 def _scaled_mm_takes_bias(device: torch.device) -> bool:
-    """Whether row-wise scaled FP8 matmuls take a bf16 bias on ``device`` (asked once per device type)."""
-    key = device.type
-    if key not in _BIAS_PROBED:
-        try:
-            a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
-            torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1, device=device), scale_b=torch.ones(1, 16, device=device),
-                             bias=torch.zeros(16, device=device, dtype=torch.bfloat16), out_dtype=torch.bfloat16,
-                             use_fast_accum=device.type == "cuda")
-            _BIAS_PROBED[key] = True
-        except Exception:  # noqa: BLE001 - this torch or device cannot: the bias is added after
-            _BIAS_PROBED[key] = False
-    return _BIAS_PROBED[key]
+    """Whether row-wise scaled FP8 matmuls take a bf16 bias on ``device`` (asked once per device)."""
+    return _rowwise_refusal(device.type, device_index(device), bias=True) is None
 
 
 class Int8Linear(_QuantizedInput):
@@ -344,23 +331,25 @@ def fp8_refusal(device: torch.device) -> str | None:
     return f"fp8 on the CPU needs a torch whose _scaled_mm runs there ({why})" if why else None
 
 
-# (device type, index) -> what the row-wise probe raised, or None: only answers about this torch and device
-# (no out-of-memory, no CUDA error left by earlier work, which say nothing about fp8 and may pass).
-_ROWWISE: dict[tuple[str, int | None], str | None] = {}
+# (device type, index, with a bias) -> what the row-wise probe raised, or None: only answers about this torch and
+# device (no out-of-memory, no CUDA error left by earlier work, which say nothing about fp8 and may pass).
+_ROWWISE: dict[tuple[str, int | None, bool], str | None] = {}
 
 
-def _rowwise_refusal(device_type: str, index: int | None) -> str | None:
-    """What a 16 x 16 row-wise scaled FP8 matmul, called as :class:`Fp8Linear` calls it, raises on the device
-    ("Type: message"), None when it runs. Asked once per device (it launches work: :func:`fp8_refusal` runs
-    before any CUDA graph capture, when a config is prepared). Out of memory and CUDA errors are raised."""
-    key = (device_type, index)
+def _rowwise_refusal(device_type: str, index: int | None, bias: bool = False) -> str | None:
+    """What a 16 x 16 row-wise scaled FP8 matmul, called as :class:`Fp8Linear` calls it (with a bf16 bias in
+    its epilogue where ``bias``), raises on the device ("Type: message"), None when it runs. Asked once per
+    device (it launches work: :func:`fp8_refusal` runs before any CUDA graph capture, when a config is
+    prepared). Out of memory and CUDA errors are raised."""
+    key = (device_type, index, bias)
     if key in _ROWWISE:
         return _ROWWISE[key]
     device = torch.device(device_type, index) if index is not None else torch.device(device_type)
     try:
         a = torch.zeros(16, 16, device=device).to(torch.float8_e4m3fn)
+        extra = {"bias": torch.zeros(16, device=device, dtype=torch.bfloat16)} if bias else {}
         torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1, device=device), scale_b=torch.ones(1, 16, device=device),
-                         out_dtype=torch.bfloat16, use_fast_accum=device.type == "cuda")
+                         out_dtype=torch.bfloat16, use_fast_accum=device.type == "cuda", **extra)
         why = None
     except torch.OutOfMemoryError:
         raise
