@@ -146,4 +146,111 @@ def restore(model: torch.nn.Module, before: str | None) -> None:
         model.set_attn_implementation(before)
 
 
-__all__ = ["DIMS", "NAME", "attention", "can_use", "is_causal_mask", "register", "restore", "takes", "use"]
+# -- the attention layer's decode step in one operator --------------------------------------------------------
+#
+# With the q/k/v projections fused (gpuopt.llm.fuse), the key and value written by the attention kernel and the
+# keys bounded by the position (gpuopt.llm.cache: a causal layer), a decode step's attention is the projection's
+# kernel, then the attention's. ``torch.ops.gpuopt.decode_qkv_attention`` does both in one kernel on CUDA: the
+# block that finishes a head's projection tiles runs that head's attention, while the other heads' tiles still
+# stream (csrc/cuda/decode_qkv_attention_kernels.cuh), so neither a kernel boundary nor the attention's own
+# launch and first loads stand between them. :func:`fuse_steps` gives each attention module of a class in
+# :data:`STEP_LAYERS` a forward that runs it for one-token steps and the module's own forward otherwise.
+
+# Attention classes whose forward is transformers' OPT form (4.5x-5.x): q, k and v projections of the hidden
+# states (q times ``scaling``), the cache's update, the attention function with scaling 1.0, then ``out_proj``
+# of the heads' outputs side by side; it returns (output, weights).
+STEP_LAYERS: tuple[str, ...] = ("OPTAttention",)
+_STEP = "_gpuopt_step"  # on a fused module: its counters (the kernel's per-head count), int32 zeros
+
+# How many eager calls ran the fused operator (as ``calls`` for the attention function).
+step_calls = 0
+
+
+def _step_projection(module: torch.nn.Module) -> torch.nn.Module | None:
+    """The linear layer computing ``module``'s q, k and v at once (a fused projection whose scale is folded, of
+    three equal parts), or None."""
+    from .fuse import FusedProjections, NormLinear
+    from .linear import DecodeLinear
+
+    fused = getattr(module, "q_proj", None)
+    if not isinstance(fused, FusedProjections) or len(fused.sizes) != 3 or len(set(fused.sizes)) != 1:
+        return None
+    linear = fused.linear
+    if type(linear) not in (torch.nn.Linear, NormLinear, DecodeLinear) or getattr(linear, "activation", "none") != "none":
+        return None
+    return linear if getattr(module, "scaling", None) == 1.0 else None
+
+
+def _fused_step(module: torch.nn.Module, hidden_states: torch.Tensor, *args: Any,
+                **kwargs: Any) -> tuple[torch.Tensor, None] | None:
+    """``module``'s forward as one operator where it applies (one new token, its cache layer causal and
+    deferring, the fused projection, no attention weights asked for), else None."""
+    global step_calls
+    layer = getattr(module, _cache.ATTRIBUTE, None)
+    linear = _step_projection(module)
+    counters = module.__dict__.get(_STEP)
+    if (layer is None or linear is None or counters is None or module.training or kwargs.get("output_attentions")
+            or (len(args) > 2 and args[2]) or not getattr(layer, "causal", False) or not layer.defer
+            or not layer.is_initialized or layer.pending is not None
+            or getattr(module.config, "_attn_implementation", None) != NAME
+            or hidden_states.dim() != 3 or hidden_states.shape[1] != 1 or torch.is_grad_enabled()):
+        return None
+    keys, values = layer.keys, layer.values
+    b, h, _, d = keys.shape
+    if (h != getattr(module, "num_heads", None) or linear.weight.shape[0] != 3 * h * d or keys.dtype != hidden_states.dtype
+            or b != hidden_states.shape[0] or (keys.is_cuda and d not in DIMS)):
+        return None
+    if not torch.compiler.is_compiling():
+        step_calls += 1
+    norm = getattr(linear, "folded_norm", "none")
+    sums = getattr(linear, "norm_sum", None)
+    if norm == "layer" and sums is None:  # a NormLinear (the step before DecodeLinear) takes them per call
+        from .fuse import norm_row_sums
+
+        sums = norm_row_sums(linear.weight)
+    out = torch.ops.gpuopt.decode_qkv_attention(hidden_states, linear.weight, linear.bias, keys, values,
+                                                layer.cumulative_length, counters, norm,
+                                                sums if norm == "layer" else None,
+                                                getattr(linear, "norm_eps", 1e-5), 1.0)
+    return module.out_proj(out.reshape(b, 1, h * d)), None
+
+
+def _step_forward(module: torch.nn.Module):  # noqa: ANN202 - a bound forward
+    own = type(module).forward
+
+    def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        out = _fused_step(module, hidden_states, *args, **kwargs)
+        return out if out is not None else own(module, hidden_states, *args, **kwargs)
+
+    return forward
+
+
+def fuse_steps(model: torch.nn.Module) -> int:
+    """Gives each attention module of ``model`` whose class is in :data:`STEP_LAYERS`, whose q/k/v projections
+    are fused (:func:`gpuopt.llm.fuse.fuse_projections`) and whose cache layer defers its writes
+    (:func:`gpuopt.llm.cache.defer_writes`) a forward running one-token steps through
+    ``torch.ops.gpuopt.decode_qkv_attention`` (its own forward otherwise, and for steps whose layer is not
+    causal). Returns how many modules got it; :func:`unfuse_steps` undoes it."""
+    count = 0
+    for module in model.modules():
+        if type(module).__name__ not in STEP_LAYERS or _step_projection(module) is None:
+            continue
+        layer = getattr(module, _cache.ATTRIBUTE, None)
+        heads = getattr(module, "num_heads", None)
+        if layer is None or not isinstance(heads, int) or heads < 1:
+            continue
+        module.__dict__[_STEP] = torch.zeros(heads, dtype=torch.int32, device=module.q_proj.linear.weight.device)
+        module.__dict__["forward"] = _step_forward(module)
+        count += 1
+    return count
+
+
+def unfuse_steps(model: torch.nn.Module) -> None:
+    """Undoes :func:`fuse_steps`."""
+    for module in model.modules():
+        if module.__dict__.pop(_STEP, None) is not None:
+            module.__dict__.pop("forward", None)
+
+
+__all__ = ["DIMS", "NAME", "STEP_LAYERS", "attention", "can_use", "fuse_steps", "is_causal_mask", "register", "restore",
+           "takes", "unfuse_steps", "use"]
