@@ -85,10 +85,10 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
   allow_next_grid();
   wait_for_prior_grid();
   if (work >= 0) {
-    // PROBE: the tiles in the weight's row order (q's, then k's, then v's), as decode_linear takes them
+    const int head = work / kTiles;
+    const int part = work % kTiles;
     const std::int64_t width = static_cast<std::int64_t>(heads) * D;  // of each of q, k and v
-    const std::int64_t n0 = static_cast<std::int64_t>(work) * 16;
-    const int head = static_cast<int>((n0 % width) / D);
+    const std::int64_t n0 = (part / (D / 16)) * width + static_cast<std::int64_t>(head) * D + (part % (D / 16)) * 16;
     linear_tile<T, kWarps, kVec, kStats>(a.x, a.weight, a.bias, a.qkv, a.rows, 3 * width, a.k, ep, n0, ls);
     __syncthreads();  // every output of the tile written
     if (threadIdx.x == 0) add_release(a.counters + head, 1);
