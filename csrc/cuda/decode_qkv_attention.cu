@@ -90,10 +90,7 @@ bool decode_qkv_attention_supported(const DecodeQkvAttentionParams& p) {
   return (p.type == ActivationType::kFloat16 || p.type == ActivationType::kBFloat16) &&
          (p.head_dim == 64 || p.head_dim == 128) && p.rows >= 1 && p.rows <= kDecodeLinearMaxRows &&
          p.k >= kMinK && p.k % (kVec * kDecodeLinearChunk) == 0 && p.keys >= 1 && p.keys <= kMaxKeys &&
-         p.heads >= 1 && p.heads * (3 * p.head_dim / 16 + 1) <= std::numeric_limits<int>::max() &&
-         // the attention blocks wait for the tiles: fewer of them than SMs (each holds one at least) leave
-         // the tiles room to run
-         p.heads < device_attribute(cudaDevAttrMultiProcessorCount, p.device) && aligned16(p.x) &&
+         p.heads >= 1 && p.heads * (3 * p.head_dim / 16 + 1) <= std::numeric_limits<int>::max() && aligned16(p.x) &&
          aligned16(p.weight) && aligned16(p.qkv) && aligned16(p.out) && aligned16(p.k_cache) &&
          aligned16(p.v_cache) && mma_code_runs(p.device);
 }

@@ -4,14 +4,15 @@
 // projection (decode_linear_kernels.cuh's tiles) and, in the same launch, each head's attention
 // (decode_attention_kernels.cuh's block) with the new key and value appended to the cache.
 //
-// One block per head runs its attention, then the projection's 16-column tiles follow, head by head (a
-// head's 3 D / 16 tiles, its q, k and v columns, are consecutive blocks, so that heads complete in launch
-// order). The attention blocks start first: each asks its head's cache rows into L2 (they do not depend on
-// the tiles), waits for the head's count of finished tiles (an acquire load), then attends for every batch
-// row with the new key and value appended, reading q, k and v from L2. A tile block counts its tile (a
-// release add after the block's barrier) and exits. So the attention overlaps the projection's later
-// tiles, and neither a kernel boundary nor a launch separates the two; only the last heads' attention runs
-// after the projection, from L2.
+// The blocks take their work in the order they start (a ticket): first the projection's 16-column tiles,
+// head by head (a head's 3 D / 16 tiles, its q, k and v columns, are consecutive tickets, so that heads
+// complete in that order), then one block per head for its attention. A tile block counts its tile in the
+// head's counter (a release add after the block's barrier) and exits. A head's attention block asks its cache
+// rows into L2 (they do not depend on the tiles), waits for the head's count (an acquire load; the tiles have
+// lower tickets, so they have started: no deadlock), then attends for every batch row with the new key and
+// value appended, reading q, k and v from L2. So the attention overlaps the projection's later tiles, and
+// neither a kernel boundary nor a launch separates the two; only the last heads' attention runs after the
+// projection, from L2.
 
 #include <cstdint>
 
@@ -35,7 +36,8 @@ struct QkvAttentionArgs {
   T* qkv;                       // [rows, 3 heads D]: the projection's output
   int rows;
   std::int64_t k;
-  int* counters;                // [heads], zero before the launch (and after it): the heads' finished tiles
+  int* counters;                // [heads + 1], zero before the launch (and after it): the heads' finished
+                                // tiles, then the blocks' tickets
 };
 
 // A release add (the block's writes, ordered before it by a barrier, are visible to whoever acquires the
@@ -75,16 +77,23 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
   constexpr int kTiles = 3 * D / 16;  // of a head: its q, k and v columns
   __shared__ LinearShared<kWarps, kStats> ls;
   __shared__ AttnShared<D> as;
+  __shared__ int ticket;
   const int heads = a.attn.heads;
-  // Blocks [0, heads) are the heads' attention, started first so that their cache rows stream while the
-  // tiles do; blocks [heads, heads + tiles) the projection's tiles, head by head. An attention block waits
-  // for its head's tiles, but never for a block that cannot start: fewer attention blocks than the device
-  // holds at once (decode_qkv_attention_supported) leave room for the tiles whatever order blocks start in,
-  // and the tiles wait for nothing.
-  const int work = static_cast<int>(blockIdx.x) - heads;  // the tile, or negative: an attention block
+  const int tiles = heads * kTiles;
+  int* const tickets = a.counters + heads;
+  // The block's work, by the order blocks start in: the tiles head by head, then the heads' attention. A
+  // block waiting for a head's tiles therefore only waits for blocks that have started (no deadlock,
+  // whatever order the hardware starts blocks in). The counter is not written by the kernel before (only
+  // by the last launch of this one), so it is taken before the wait.
+  if (threadIdx.x == 0) {
+    ticket = atomicAdd(tickets, 1);
+    if (ticket == static_cast<int>(gridDim.x) - 1) atomicExch(tickets, 0);  // every ticket is out: reset
+  }
   allow_next_grid();
   wait_for_prior_grid();
-  if (work >= 0) {
+  __syncthreads();
+  const int work = ticket;
+  if (work < tiles) {
     const int head = work / kTiles;
     const int part = work % kTiles;
     const std::int64_t width = static_cast<std::int64_t>(heads) * D;  // of each of q, k and v
@@ -96,7 +105,7 @@ __global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
   }
   // A head's attention. Its cache rows before the new one do not depend on the tiles: asked into L2 while
   // they finish. The new row (written by this block) and q come from the tiles, read from L2.
-  const int head = static_cast<int>(blockIdx.x);
+  const int head = work - tiles;
   const long long position = *a.attn.position;
   const int rows_before = position <= 0 ? 0 : position < a.attn.keys ? static_cast<int>(position) : a.attn.keys;
   constexpr int kLines = D * static_cast<int>(sizeof(T)) / 128 > 0 ? D * static_cast<int>(sizeof(T)) / 128 : 1;

@@ -362,7 +362,7 @@ struct DecodeQkvAttentionParams {
   void* k_cache = nullptr;       // [rows, heads, keys, head_dim], contiguous
   void* v_cache = nullptr;       // the same
   const std::int64_t* position = nullptr;  // the new row (int64 on the device), as decode_attention's
-  int* counters = nullptr;       // [heads] int32, zero (left zero): each head's tiles done
+  int* counters = nullptr;       // [heads + 1] int32, zero (left zero): the heads' tiles done, the blocks' tickets
   std::int64_t rows = 0, k = 0, heads = 0, head_dim = 0, keys = 0;
   LinearNorm norm = LinearNorm::kNone;  // folded into the projection, as DecodeLinearParams'
   const float* norm_sum = nullptr;
@@ -373,7 +373,7 @@ struct DecodeQkvAttentionParams {
 
 // Whether decode_qkv_attention takes p: fp16/bf16; head_dim 64 or 128; 1 <= rows <= kDecodeLinearMaxRows;
 // k a multiple of 64 and at least 2048 (the projection's layout of 16 warps, two loads a row); keys from 1
-// to 1024 (one block a head: decode_attention would split longer caches); 1 <= heads < the device's SMs; every
+// to 1024 (one block a head: decode_attention would split longer caches); heads >= 1 within a grid; every
 // pointer 16-byte aligned; compute capability 8.0+ with this binary's code for it.
 bool decode_qkv_attention_supported(const DecodeQkvAttentionParams& p);
 // GPUOPT_CHECK_VALUE unless decode_qkv_attention_supported(p) and the pointers are set.

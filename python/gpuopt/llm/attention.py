@@ -160,7 +160,7 @@ def restore(model: torch.nn.Module, before: str | None) -> None:
 # states (q times ``scaling``), the cache's update, the attention function with scaling 1.0, then ``out_proj``
 # of the heads' outputs side by side; it returns (output, weights).
 STEP_LAYERS: tuple[str, ...] = ("OPTAttention",)
-_STEP = "_gpuopt_step"  # on a fused module: the operator's counters (heads int32 zeros)
+_STEP = "_gpuopt_step"  # on a fused module: the operator's counters (heads + 1 int32 zeros)
 
 # How many eager calls ran the fused operator (as ``calls`` for the attention function).
 step_calls = 0
@@ -239,7 +239,8 @@ def fuse_steps(model: torch.nn.Module) -> int:
         heads = getattr(module, "num_heads", None)
         if layer is None or not isinstance(heads, int) or heads < 1:
             continue
-        module.__dict__[_STEP] = torch.zeros(heads, dtype=torch.int32, device=module.q_proj.linear.weight.device)
+        module.__dict__[_STEP] = torch.zeros(heads + 1, dtype=torch.int32,
+                                             device=module.q_proj.linear.weight.device)
         module.__dict__["forward"] = _step_forward(module)
         count += 1
     return count
