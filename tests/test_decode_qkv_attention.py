@@ -35,7 +35,7 @@ def _inputs(b, h, d, k, keys, position, dtype, g, *, device="cpu", norm="none", 
     vc = torch.randn(b, h, keys, d, generator=g).to(dtype)
     sums = w.float().sum(1) if norm == "layer" else None
     pos = torch.tensor([position])
-    counters = torch.zeros(h + 1, dtype=torch.int32)
+    counters = torch.zeros(h, dtype=torch.int32)
     t = [x, w, bias_t, kc, vc, pos, counters, sums]
     return [None if v is None else v.to(device) for v in t]
 
@@ -109,8 +109,8 @@ def test_bad_inputs_are_typed_errors_naming_the_argument(device, rng):
         ops.decode_qkv_attention(x, w, bias, kc[0], vc[0], pos, counters)
     with pytest.raises(TypeError, match="counters must be int32, got int64"):
         ops.decode_qkv_attention(x, w, bias, kc, vc, pos, counters.long())
-    with pytest.raises(ValueError, match=r"counters must be 1-D with at least heads \+ 1 = 5 elements, got sizes \[4\]"):
-        ops.decode_qkv_attention(x, w, bias, kc, vc, pos, counters[:4])
+    with pytest.raises(ValueError, match=r"counters must be 1-D with at least heads = 4 elements, got sizes \[3\]"):
+        ops.decode_qkv_attention(x, w, bias, kc, vc, pos, counters[:3])
     if device == "cpu":
         # the parts' own checks, as the parts raise them
         with pytest.raises(ValueError, match="decode_linear: x's last dimension must equal weight's K"):

@@ -61,7 +61,7 @@ void launch(const DecodeQkvAttentionParams& p, cudaStream_t stream) {
   ep.norm = static_cast<int>(p.norm);
   ep.norm_sum = p.norm_sum;
   ep.eps = p.eps;
-  const auto blocks = static_cast<unsigned>(p.heads * 3 * D / 16 + p.heads);  // the tiles, then the attention
+  const auto blocks = static_cast<unsigned>(p.heads * 3 * D / 16);
   launch_programmatic(kernels::decode_qkv_attention<T, kWarps, kVec, kStats, D>, dim3(blocks), dim3(kWarps * 32),
                       p.device, stream, a, ep);
 }
@@ -90,7 +90,7 @@ bool decode_qkv_attention_supported(const DecodeQkvAttentionParams& p) {
   return (p.type == ActivationType::kFloat16 || p.type == ActivationType::kBFloat16) &&
          (p.head_dim == 64 || p.head_dim == 128) && p.rows >= 1 && p.rows <= kDecodeLinearMaxRows &&
          p.k >= kMinK && p.k % (kVec * kDecodeLinearChunk) == 0 && p.keys >= 1 && p.keys <= kMaxKeys &&
-         p.heads >= 1 && p.heads * (3 * p.head_dim / 16 + 1) <= std::numeric_limits<int>::max() && aligned16(p.x) &&
+         p.heads >= 1 && p.heads * 3 * p.head_dim / 16 <= std::numeric_limits<int>::max() && aligned16(p.x) &&
          aligned16(p.weight) && aligned16(p.qkv) && aligned16(p.out) && aligned16(p.k_cache) &&
          aligned16(p.v_cache) && mma_code_runs(p.device);
 }

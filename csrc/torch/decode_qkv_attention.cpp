@@ -9,8 +9,8 @@
 //       [B, 1, K] with weight [3 H D, K] (q's rows, then k's, then v's; H and D the caches'), then
 //       gpuopt::decode_attention_append(q, k_cache, v_cache, k, v, position, scale=scale, causal=True) with
 //       q, k and v the thirds of qkv as [B, H, 1, D] and the caches [B, H, L, D]. Returns [B, 1, H, D].
-//       counters: int32, at least H + 1 elements, zero, on x's device: the CUDA kernel's count of each head's
-//       finished tiles and of its blocks, left zero.
+//       counters: int32, at least H elements, zero, on x's device: the CUDA kernel's count of each head's
+//       finished tiles, left zero.
 //
 // CUDA: one kernel (gpuopt/cuda.h, decode_qkv_attention) where it applies -- fp16/bf16, D 64 or 128, 1 to 8
 // rows, K a multiple of 64 and at least 2048, caches of at most 1024 keys, contiguous aligned data, gpuopt's
@@ -59,9 +59,9 @@ void check_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor&
                     weight.sym_sizes());
   TORCH_CHECK_TYPE(counters.scalar_type() == at::kInt, kOp, ": counters must be int32, got ",
                    dtype_name(counters.scalar_type()));
-  TORCH_CHECK_VALUE(counters.dim() == 1 && counters.sym_size(0) >= k_cache.sym_size(1) + 1, kOp,
-                    ": counters must be 1-D with at least heads + 1 = ", k_cache.sym_size(1) + 1,
-                    " elements, got sizes ", counters.sym_sizes());
+  TORCH_CHECK_VALUE(counters.dim() == 1 && counters.sym_size(0) >= k_cache.sym_size(1), kOp,
+                    ": counters must be 1-D with at least heads = ", k_cache.sym_size(1), " elements, got sizes ",
+                    counters.sym_sizes());
   TORCH_CHECK_VALUE(counters.device() == x.device(), kOp, ": counters must be on x's device (", x.device(), "), got ",
                     counters.device());
 }

@@ -350,8 +350,8 @@ void decode_attention(const DecodeAttentionParams& p, cudaStream_t stream);
 // ---- an attention layer's decode step in one kernel: qkv = norm(x) @ weight.T + bias (decode_linear's
 // tiles; weight [3 heads head_dim, k], q's rows, then k's, then v's), then for each head and batch row the
 // causal decode attention of q against the caches with the new k and v appended at *position
-// (decode_attention with k_new, v_new and causal), a block per head that waits for the head's tiles
-// (counted in `counters`), so that it overlaps the projection's later tiles. Capturable.
+// (decode_attention with k_new, v_new and causal), the attention run by the block that completes the
+// head's tiles (counted in `counters`), so that it overlaps the projection's later tiles. Capturable.
 struct DecodeQkvAttentionParams {
   ActivationType type = ActivationType::kFloat16;  // of x, weight, bias, qkv, out and the caches: fp16/bf16
   const void* x = nullptr;       // [rows, k], contiguous
@@ -362,7 +362,7 @@ struct DecodeQkvAttentionParams {
   void* k_cache = nullptr;       // [rows, heads, keys, head_dim], contiguous
   void* v_cache = nullptr;       // the same
   const std::int64_t* position = nullptr;  // the new row (int64 on the device), as decode_attention's
-  int* counters = nullptr;       // [heads + 1] int32, zero (left zero): the heads' tiles done, the blocks' tickets
+  int* counters = nullptr;       // [heads] int32, zero (left zero)
   std::int64_t rows = 0, k = 0, heads = 0, head_dim = 0, keys = 0;
   LinearNorm norm = LinearNorm::kNone;  // folded into the projection, as DecodeLinearParams'
   const float* norm_sum = nullptr;

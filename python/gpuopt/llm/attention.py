@@ -150,17 +150,17 @@ def restore(model: torch.nn.Module, before: str | None) -> None:
 #
 # With the q/k/v projections fused (gpuopt.llm.fuse), the key and value written by the attention kernel and the
 # keys bounded by the position (gpuopt.llm.cache: a causal layer), a decode step's attention is the projection's
-# kernel, then the attention's. ``torch.ops.gpuopt.decode_qkv_attention`` does both in one kernel on CUDA: a
-# block per head waits for the head's projection tiles and runs its attention, while the other heads' tiles
-# still stream (csrc/cuda/decode_qkv_attention_kernels.cuh), so neither a kernel boundary nor the attention's
-# own launch and first loads stand between them. :func:`fuse_steps` gives each attention module of a class in
+# kernel, then the attention's. ``torch.ops.gpuopt.decode_qkv_attention`` does both in one kernel on CUDA: the
+# block that finishes a head's projection tiles runs that head's attention, while the other heads' tiles still
+# stream (csrc/cuda/decode_qkv_attention_kernels.cuh), so neither a kernel boundary nor the attention's own
+# launch and first loads stand between them. :func:`fuse_steps` gives each attention module of a class in
 # :data:`STEP_LAYERS` a forward that runs it for one-token steps and the module's own forward otherwise.
 
 # Attention classes whose forward is transformers' OPT form (4.5x-5.x): q, k and v projections of the hidden
 # states (q times ``scaling``), the cache's update, the attention function with scaling 1.0, then ``out_proj``
 # of the heads' outputs side by side; it returns (output, weights).
 STEP_LAYERS: tuple[str, ...] = ("OPTAttention",)
-_STEP = "_gpuopt_step"  # on a fused module: the operator's counters (heads + 1 int32 zeros)
+_STEP = "_gpuopt_step"  # on a fused module: its counters (the kernel's per-head count), int32 zeros
 
 # How many eager calls ran the fused operator (as ``calls`` for the attention function).
 step_calls = 0
@@ -239,8 +239,7 @@ def fuse_steps(model: torch.nn.Module) -> int:
         heads = getattr(module, "num_heads", None)
         if layer is None or not isinstance(heads, int) or heads < 1:
             continue
-        module.__dict__[_STEP] = torch.zeros(heads + 1, dtype=torch.int32,
-                                             device=module.q_proj.linear.weight.device)
+        module.__dict__[_STEP] = torch.zeros(heads, dtype=torch.int32, device=module.q_proj.linear.weight.device)
         module.__dict__["forward"] = _step_forward(module)
         count += 1
     return count
