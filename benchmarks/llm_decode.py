@@ -40,9 +40,8 @@ from gpuopt.llm.paths import Decoder
 # What the opt part measures the fast path without (each a cell right after the fast path's, since the H100's
 # clocks drift under its power cap over a run): fusing the sibling projections, gpuopt's decode attention,
 # its decode linear kernel, programmatic dependent launch of its kernels (fp16 and int8wo), the norms folded
-# into the linear layers with the residual adds in their epilogues (fp16 and int8wo), each attention layer's
-# q/k/v projection and attention as one kernel (gpuopt.llm.attention.fuse_steps).
-ABLATIONS = ("unfused", "model-attention", "cublas-linears", "no-pdl", "no-fold", "unfused-step")
+# into the linear layers with the residual adds in their epilogues (fp16 and int8wo).
+ABLATIONS = ("unfused", "model-attention", "cublas-linears", "no-pdl", "no-fold")
 
 
 def _ablations(text: str) -> set[str]:
@@ -172,10 +171,6 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
     # those before (gpuopt.llm.fuse.fold_norms, passes.FuseResidual; on by default): without, right after.
     fold = "no-fold" in ablations and fast is not None and fast.folded_norms > 0
     no_fold = run(best, "fp16", label=f"fp16+{best}+no-fold", fold=False) if fold else None
-    # Each attention layer's decode step as one kernel (the q/k/v projection and the attention; on by default
-    # where it applies): the fast path without it, right after.
-    step = "unfused-step" in ablations and fast is not None and fast.fused_attention > 0
-    unfused_step = run(best, "fp16", label=f"fp16+{best}+unfused-step", fuse_attention=False) if step else None
     int8 = run(best, "int8wo") if best else None
     int8_no_pdl = without_pdl("int8wo") if int8 is not None and pdl else None
     int8_no_fold = run(best, "int8wo", label=f"int8wo+{best}+no-fold", fold=False) if fold and int8 else None
@@ -198,12 +193,6 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
         results["opt"]["fusion_speedup"] = unfused.tpot_ms["mean"] / fast.tpot_ms["mean"]
         print(f"fused projections: {fast.fused_projections} groups, TPOT {unfused.tpot_ms['mean']:.3f} -> "
               f"{fast.tpot_ms['mean']:.3f} ms ({results['opt']['fusion_speedup']:.3f}x)", flush=True)
-
-    if fast is not None and unfused_step is not None:
-        results["opt"]["step_fusion_speedup"] = unfused_step.tpot_ms["mean"] / fast.tpot_ms["mean"]
-        print(f"attention steps in one kernel: {fast.fused_attention} layers, TPOT {unfused_step.tpot_ms['mean']:.3f} "
-              f"(two kernels) -> {fast.tpot_ms['mean']:.3f} ms ({results['opt']['step_fusion_speedup']:.3f}x)",
-              flush=True)
 
     if fast is not None and own_attention is not None:
         results["opt"]["attention_speedup"] = own_attention.tpot_ms["mean"] / fast.tpot_ms["mean"]

@@ -71,15 +71,13 @@ struct DecodeAttentionArgs {
   const long long* position;
 };
 
-// Value e of load i of lane `lane` sits at (i * kLanes + lane) * kVec + e of the row. kL2: from L2 (a row
-// another block of the same kernel wrote: an L1 line could be stale), else through L1.
-template <typename T, int D, bool kL2 = false>
+// Value e of load i of lane `lane` sits at (i * kLanes + lane) * kVec + e of the row.
+template <typename T, int D>
 __device__ __forceinline__ void load_row(const T* row, int lane, uint4 (&raw)[AttnRow<T, D>::kLoads]) {
   using R = AttnRow<T, D>;
 #pragma unroll
   for (int i = 0; i < R::kLoads; ++i) {
-    const auto* p = reinterpret_cast<const uint4*>(row + (i * R::kLanes + lane) * R::kVec);
-    raw[i] = kL2 ? __ldcg(p) : *p;
+    raw[i] = *reinterpret_cast<const uint4*>(row + (i * R::kLanes + lane) * R::kVec);
   }
 }
 
@@ -108,34 +106,28 @@ __device__ __forceinline__ void to_floats(const uint4 (&raw)[kLoads], float (&f)
   }
 }
 
-template <int D>
-struct AttnShared {
-  float part_acc[kAttnMaxWarps][D];
-  float part_max[kAttnMaxWarps];
-  float part_sum[kAttnMaxWarps];
-  float weight[kAttnMaxWarps];
-  float block_max;
-};
-
-// What a block of the decode attention kernel does: query head h of batch row b against split `split`
-// of `splits` of its keys, kU keys per group and pass (registers). kL2: the query and the rows to
-// append were written by other blocks of the calling kernel (read from L2). Every thread of the block
-// calls it (it synchronizes the block).
-template <typename T, int D, int kU, bool kL2>
-__device__ __forceinline__ void attend(const DecodeAttentionArgs<T>& a, int h, int b, int split, int splits,
-                                       AttnShared<D>& s) {
+template <typename T, int D>
+__global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAttentionArgs<T> a) {
   using R = AttnRow<T, D>;
-  auto& part_acc = s.part_acc;
-  auto& part_max = s.part_max;
-  auto& part_sum = s.part_sum;
-  auto& weight = s.weight;
-  auto& block_max = s.block_max;
+  constexpr int kU = R::kUnroll;
+  __shared__ float part_acc[kAttnMaxWarps][D];
+  __shared__ float part_max[kAttnMaxWarps];
+  __shared__ float part_sum[kAttnMaxWarps];
+  __shared__ float weight[kAttnMaxWarps];
+  __shared__ float block_max;
+  // Under programmatic launch (pdl.cuh): the query, the rows to append and the cache all come from
+  // earlier kernels, so nothing is read before the wait.
+  allow_next_grid();
+  wait_for_prior_grid();
+
+  const int h = static_cast<int>(blockIdx.x);
+  const int b = static_cast<int>(blockIdx.y);
   // The keys this block attends: its split of [0, limit), limit the cache's length or, causal, the
   // appended row's position + 1 (0 for a negative position, the whole cache past its end).
   const long long position = a.k_new != nullptr ? *a.position : -1;
   const int limit = !a.causal ? a.keys : position < 0 ? 0 : position < a.keys ? static_cast<int>(position) + 1 : a.keys;
-  const int per = (limit + splits - 1) / splits;
-  const int first = split * per;
+  const int per = (limit + static_cast<int>(gridDim.z) - 1) / static_cast<int>(gridDim.z);
+  const int first = static_cast<int>(blockIdx.z) * per;
   const int end = min(limit, first + per);
   const int hk = h / a.group;
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -148,7 +140,7 @@ __device__ __forceinline__ void attend(const DecodeAttentionArgs<T>& a, int h, i
   float q[R::kElems];
   {
     uint4 raw[R::kLoads];
-    load_row<T, D, kL2>(a.q + b * a.qb + h * a.qh, l, raw);
+    load_row<T, D>(a.q + b * a.qb + h * a.qh, l, raw);
     to_floats(raw, q, T{});
 #pragma unroll
     for (int e = 0; e < R::kElems; ++e) q[e] *= a.scale_log2;
@@ -168,8 +160,8 @@ __device__ __forceinline__ void attend(const DecodeAttentionArgs<T>& a, int h, i
       T* krow = const_cast<T*>(kbase) + pos * a.kl;
       T* vrow = const_cast<T*>(vbase) + pos * a.vl;
       for (int d = static_cast<int>(threadIdx.x); d < D; d += static_cast<int>(blockDim.x)) {
-        krow[d] = kL2 ? __ldcg(knew + d) : knew[d];
-        vrow[d] = kL2 ? __ldcg(vnew + d) : vnew[d];
+        krow[d] = knew[d];
+        vrow[d] = vnew[d];
       }
     }
   }
@@ -192,13 +184,8 @@ __device__ __forceinline__ void attend(const DecodeAttentionArgs<T>& a, int h, i
       const int j = base + sub + u * groups;
       ok[u] = j < end && (mrow == nullptr || mrow[j * a.ml]);
       if (ok[u]) {
-        if (kL2 && j == pos) {
-          load_row<T, D, true>(knew, l, kraw[u]);
-          load_row<T, D, true>(vnew, l, vraw[u]);
-        } else {
-          load_row<T, D>(j == pos ? knew : kbase + j * a.kl, l, kraw[u]);
-          load_row<T, D>(j == pos ? vnew : vbase + j * a.vl, l, vraw[u]);
-        }
+        load_row<T, D>(j == pos ? knew : kbase + j * a.kl, l, kraw[u]);
+        load_row<T, D>(j == pos ? vnew : vbase + j * a.vl, l, vraw[u]);
       }
     }
     float score[kU];
@@ -283,7 +270,7 @@ __device__ __forceinline__ void attend(const DecodeAttentionArgs<T>& a, int h, i
   for (int w = 0; w < warps; ++w) total = fmaf(part_sum[w], weight[w], total);
   const long long pair = static_cast<long long>(b) * a.heads + h;
   if (a.partial != nullptr) {  // this split's maximum, sum and unnormalised output
-    float* p = a.partial + (pair * splits + split) * (D + 2);
+    float* p = a.partial + (pair * gridDim.z + blockIdx.z) * (D + 2);
     if (threadIdx.x == 0) {
       p[0] = m;
       p[1] = total;
@@ -302,17 +289,6 @@ __device__ __forceinline__ void attend(const DecodeAttentionArgs<T>& a, int h, i
     // A query that no key may attend to gets zeros (as FlashAttention gives), not NaN.
     out[d] = from_float<T>(total > 0.0f ? o / total : 0.0f);
   }
-}
-
-template <typename T, int D>
-__global__ void __launch_bounds__(kAttnMaxWarps * 32) decode_attention(DecodeAttentionArgs<T> a) {
-  __shared__ AttnShared<D> s;
-  // Under programmatic launch (pdl.cuh): the query, the rows to append and the cache all come from
-  // earlier kernels, so nothing is read before the wait.
-  allow_next_grid();
-  wait_for_prior_grid();
-  attend<T, D, AttnRow<T, D>::kUnroll, false>(a, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
-                                              static_cast<int>(blockIdx.z), static_cast<int>(gridDim.z), s);
 }
 
 // Split-KV: out[b, 0, h, d] from the splits' (max, sum, output) of decode_attention. One block of D

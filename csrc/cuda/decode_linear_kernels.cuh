@@ -38,26 +38,19 @@ __device__ __forceinline__ void linear_mma_words(const uint4& wl, const uint4& w
 // blocks may start while the kernel before finishes, and wait for it before any load.
 // At most 64 registers a thread (an SM's 65,536 registers hold two 16-warp blocks at 64): more would halve the
 // blocks an SM holds at 16 warps.
-template <int kWarps, bool kStats>
-struct LinearShared {
-  float partial[kWarps][8][16];         // [warp][x row][output column]
-  float2 row_stats[kStats ? kWarps : 1][8];  // [warp][x row]: sum, sum of squares
-};
-
-// The block's tile: out[m, n0 .. n0 + 15], after the wait for the kernel before (pdl.cuh).
-template <typename T, int kWarps, int kVec, bool kStats>
-__device__ __forceinline__ void linear_tile(const T* __restrict__ x, const T* __restrict__ weight,
-                                            const T* __restrict__ bias, T* __restrict__ out, int rows,
-                                            std::int64_t n_cols, std::int64_t k, const LinearEpilogue<T>& ep,
-                                            std::int64_t n0, LinearShared<kWarps, kStats>& s) {
+template <typename T, int kWarps, int kVec, bool kStats>  // T: __half or __nv_bfloat16
+__global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
+    decode_linear_mma(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
+                      T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k, LinearEpilogue<T> ep) {
   constexpr int kChunk = kVec * kLinearChunk;
   constexpr int kBatch = kLinearLoads / kVec;
-  auto& partial = s.partial;
-  auto& row_stats = s.row_stats;
+  __shared__ float partial[kWarps][8][16];  // [warp][x row][output column]
+  __shared__ float2 row_stats[kStats ? kWarps : 1][8];  // [warp][x row]: sum, sum of squares
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int g = lane / 4;
   const int t = lane % 4;
+  const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * 16;
   // Rows past the matrix (of the weight, or of x) read the last one instead: every load is then
   // unconditional, so a whole batch of them is in flight; what they feed is never written.
   const T* w_lo = weight + (n0 + g < n_cols ? n0 + g : n_cols - 1) * k + 8 * kVec * t;
@@ -67,6 +60,8 @@ __device__ __forceinline__ void linear_tile(const T* __restrict__ x, const T* __
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   const std::int64_t chunks = k / kChunk;
   std::int64_t c = warp;
+  allow_next_grid();
+  wait_for_prior_grid();
   if (threadIdx.x == 0) prefetch_constants<T>(bias, n0, ep);
   if (static_cast<int>(threadIdx.x) < rows) prefetch_residual<T>(static_cast<int>(threadIdx.x), n0, n_cols, ep);
   for (; c + (kBatch - 1) * kWarps < chunks; c += kBatch * kWarps) {
@@ -122,17 +117,6 @@ __device__ __forceinline__ void linear_tile(const T* __restrict__ x, const T* __
     const float b = bias != nullptr ? to_float(bias[n]) : 0.0f;
     out[static_cast<std::int64_t>(m) * n_cols + n] = finish_linear<T>(sum, stats, k, b, ep, m, n, n_cols);
   }
-}
-
-template <typename T, int kWarps, int kVec, bool kStats>  // T: __half or __nv_bfloat16
-__global__ void __launch_bounds__(kWarps * 32, (kWarps >= 32 ? 1 : 32 / kWarps))
-    decode_linear_mma(const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias,
-                      T* __restrict__ out, int rows, std::int64_t n_cols, std::int64_t k, LinearEpilogue<T> ep) {
-  __shared__ LinearShared<kWarps, kStats> s;
-  allow_next_grid();
-  wait_for_prior_grid();
-  linear_tile<T, kWarps, kVec, kStats>(x, weight, bias, out, rows, n_cols, k, ep,
-                                       static_cast<std::int64_t>(blockIdx.x) * 16, s);
 }
 
 }  // namespace gpuopt::cuda::kernels

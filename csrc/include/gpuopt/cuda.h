@@ -347,38 +347,6 @@ std::int64_t decode_attention_workspace(const DecodeAttentionParams& p);
 // decode_attention_workspace(p) floats.
 void decode_attention(const DecodeAttentionParams& p, cudaStream_t stream);
 
-// ---- an attention layer's decode step in one kernel: qkv = norm(x) @ weight.T + bias (decode_linear's
-// tiles; weight [3 heads head_dim, k], q's rows, then k's, then v's), then for each head and batch row the
-// causal decode attention of q against the caches with the new k and v appended at *position
-// (decode_attention with k_new, v_new and causal), the attention run by the block that completes the
-// head's tiles (counted in `counters`), so that it overlaps the projection's later tiles. Capturable.
-struct DecodeQkvAttentionParams {
-  ActivationType type = ActivationType::kFloat16;  // of x, weight, bias, qkv, out and the caches: fp16/bf16
-  const void* x = nullptr;       // [rows, k], contiguous
-  const void* weight = nullptr;  // [3 heads head_dim, k], contiguous
-  const void* bias = nullptr;    // [3 heads head_dim], or nullptr
-  void* qkv = nullptr;           // [rows, 3 heads head_dim], contiguous: the projection, written
-  void* out = nullptr;           // [rows, 1, heads, head_dim], contiguous: the attention
-  void* k_cache = nullptr;       // [rows, heads, keys, head_dim], contiguous
-  void* v_cache = nullptr;       // the same
-  const std::int64_t* position = nullptr;  // the new row (int64 on the device), as decode_attention's
-  int* counters = nullptr;       // [heads] int32, zero (left zero)
-  std::int64_t rows = 0, k = 0, heads = 0, head_dim = 0, keys = 0;
-  LinearNorm norm = LinearNorm::kNone;  // folded into the projection, as DecodeLinearParams'
-  const float* norm_sum = nullptr;
-  float eps = 1e-5f;
-  float scale = 1.0f;  // of the dot products
-  int device = 0;
-};
-
-// Whether decode_qkv_attention takes p: fp16/bf16; head_dim 64 or 128; 1 <= rows <= kDecodeLinearMaxRows;
-// k a multiple of 64 and at least 2048 (the projection's layout of 16 warps, two loads a row); keys from 1
-// to 1024 (one block a head: decode_attention would split longer caches); heads >= 1 within a grid; every
-// pointer 16-byte aligned; compute capability 8.0+ with this binary's code for it.
-bool decode_qkv_attention_supported(const DecodeQkvAttentionParams& p);
-// GPUOPT_CHECK_VALUE unless decode_qkv_attention_supported(p) and the pointers are set.
-void decode_qkv_attention(const DecodeQkvAttentionParams& p, cudaStream_t stream);
-
 // A single-thread kernel that spins for `ns` nanoseconds of %globaltimer. Queued before a timed
 // region it keeps the GPU busy while the host enqueues the region, so launch gaps stay out of
 // device-time measurements.

@@ -185,7 +185,6 @@ class DecodeResult:
     attention: str = "model"  # the decode step's attention: the model's own or gpuopt's (gpuopt.llm.attention)
     kv_writes_in_attention: int = 0  # attention modules whose kernel writes the step's key and value (llm.cache)
     causal_in_kernel: int = 0  # of those, how many bound the keys by the position instead of reading a mask
-    fused_attention: int = 0  # of those, how many run their decode step with its q/k/v projection as one operator
     build_s: float = 0.0
     warnings: list[str] = field(default_factory=list)
 
@@ -285,8 +284,7 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
                    batch_size: int = 1, prompt_len: int = 128, new_tokens: int = 128,
                    device: torch.device | str | int | None = None, seed: int = 0, parity: bool = True,
                    parity_tokens: int = 32, ceilings: dict | None = None, fuse: bool | None = None,
-                   attention: str | None = None, fold: bool | None = None, fuse_attention: bool | None = None,
-                   **measure_options: Any) -> DecodeResult:
+                   attention: str | None = None, fold: bool | None = None, **measure_options: Any) -> DecodeResult:
     """Measures one decode cell: ``batch_size`` random prompts of ``prompt_len`` tokens, ``new_tokens``
     generated greedily by ``path`` (see :data:`gpuopt.llm.PATHS`) in ``precision``.
 
@@ -300,10 +298,7 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
     model's own; by default ``"gpuopt"`` for the static paths on CUDA where it applies
     (:func:`default_attention`), else ``"model"``. ``fold``: fold the norms before linear layers into them
     and move the residual adds into their epilogues (:func:`gpuopt.llm.fuse.fold_norms`,
-    :class:`gpuopt.llm.passes.FuseResidual`, compiled steps); by default wherever ``fuse`` is on.
-    ``fuse_attention``: run each attention layer's decode step, its fused q/k/v projection and gpuopt's
-    attention, as one operator (:func:`gpuopt.llm.attention.fuse_steps`; one kernel on CUDA where it applies);
-    by default wherever ``fuse`` is on and the attention is gpuopt's. ``ceilings`` (``gpuopt.ceilings()``) gives the HBM read bandwidth;
+    :class:`gpuopt.llm.passes.FuseResidual`, compiled steps); by default wherever ``fuse`` is on. ``ceilings`` (``gpuopt.ceilings()``) gives the HBM read bandwidth;
     without it the cached measurement, else the datasheet, is used. Other keywords are
     :func:`gpuopt.measure` options (defaults :data:`MEASURE_DEFAULTS`).
 
@@ -347,13 +342,6 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
     if attention == "gpuopt" and not _attention.can_use(models.reference):
         raise ValueError(f"attention='gpuopt' needs a model that dispatches through transformers' attention "
                          f"interface; {models.name} ({type(models.reference).__name__}) does not")
-    if fuse_attention is None:
-        fuse_attention = fuse and attention == "gpuopt"
-    elif not isinstance(fuse_attention, bool):
-        raise TypeError(f"fuse_attention must be True, False or None, got {fuse_attention!r}")
-    elif fuse_attention and not (fuse and attention == "gpuopt"):
-        raise ValueError("fuse_attention=True needs fuse and attention='gpuopt': the step fuses the fused q/k/v "
-                         f"projection with gpuopt's attention; got fuse={fuse}, attention={attention!r}")
     index = models.device.index if on_gpu else None
     dtype = _DTYPES[precision]
     element = torch.finfo(dtype).bits // 8
@@ -373,8 +361,7 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
     t0 = time.perf_counter()
     candidate = models.candidate(precision, fused=fuse, fold=fold)
     clock = _C.StepClock(-1 if index is None else index, new_tokens)
-    decoder = Decoder(candidate, path, prompt, new_tokens, clock, dtype, attention=attention, fuse_residual=fold,
-                      fuse_attention=fuse_attention)
+    decoder = Decoder(candidate, path, prompt, new_tokens, clock, dtype, attention=attention, fuse_residual=fold)
     build_s = time.perf_counter() - t0
     try:
         clock.clear()
@@ -397,7 +384,6 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
         result.attention = decoder.attention
         result.kv_writes_in_attention = decoder.deferred_writes
         result.causal_in_kernel = decoder.causal_in_kernel
-        result.fused_attention = decoder.fused_attention
         if decoder.attention_note:
             result.warnings.append(decoder.attention_note)
         if parity:

@@ -125,14 +125,9 @@ class Decoder:
     """
 
     def __init__(self, model: torch.nn.Module, path: str, prompt: torch.Tensor, new_tokens: int, clock: Any,
-                 dtype: torch.dtype, attention: str = "model", fuse_residual: bool = True,
-                 fuse_attention: bool = True):
+                 dtype: torch.dtype, attention: str = "model", fuse_residual: bool = True):
         self.model, self.path, self.prompt, self.new_tokens, self.clock = model, path, prompt, new_tokens, clock
         self.fuse_residual = fuse_residual  # a compiled step's FuseResidual pass (gpuopt.llm.passes)
-        # With gpuopt's attention: each attention layer's decode step in one operator where it applies
-        # (gpuopt.llm.attention.fuse_steps); fused_attention counts the layers.
-        self.fuse_attention = fuse_attention
-        self.fused_attention = 0
         self.device = prompt.device
         self.batch_size, self.prompt_len = prompt.shape
         self.dtype = dtype
@@ -254,8 +249,6 @@ class Decoder:
                 self._prefill_step()
                 if self.attention == "gpuopt":
                     self._check_attention()
-            if self.attention == "gpuopt" and self.fuse_attention and self.causal_in_kernel:
-                self.fused_attention = _attention.fuse_steps(self.model)
             levels = [t for layer in getattr(self.cache, "layers", None) or []
                       if isinstance(t := getattr(layer, "cumulative_length", None), torch.Tensor)]
             self._fill_levels = list({id(t): t for t in levels}.values())  # a shared one once
@@ -470,9 +463,6 @@ class Decoder:
         self._graphs = []
         try:
             try:
-                if getattr(self, "fused_attention", 0):
-                    self.fused_attention = 0
-                    _attention.unfuse_steps(self.model)
                 _attention.restore(self.model, self.__dict__.pop("_attention_before", None))
             finally:
                 if self.deferred_writes:
