@@ -422,20 +422,51 @@ def part_chain(args, ceilings, results: dict, targets: list[Target]) -> None:
                 _C.programmatic_launch(before)
         return call
 
-    calls = {"plain": chain(False), "pdl": chain(True)}
-    if not torch.equal(calls["pdl"](), calls["plain"]()):
-        out.setdefault("errors", {})["pdl"] = "output differs from the plain launch's"
+    flat = [w for group in weights for w in group]
+    acts = ["relu" if i % 4 == 2 else "none" for i in range(len(flat))]
+
+    def streamed(stages=0, wait=True):  # one persistent kernel, the weights streamed ahead through shared memory
+        counter = torch.zeros(1, dtype=torch.int64, device="cuda")
+        return lambda: _C.decode_chain(h0, flat, [None] * len(flat), acts, counter, stages, wait)
+
+    calls = {"plain": chain(False), "pdl": chain(True), "streamed": streamed(), "streamed-3-stages": streamed(3),
+             "streamed-no-wait": streamed(wait=False)}
+    reference = calls["plain"]()
+    for label, call in calls.items():
+        if label in ("plain", "streamed-no-wait"):
+            continue
+        try:
+            got = call()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001  (recorded; the other variants go on)
+            out.setdefault("errors", {})[label] = f"{type(e).__name__}: {e}"
+            continue
+        if not torch.equal(got, reference):
+            out.setdefault("errors", {})[label] = (
+                f"output differs from the plain launch's (max abs diff {(got - reference).abs().max().item():.3g})")
     opts = {"mode": "graph", "calls_per_sample": 1, "max_time_s": 0.5 if args.quick else 1.5}
-    cmp = gpuopt.compare(calls["plain"], calls["pdl"], labels=("plain", "pdl"), **opts)
-    us = {"plain": cmp.baseline_ms * 1e3 / layers, "pdl": cmp.candidate_ms * 1e3 / layers}
+    us = {}
+    for base, cand in (("plain", "pdl"), ("pdl", "streamed"), ("streamed", "streamed-3-stages"),
+                       ("streamed", "streamed-no-wait")):
+        if cand in out.get("errors", {}) or base in out.get("errors", {}):
+            continue
+        try:
+            cmp = gpuopt.compare(calls[base], calls[cand], labels=(base, cand), **opts)
+        except Exception as e:  # noqa: BLE001  (recorded; the other comparisons go on)
+            out.setdefault("errors", {})[cand] = f"{type(e).__name__}: {e}"
+            continue
+        us.setdefault(base, cmp.baseline_ms * 1e3 / layers)
+        us[cand] = cmp.candidate_ms * 1e3 / layers
+        out["vs"][f"{cand} vs {base}"] = {"speedup": cmp.speedup, "ci": list(cmp.ci), "verdict": cmp.verdict,
+                                          "baseline_us": cmp.baseline_ms * 1e3 / layers}
     out["us_per_layer"] = us
-    out["vs"]["pdl vs plain"] = {"speedup": cmp.speedup, "ci": list(cmp.ci), "verdict": cmp.verdict}
     share = {k: layer_bytes / v / 1e3 / hbm * 100 for k, v in us.items()} if hbm else {}
     out["pct_of_hbm_read"] = share
-    print(f"CHAIN {layers} layers' q/k/v, out_proj, fc1, fc2 in a graph: plain {us['plain']:.2f} us per layer, "
-          f"pdl {us['pdl']:.2f} ({cmp.speedup:.3f}x, {cmp.verdict})"
-          + (f"; {share['pdl']:.1f}% of HBM read, floor {out['floor_us_per_layer']:.2f} us" if hbm else ""),
-          flush=True)
+    print(f"CHAIN {layers} layers' q/k/v, out_proj, fc1, fc2 in a graph (us per layer"
+          + (f"; floor {out['floor_us_per_layer']:.2f}" if hbm else "") + "): "
+          + ", ".join(f"{k} {v:.2f}" + (f" ({share[k]:.1f}%)" if share else "") for k, v in us.items())
+          + "; " + ", ".join(f"{k} {v['speedup']:.3f}x ({v['verdict']})" for k, v in out["vs"].items())
+          + (f"; errors {out['errors']}" if out.get("errors") else ""), flush=True)
 
 
 # (batch, heads, kv heads, cache length): decode steps of OPT-1.3B-like (32 heads) and Llama-1B-like

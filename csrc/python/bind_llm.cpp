@@ -124,6 +124,17 @@ void bind_llm(py::module_& m) {
         "is on, the device has compute capability 9.0+ and this build's code for it is built for 9.0+. False in a "
         "build without CUDA; ValueError where no CUDA device is visible, IndexError for an index out of range.");
 
+  m.def("decode_chain", &torch_ext::decode_chain, py::arg("x"), py::arg("weights"), py::arg("biases"),
+        py::arg("activations"), py::arg("counter"), py::arg("stages") = 0, py::arg("wait") = true,
+        "A chain of decode linear layers in one persistent kernel (a probe for benchmarks): layer s computes "
+        "act_s(x_s @ weights[s].T + biases[s]) with x_0 = x (one row) and x_s the output of layer s - 1 (its first "
+        "K_s columns). One block an SM; a producer warp streams the block's weight tiles of every layer into a "
+        "ring of shared-memory stages, 16 consumer warps compute them as decode_linear does (the same bits), "
+        "waiting before a layer's first tile for every block to have finished the layer before. activations: "
+        "'none' or 'relu' per layer; counter: one CUDA int64 zero before its first use, one chain at a time; "
+        "stages: the ring's depth (0: as many as fit); wait: False skips the waits (timing only). Compute "
+        "capability 9.0+; capturable in a CUDA graph.");
+
   m.def(
       "decode_linear_layout",
       [](const std::optional<int>& warps, const std::optional<int>& vector) {

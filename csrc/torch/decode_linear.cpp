@@ -184,6 +184,65 @@ std::pair<int, int> set_decode_linear_layout(int warps, int vector) {
   return {g_warps.exchange(warps), g_vector.exchange(vector)};
 }
 
+at::Tensor decode_chain(const at::Tensor& x, const std::vector<at::Tensor>& weights,
+                        const std::vector<std::optional<at::Tensor>>& biases, const std::vector<std::string>& activations,
+                        const at::Tensor& counter, std::int64_t stages, bool wait) {
+  constexpr const char* op = "decode_chain";
+  TORCH_CHECK_VALUE(!weights.empty(), op, ": weights must not be empty");
+  TORCH_CHECK_VALUE(biases.size() == weights.size() && activations.size() == weights.size(), op,
+                    ": biases and activations must have one entry per weight (", weights.size(), "), got ",
+                    biases.size(), " and ", activations.size());
+  TORCH_CHECK_VALUE(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), op,
+                    ": x must be a contiguous 2-D CUDA tensor [rows, K], got sizes ", x.sizes(), " on ", x.device());
+  TORCH_CHECK_TYPE(counter.is_cuda() && counter.scalar_type() == at::kLong && counter.numel() == 1 &&
+                       counter.device() == x.device(), op, ": counter must be one int64 on x's device, got ",
+                   counter.numel(), " ", dtype_name(counter.scalar_type()), " on ", counter.device());
+  TORCH_CHECK_VALUE(x.size(0) == 1, op, ": x must have one row, got ", x.size(0));
+  TORCH_CHECK_VALUE(stages >= 0, op, ": stages must be >= 0 (0: as many as fit), got ", stages);
+#ifdef GPUOPT_WITH_CUDA
+  TORCH_CHECK_VALUE(static_cast<std::int64_t>(weights.size()) <= cuda::kDecodeChainMaxLayers, op, ": at most ",
+                    cuda::kDecodeChainMaxLayers, " layers, got ", weights.size());
+  const c10::cuda::CUDAGuard guard(x.device());
+  cuda::DecodeChainParams p;
+  p.type = activation_type(x.scalar_type());
+  p.x = x.const_data_ptr();
+  p.device = x.device().index();
+  p.n_layers = static_cast<int>(weights.size());
+  p.counter = static_cast<unsigned long long*>(counter.data_ptr());
+  p.stages = static_cast<int>(stages);
+  p.wait = wait;
+  at::Tensor out;
+  for (std::size_t s = 0; s < weights.size(); ++s) {
+    const at::Tensor& w = weights[s];
+    TORCH_CHECK_TYPE(w.scalar_type() == x.scalar_type() && w.dim() == 2 && w.device() == x.device() &&
+                         w.is_contiguous(), op, ": weight ", s, " must be a contiguous 2-D [N, K] tensor of x's dtype ",
+                     "on x's device, got ", dtype_name(w.scalar_type()), " sizes ", w.sizes(), " on ", w.device());
+    if (biases[s].has_value()) {
+      TORCH_CHECK_TYPE(biases[s]->scalar_type() == x.scalar_type() && biases[s]->dim() == 1 &&
+                           biases[s]->size(0) == w.size(0) && biases[s]->is_contiguous() &&
+                           biases[s]->device() == x.device(),
+                       op, ": bias ", s, " must be a contiguous [N] tensor of x's dtype on x's device");
+    }
+    out = at::empty({x.size(0), w.size(0)}, x.options());
+    p.weight[s] = w.const_data_ptr();
+    p.bias[s] = biases[s].has_value() ? biases[s]->const_data_ptr() : nullptr;
+    p.out[s] = out.mutable_data_ptr();
+    p.n[s] = w.size(0);
+    p.k[s] = w.size(1);
+    p.relu[s] = relu(activations[s]);
+  }
+  TORCH_CHECK_VALUE(weights[0].size(1) == x.size(1), op, ": x's K (", x.size(1), ") must be weight 0's (",
+                    weights[0].size(1), ")");
+  cuda::decode_chain(p, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  return out;  // the intermediate outputs are freed now and reused by the caching allocator after the kernel
+#else
+  (void)stages;
+  (void)wait;
+  require_cuda("gpuopt decode_chain");
+  return {};
+#endif
+}
+
 #ifdef GPUOPT_WITH_CUDA
 bool programmatic_launch() { return cuda::programmatic_launch(); }
 bool set_programmatic_launch(bool enabled) { return cuda::set_programmatic_launch(enabled); }

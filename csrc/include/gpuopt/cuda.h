@@ -257,6 +257,34 @@ struct DecodeLinearParams {
 constexpr std::int64_t kDecodeLinearMaxRows = 8;
 // K per warp step: 16 bytes of each of a lane's two weight rows.
 constexpr std::int64_t kDecodeLinearChunk = 32;
+// ---- A chain of decode linear layers in one persistent kernel (csrc/cuda/decode_chain.cu; a probe for the
+// chain benchmark): layer s computes act_s(x_s @ weight_s.T + bias_s) into out_s, x_0 = x and x_s = out_{s-1}
+// (its first k_s values). One block an SM (a cooperative launch), each taking tiles b, b + grid, ... of every
+// layer. A producer warp streams the block's weight tiles, layer after layer, into a ring of shared-memory stages
+// with bulk copies (the weights do not depend on the layers' outputs, so HBM never waits on a layer); 16
+// consumer warps compute each tile as decode_linear's 16-warp, two-load tiles do (the same sums in the same
+// order: the same bits), and wait, before a layer's first tile, for every block to have finished the layer
+// before (a 64-bit release/acquire counter each block adds one to after its last tile of a layer: no block
+// waits at the end of a layer, only before reading the next one's input). fp16/bf16, one row, n_s a multiple of
+// 16, k_s a multiple of 1024 up to 8192. Compute capability 9.0+. Capturable.
+constexpr int kDecodeChainMaxLayers = 100;
+struct DecodeChainParams {
+  ActivationType type = ActivationType::kFloat16;
+  const void* x = nullptr;  // [1, k_0], contiguous
+  int n_layers = 0;
+  const void* weight[kDecodeChainMaxLayers] = {};  // [n_s, k_s], contiguous
+  const void* bias[kDecodeChainMaxLayers] = {};    // [n_s] or nullptr
+  void* out[kDecodeChainMaxLayers] = {};           // [1, n_s], contiguous
+  std::int64_t n[kDecodeChainMaxLayers] = {};
+  std::int64_t k[kDecodeChainMaxLayers] = {};
+  bool relu[kDecodeChainMaxLayers] = {};
+  int device = 0;
+  unsigned long long* counter = nullptr;  // zero before the first launch, owned by the caller (one chain at a time)
+  int stages = 0;                         // shared-memory stages of 16 x 1024 weights; 0: as many as fit
+  bool wait = true;                       // false: no waits between layers (wrong outputs: timing only)
+};
+void decode_chain(const DecodeChainParams& p, cudaStream_t stream);
+
 // Whether decode_linear takes these arguments: fp16/bf16, 1 <= rows <= kDecodeLinearMaxRows, n >= 1,
 // k a positive multiple of kDecodeLinearChunk, x and weight 16-byte aligned, and p.device of compute
 // capability 8.0+ with this binary's code for it built for 8.0+ (asked once per device).
