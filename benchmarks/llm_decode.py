@@ -425,12 +425,12 @@ def part_chain(args, ceilings, results: dict, targets: list[Target]) -> None:
     flat = [w for group in weights for w in group]
     acts = ["relu" if i % 4 == 2 else "none" for i in range(len(flat))]
 
-    def streamed(stages=0, wait=True):  # one persistent kernel, the weights streamed ahead through shared memory
+    def streamed(stages=0, wait=True, options=0, trace=None):  # one persistent kernel, the weights streamed ahead
         counter = torch.zeros(1, dtype=torch.int64, device="cuda")
-        return lambda: _C.decode_chain(h0, flat, [None] * len(flat), acts, counter, stages, wait)
+        return lambda: _C.decode_chain(h0, flat, [None] * len(flat), acts, counter, stages, wait, trace, options)
 
     calls = {"plain": chain(False), "pdl": chain(True), "streamed": streamed(), "streamed-3-stages": streamed(3),
-             "streamed-no-wait": streamed(wait=False)}
+             "streamed-sleep": streamed(options=1), "streamed-no-wait": streamed(wait=False)}
     reference = calls["plain"]()
     for label, call in calls.items():
         if label in ("plain", "streamed-no-wait"):
@@ -447,7 +447,7 @@ def part_chain(args, ceilings, results: dict, targets: list[Target]) -> None:
     opts = {"mode": "graph", "calls_per_sample": 1, "max_time_s": 0.5 if args.quick else 1.5}
     us = {}
     for base, cand in (("plain", "pdl"), ("pdl", "streamed"), ("streamed", "streamed-3-stages"),
-                       ("streamed", "streamed-no-wait")):
+                       ("streamed", "streamed-sleep"), ("streamed", "streamed-no-wait")):
         if cand in out.get("errors", {}) or base in out.get("errors", {}):
             continue
         try:
@@ -467,6 +467,40 @@ def part_chain(args, ceilings, results: dict, targets: list[Target]) -> None:
           + ", ".join(f"{k} {v:.2f}" + (f" ({share[k]:.1f}%)" if share else "") for k, v in us.items())
           + "; " + ", ".join(f"{k} {v['speedup']:.3f}x ({v['verdict']})" for k, v in out["vs"].items())
           + (f"; errors {out['errors']}" if out.get("errors") else ""), flush=True)
+    if "streamed" not in out.get("errors", {}):
+        _chain_trace(out, streamed, len(flat))
+
+
+def _chain_trace(out: dict, streamed, n_layers: int) -> None:
+    """The streamed chain's own profile: each block's timestamps per layer (wait done, input loaded, last tile
+    done), its producer's time stalled on a full ring and its consumers' time starved of weights, as means over
+    blocks and layers 1.. of each of the four matrix products; the critical path is the latest block's end of a
+    layer after the latest block's end of the layer before."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    trace = torch.zeros(sms, n_layers, 6, dtype=torch.int64, device="cuda")
+    call = streamed(trace=trace)
+    for _ in range(3):  # the last run's timestamps
+        call()
+    torch.cuda.synchronize()
+    t = trace.double().cpu() / 1e3  # us
+    end = t[:, :, 2]
+    rows = {}
+    for j, name in enumerate(("qkv", "out_proj", "fc1", "fc2")):
+        layers = [s for s in range(4, n_layers) if s % 4 == j]
+        prev = [s - 1 for s in layers]
+        crit = (end[:, layers].max(0).values - end[:, prev].max(0).values).mean().item()
+        wait = (t[:, layers, 0] - end[:, prev]).mean().item()
+        load = (t[:, layers, 1] - t[:, layers, 0]).mean().item()
+        compute = (t[:, layers, 2] - t[:, layers, 1]).mean().item()
+        spread = (end[:, layers].max(0).values - end[:, layers].min(0).values).mean().item()
+        rows[name] = {"critical_us": crit, "wait_us": wait, "input_us": load, "tiles_us": compute,
+                      "end_spread_us": spread, "producer_full_us": t[:, layers, 3].mean().item(),
+                      "consumer_starved_us": t[:, layers, 5].mean().item()}
+    total = (end[:, -1].max() - t[:, 0, 0].min()).item()
+    out["trace"] = {"total_us": total, "by_product": rows}
+    print(f"TRACE total {total:.1f} us ({total / (n_layers / 4):.2f} per layer); "
+          + "; ".join(f"{k}: " + ", ".join(f"{f.removesuffix('_us')} {v:.2f}" for f, v in r.items())
+                      for k, r in rows.items()), flush=True)
 
 
 # (batch, heads, kv heads, cache length): decode steps of OPT-1.3B-like (32 heads) and Llama-1B-like

@@ -100,16 +100,27 @@ __device__ __forceinline__ unsigned long long counter_add(unsigned long long* p)
   return old;
 }
 
+__device__ __forceinline__ long long now_ns() {
+  long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kStreamWarps * 32) : "memory");
 }
 #endif
 
 // Dynamic shared memory: `stages` full and `stages` empty mbarriers, then the ring (stages x kStreamStageBytes),
-// then the input (kStreamMaxK values). kWait false: no waits and no counter (timing only).
+// then the input (kStreamMaxK values). kWait false: no waits and no counter (timing only). trace: null, or
+// [grid][n_layers][kTraceFields] nanoseconds (a profile of the probe; see kTraceFields). options: bit 0, the counter
+// polls sleep between loads.
+constexpr int kTraceFields = 6;  // wait done, input loaded, last tile done; producer's empty-stage wait, its last
+                                 // copy issued; the consumers' full-stage wait (thread 0's)
 template <typename T, bool kWait>
 __global__ void __launch_bounds__((kStreamWarps + 1) * 32, 1)
-    decode_chain_streamed(ChainLayers layers, int n_layers, unsigned long long* counter, int stages) {
+    decode_chain_streamed(ChainLayers layers, int n_layers, unsigned long long* counter, int stages, long long* trace,
+                          int options) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char dynamic[];
   __shared__ float partial[kStreamWarps][8][16];  // [warp][x row][output column], as decode_linear_mma's
@@ -135,11 +146,14 @@ __global__ void __launch_bounds__((kStreamWarps + 1) * 32, 1)
     for (int s = 0; s < n_layers; ++s) {
       const int k = layers.k[s] < 0 ? -layers.k[s] : layers.k[s];
       const auto* w = static_cast<const T*>(layers.weight[s]);
+      long long stalled = 0;
       for (int tile = b; tile * 16 < layers.n[s]; tile += blocks) {
         for (int seg = 0; seg < k / kStreamSegment; ++seg, ++i) {
           const unsigned stage = i % static_cast<unsigned>(stages);
           if (lane == 0) {
+            const long long t0 = trace != nullptr ? now_ns() : 0;
             stage_wait(&empty[stage], ((i / static_cast<unsigned>(stages)) & 1u) ^ 1u);
+            if (trace != nullptr) stalled += now_ns() - t0;
             stage_expect(&full[stage], 16u * kStreamSegment * sizeof(T));
           }
           __syncwarp();
@@ -149,6 +163,11 @@ __global__ void __launch_bounds__((kStreamWarps + 1) * 32, 1)
                        kStreamSegment * sizeof(T), &full[stage]);
           }
         }
+      }
+      if (trace != nullptr && lane == 0) {
+        long long* row = trace + (static_cast<std::int64_t>(b) * n_layers + s) * kTraceFields;
+        row[3] = stalled;
+        row[4] = now_ns();
       }
     }
     return;
@@ -162,25 +181,32 @@ __global__ void __launch_bounds__((kStreamWarps + 1) * 32, 1)
   for (int s = 0; s < n_layers; ++s) {
     const int k = layers.k[s] < 0 ? -layers.k[s] : layers.k[s];
     const int n = layers.n[s];
+    long long* row = trace != nullptr ? trace + (static_cast<std::int64_t>(b) * n_layers + s) * kTraceFields : nullptr;
+    long long starved = 0;
     if (kWait && s > 0) {  // every block, with tiles or not: none may count a layer before the one before is done
       if (threadIdx.x == 0) {
         const long long start = clock64();
         while (counter_load(counter) < target) {
           if (clock64() - start > kStreamSpinLimit) __trap();
+          if (options & 1) __nanosleep(64);
         }
       }
       consumers_sync();
     }
+    if (row != nullptr && threadIdx.x == 0) row[0] = now_ns();
     if (b * 16 < n) {
       for (int j = static_cast<int>(threadIdx.x); j < k / 8; j += kStreamWarps * 32) {
         reinterpret_cast<uint4*>(xs)[j] = __ldcg(reinterpret_cast<const uint4*>(x) + j);
       }
       consumers_sync();
+      if (row != nullptr && threadIdx.x == 0) row[1] = now_ns();
       for (int tile = b; tile * 16 < n; tile += blocks) {
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         for (int seg = 0; seg < k / kStreamSegment; ++seg, ++i) {
           const unsigned stage = i % static_cast<unsigned>(stages);
+          const long long t0 = row != nullptr ? now_ns() : 0;
           stage_wait(&full[stage], (i / static_cast<unsigned>(stages)) & 1u);
+          if (row != nullptr) starved += now_ns() - t0;
           const unsigned char* st = ring + static_cast<std::size_t>(stage) * kStreamStageBytes;
           const int col = (warp * kStreamVec * kLinearChunk + 8 * kStreamVec * t) * static_cast<int>(sizeof(T));
           const auto* wl = reinterpret_cast<const uint4*>(st + g * kStreamRowBytes + col);
@@ -209,6 +235,11 @@ __global__ void __launch_bounds__((kStreamWarps + 1) * 32, 1)
         }
         consumers_sync();  // partial and xs free again; the outputs written
       }
+    }
+    if (row != nullptr && threadIdx.x == 0) {
+      row[2] = now_ns();
+      row[5] = starved;
+      if (b * 16 >= n) row[1] = row[2];
     }
     if (kWait && s + 1 < n_layers && threadIdx.x == 0) {
       const unsigned long long old = counter_add(counter);
@@ -263,7 +294,8 @@ void launch_chain(const DecodeChainParams& p, cudaStream_t stream) {
   attribute[0].val.cooperative = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, layers, p.n_layers, p.counter, stages);
+  const cudaError_t status =
+      cudaLaunchKernelEx(&config, kernel, layers, p.n_layers, p.counter, stages, p.trace, p.options);
   if (status != cudaSuccess) (void)cudaGetLastError();
   GPUOPT_CHECK(status == cudaSuccess, "decode_chain: cooperative launch failed: ", cudaGetErrorName(status), " (",
                cudaGetErrorString(status), ")");

@@ -186,7 +186,8 @@ std::pair<int, int> set_decode_linear_layout(int warps, int vector) {
 
 at::Tensor decode_chain(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                         const std::vector<std::optional<at::Tensor>>& biases, const std::vector<std::string>& activations,
-                        const at::Tensor& counter, std::int64_t stages, bool wait) {
+                        const at::Tensor& counter, std::int64_t stages, bool wait,
+                        const std::optional<at::Tensor>& trace, std::int64_t options) {
   constexpr const char* op = "decode_chain";
   TORCH_CHECK_VALUE(!weights.empty(), op, ": weights must not be empty");
   TORCH_CHECK_VALUE(biases.size() == weights.size() && activations.size() == weights.size(), op,
@@ -211,6 +212,12 @@ at::Tensor decode_chain(const at::Tensor& x, const std::vector<at::Tensor>& weig
   p.counter = static_cast<unsigned long long*>(counter.data_ptr());
   p.stages = static_cast<int>(stages);
   p.wait = wait;
+  p.options = static_cast<int>(options);
+  if (trace.has_value()) {
+    TORCH_CHECK_TYPE(trace->is_cuda() && trace->scalar_type() == at::kLong && trace->is_contiguous() &&
+                         trace->device() == x.device(), op, ": trace must be a contiguous int64 CUDA tensor on x's device");
+    p.trace = static_cast<long long*>(trace->data_ptr());
+  }
   at::Tensor out;
   for (std::size_t s = 0; s < weights.size(); ++s) {
     const at::Tensor& w = weights[s];
@@ -238,6 +245,8 @@ at::Tensor decode_chain(const at::Tensor& x, const std::vector<at::Tensor>& weig
 #else
   (void)stages;
   (void)wait;
+  (void)trace;
+  (void)options;
   require_cuda("gpuopt decode_chain");
   return {};
 #endif
