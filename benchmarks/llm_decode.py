@@ -426,11 +426,12 @@ def part_chain(args, ceilings, results: dict, targets: list[Target]) -> None:
     acts = ["relu" if i % 4 == 2 else "none" for i in range(len(flat))]
 
     def streamed(stages=0, wait=True, options=0, trace=None):  # one persistent kernel, the weights streamed ahead
-        counter = torch.zeros(1, dtype=torch.int64, device="cuda")
-        return lambda: _C.decode_chain(h0, flat, [None] * len(flat), acts, counter, stages, wait, trace, options)
+        counter = torch.zeros(2, dtype=torch.int64, device="cuda")
+        tags = torch.zeros(sum(w.shape[0] for w in flat), dtype=torch.int32, device="cuda") if options & 2 else None
+        return lambda: _C.decode_chain(h0, flat, [None] * len(flat), acts, counter, stages, wait, trace, options, tags)
 
     calls = {"plain": chain(False), "pdl": chain(True), "streamed": streamed(), "streamed-3-stages": streamed(3),
-             "streamed-sleep": streamed(options=1), "streamed-no-wait": streamed(wait=False)}
+             "streamed-tagged": streamed(options=2), "streamed-no-wait": streamed(wait=False)}
     reference = calls["plain"]()
     for label, call in calls.items():
         if label in ("plain", "streamed-no-wait"):
@@ -447,7 +448,7 @@ def part_chain(args, ceilings, results: dict, targets: list[Target]) -> None:
     opts = {"mode": "graph", "calls_per_sample": 1, "max_time_s": 0.5 if args.quick else 1.5}
     us = {}
     for base, cand in (("plain", "pdl"), ("pdl", "streamed"), ("streamed", "streamed-3-stages"),
-                       ("streamed", "streamed-sleep"), ("streamed", "streamed-no-wait")):
+                       ("streamed", "streamed-tagged"), ("streamed", "streamed-no-wait")):
         if cand in out.get("errors", {}) or base in out.get("errors", {}):
             continue
         try:
@@ -467,18 +468,19 @@ def part_chain(args, ceilings, results: dict, targets: list[Target]) -> None:
           + ", ".join(f"{k} {v:.2f}" + (f" ({share[k]:.1f}%)" if share else "") for k, v in us.items())
           + "; " + ", ".join(f"{k} {v['speedup']:.3f}x ({v['verdict']})" for k, v in out["vs"].items())
           + (f"; errors {out['errors']}" if out.get("errors") else ""), flush=True)
-    if "streamed" not in out.get("errors", {}):
-        _chain_trace(out, streamed, len(flat))
+    for label, options in (("streamed", 0), ("streamed-tagged", 2)):
+        if label not in out.get("errors", {}):
+            _chain_trace(out, label, lambda trace, o=options: streamed(options=o, trace=trace), len(flat))
 
 
-def _chain_trace(out: dict, streamed, n_layers: int) -> None:
+def _chain_trace(out: dict, label: str, streamed, n_layers: int) -> None:
     """The streamed chain's own profile: each block's timestamps per layer (wait done, input loaded, last tile
     done), its producer's time stalled on a full ring and its consumers' time starved of weights, as means over
     blocks and layers 1.. of each of the four matrix products; the critical path is the latest block's end of a
     layer after the latest block's end of the layer before."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    trace = torch.zeros(sms, n_layers, 6, dtype=torch.int64, device="cuda")
-    call = streamed(trace=trace)
+    trace = torch.zeros(sms, n_layers, 7, dtype=torch.int64, device="cuda")
+    call = streamed(trace)
     for _ in range(3):  # the last run's timestamps
         call()
     torch.cuda.synchronize()
@@ -495,10 +497,10 @@ def _chain_trace(out: dict, streamed, n_layers: int) -> None:
         spread = (end[:, layers].max(0).values - end[:, layers].min(0).values).mean().item()
         rows[name] = {"critical_us": crit, "wait_us": wait, "input_us": load, "tiles_us": compute,
                       "end_spread_us": spread, "producer_full_us": t[:, layers, 3].mean().item(),
-                      "consumer_starved_us": t[:, layers, 5].mean().item()}
+                      "consumer_starved_us": t[:, layers, 5].mean().item(), "release_us": t[:, layers, 6].mean().item()}
     total = (end[:, -1].max() - t[:, 0, 0].min()).item()
-    out["trace"] = {"total_us": total, "by_product": rows}
-    print(f"TRACE total {total:.1f} us ({total / (n_layers / 4):.2f} per layer); "
+    out.setdefault("trace", {})[label] = {"total_us": total, "by_product": rows}
+    print(f"TRACE {label} total {total:.1f} us ({total / (n_layers / 4):.2f} per layer); "
           + "; ".join(f"{k}: " + ", ".join(f"{f.removesuffix('_us')} {v:.2f}" for f, v in r.items())
                       for k, r in rows.items()), flush=True)
 

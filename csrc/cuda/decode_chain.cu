@@ -15,6 +15,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "decode_linear_kernels.cuh"
 #include "gpuopt/cuda.h"
@@ -100,6 +101,22 @@ __device__ __forceinline__ unsigned long long counter_add(unsigned long long* p)
   return old;
 }
 
+// The layers' outputs as tagged words (the tagged form): a 16-bit value in the low half, the launch's epoch in the
+// high half. Each 32-bit word is written and read whole (single-copy atomic), so a reader that sees its epoch in
+// every word it loads has the values of this launch: no fence, no counter, the wait and the input's load in one.
+__device__ __forceinline__ uint4 tagged_load(const unsigned* p) {
+  uint4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void tagged_store(unsigned* p, unsigned v) {
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 __device__ __forceinline__ long long now_ns() {
   long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -114,16 +131,19 @@ __device__ __forceinline__ void consumers_sync() {
 // Dynamic shared memory: `stages` full and `stages` empty mbarriers, then the ring (stages x kStreamStageBytes),
 // then the input (kStreamMaxK values). kWait false: no waits and no counter (timing only). trace: null, or
 // [grid][n_layers][kTraceFields] nanoseconds (a profile of the probe; see kTraceFields). options: bit 0, the counter
-// polls sleep between loads.
-constexpr int kTraceFields = 6;  // wait done, input loaded, last tile done; producer's empty-stage wait, its last
-                                 // copy issued; the consumers' full-stage wait (thread 0's)
-template <typename T, bool kWait>
+// polls sleep between loads. kTagged: the layers' outputs are also written as tagged words into `tags` (layer
+// after layer, sum of n_s words, zero before the first launch) and read from there, polled until every word
+// carries this launch's epoch (counter[1] counts the blocks' launches): no counter between layers.
+constexpr int kTraceFields = 7;  // wait done, input loaded, last tile done; producer's empty-stage wait, its last
+                                 // copy issued; the consumers' full-stage wait (thread 0's); the counter's add
+template <typename T, bool kWait, bool kTagged>
 __global__ void __launch_bounds__((kStreamWarps + 1) * 32, 1)
     decode_chain_streamed(ChainLayers layers, int n_layers, unsigned long long* counter, int stages, long long* trace,
-                          int options) {
+                          int options, unsigned* tags) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char dynamic[];
   __shared__ float partial[kStreamWarps][8][16];  // [warp][x row][output column], as decode_linear_mma's
+  __shared__ unsigned epoch_shared;
   auto* full = reinterpret_cast<std::uint64_t*>(dynamic);
   std::uint64_t* empty = full + stages;
   unsigned char* ring = dynamic + ((2 * stages * 8 + 127) / 128) * 128;
@@ -178,12 +198,23 @@ __global__ void __launch_bounds__((kStreamWarps + 1) * 32, 1)
   const T* x = static_cast<const T*>(layers.x);
   unsigned i = 0;
   unsigned long long target = 0;  // the count at which every block has finished the layer before
+  unsigned epoch = 0;
+  if (kTagged) {
+    if (threadIdx.x == 0) {
+      const unsigned long long old = atomicAdd(counter + 1, 1ull);
+      epoch_shared = static_cast<unsigned>((old / static_cast<unsigned long long>(blocks)) % 65535ull) + 1u;
+    }
+    consumers_sync();
+    epoch = epoch_shared;
+  }
+  std::int64_t offset = 0;       // of layer s's words in tags
+  std::int64_t prev_offset = 0;  // of layer s - 1's
   for (int s = 0; s < n_layers; ++s) {
     const int k = layers.k[s] < 0 ? -layers.k[s] : layers.k[s];
     const int n = layers.n[s];
     long long* row = trace != nullptr ? trace + (static_cast<std::int64_t>(b) * n_layers + s) * kTraceFields : nullptr;
     long long starved = 0;
-    if (kWait && s > 0) {  // every block, with tiles or not: none may count a layer before the one before is done
+    if (kWait && !kTagged && s > 0) {  // every block, with tiles or not: none may count a layer before the one before is done
       if (threadIdx.x == 0) {
         const long long start = clock64();
         while (counter_load(counter) < target) {
@@ -195,8 +226,20 @@ __global__ void __launch_bounds__((kStreamWarps + 1) * 32, 1)
     }
     if (row != nullptr && threadIdx.x == 0) row[0] = now_ns();
     if (b * 16 < n) {
-      for (int j = static_cast<int>(threadIdx.x); j < k / 8; j += kStreamWarps * 32) {
-        reinterpret_cast<uint4*>(xs)[j] = __ldcg(reinterpret_cast<const uint4*>(x) + j);
+      if (kTagged && s > 0) {
+        for (int j = static_cast<int>(threadIdx.x); j < k / 4; j += kStreamWarps * 32) {
+          const long long start = clock64();
+          uint4 w = tagged_load(tags + prev_offset + 4 * j);
+          while ((w.x >> 16) != epoch || (w.y >> 16) != epoch || (w.z >> 16) != epoch || (w.w >> 16) != epoch) {
+            if (clock64() - start > kStreamSpinLimit) __trap();
+            w = tagged_load(tags + prev_offset + 4 * j);
+          }
+          reinterpret_cast<uint2*>(xs)[j] = make_uint2((w.x & 0xffffu) | (w.y << 16), (w.z & 0xffffu) | (w.w << 16));
+        }
+      } else {
+        for (int j = static_cast<int>(threadIdx.x); j < k / 8; j += kStreamWarps * 32) {
+          reinterpret_cast<uint4*>(xs)[j] = __ldcg(reinterpret_cast<const uint4*>(x) + j);
+        }
       }
       consumers_sync();
       if (row != nullptr && threadIdx.x == 0) row[1] = now_ns();
@@ -231,7 +274,13 @@ __global__ void __launch_bounds__((kStreamWarps + 1) * 32, 1)
           const auto* bias = static_cast<const T*>(layers.bias[s]);
           sum += bias != nullptr ? to_float(bias[tile * 16 + c]) : 0.0f;
           if (layers.k[s] < 0) sum = fmaxf(sum, 0.0f);
-          static_cast<T*>(layers.out[s])[tile * 16 + c] = from_float<T>(sum);
+          const T value = from_float<T>(sum);
+          static_cast<T*>(layers.out[s])[tile * 16 + c] = value;
+          if (kTagged) {
+            unsigned short bits;
+            memcpy(&bits, &value, sizeof(bits));
+            tagged_store(tags + offset + tile * 16 + c, bits | (epoch << 16));
+          }
         }
         consumers_sync();  // partial and xs free again; the outputs written
       }
@@ -241,11 +290,15 @@ __global__ void __launch_bounds__((kStreamWarps + 1) * 32, 1)
       row[5] = starved;
       if (b * 16 >= n) row[1] = row[2];
     }
-    if (kWait && s + 1 < n_layers && threadIdx.x == 0) {
+    if (kWait && !kTagged && s + 1 < n_layers && threadIdx.x == 0) {
+      const long long t0 = row != nullptr ? now_ns() : 0;
       const unsigned long long old = counter_add(counter);
       target = (old / static_cast<unsigned long long>(blocks) + 1) * static_cast<unsigned long long>(blocks);
+      if (row != nullptr) row[6] = now_ns() - t0;
     }
     x = static_cast<const T*>(layers.out[s]);
+    prev_offset = offset;
+    offset += n;
   }
 #endif
 }
@@ -254,7 +307,7 @@ __global__ void __launch_bounds__((kStreamWarps + 1) * 32, 1)
 
 namespace {
 
-template <typename T, bool kWait>
+template <typename T, bool kWait, bool kTagged>
 void launch_chain(const DecodeChainParams& p, cudaStream_t stream) {
   kernels::ChainLayers layers = {};
   layers.x = p.x;
@@ -265,7 +318,7 @@ void launch_chain(const DecodeChainParams& p, cudaStream_t stream) {
     layers.n[s] = static_cast<int>(p.n[s]);
     layers.k[s] = static_cast<int>(p.relu[s] ? -p.k[s] : p.k[s]);
   }
-  auto* kernel = kernels::decode_chain_streamed<T, kWait>;
+  auto* kernel = kernels::decode_chain_streamed<T, kWait, kTagged>;
   int optin = 0;
   GPUOPT_CHECK_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device));
   cudaFuncAttributes attributes = {};
@@ -295,7 +348,7 @@ void launch_chain(const DecodeChainParams& p, cudaStream_t stream) {
   config.attrs = attribute;
   config.numAttrs = 1;
   const cudaError_t status =
-      cudaLaunchKernelEx(&config, kernel, layers, p.n_layers, p.counter, stages, p.trace, p.options);
+      cudaLaunchKernelEx(&config, kernel, layers, p.n_layers, p.counter, stages, p.trace, p.options, p.tags);
   if (status != cudaSuccess) (void)cudaGetLastError();
   GPUOPT_CHECK(status == cudaSuccess, "decode_chain: cooperative launch failed: ", cudaGetErrorName(status), " (",
                cudaGetErrorString(status), ")");
@@ -317,10 +370,14 @@ void decode_chain(const DecodeChainParams& p, cudaStream_t stream) {
                        "k a multiple of ", kernels::kStreamSegment, " up to ", kernels::kStreamMaxK,
                        " and at most the layer before's n");
   }
+  GPUOPT_CHECK_VALUE(p.tags != nullptr || (p.options & 2) == 0, "decode_chain: the tagged form needs tags");
+  const bool tagged = p.wait && (p.options & 2) != 0;
   if (p.type == ActivationType::kFloat16) {
-    p.wait ? launch_chain<__half, true>(p, stream) : launch_chain<__half, false>(p, stream);
+    tagged ? launch_chain<__half, true, true>(p, stream)
+    : p.wait ? launch_chain<__half, true, false>(p, stream) : launch_chain<__half, false, false>(p, stream);
   } else {
-    p.wait ? launch_chain<__nv_bfloat16, true>(p, stream) : launch_chain<__nv_bfloat16, false>(p, stream);
+    tagged ? launch_chain<__nv_bfloat16, true, true>(p, stream)
+    : p.wait ? launch_chain<__nv_bfloat16, true, false>(p, stream) : launch_chain<__nv_bfloat16, false, false>(p, stream);
   }
 }
 

@@ -126,16 +126,18 @@ void bind_llm(py::module_& m) {
 
   m.def("decode_chain", &torch_ext::decode_chain, py::arg("x"), py::arg("weights"), py::arg("biases"),
         py::arg("activations"), py::arg("counter"), py::arg("stages") = 0, py::arg("wait") = true,
-        py::arg("trace") = py::none(), py::arg("options") = 0,
+        py::arg("trace") = py::none(), py::arg("options") = 0, py::arg("tags") = py::none(),
         "A chain of decode linear layers in one persistent kernel (a probe for benchmarks): layer s computes "
         "act_s(x_s @ weights[s].T + biases[s]) with x_0 = x (one row) and x_s the output of layer s - 1 (its first "
         "K_s columns). One block an SM; a producer warp streams the block's weight tiles of every layer into a "
         "ring of shared-memory stages, 16 consumer warps compute them as decode_linear does (the same bits), "
         "waiting before a layer's first tile for every block to have finished the layer before. activations: "
-        "'none' or 'relu' per layer; counter: one CUDA int64 zero before its first use, one chain at a time; "
+        "'none' or 'relu' per layer; counter: two CUDA int64 zero before their first use, one chain at a time; "
         "stages: the ring's depth (0: as many as fit); wait: False skips the waits (timing only); trace: None or a "
-        "CUDA int64 tensor [SMs, layers, 6] the kernel writes nanosecond timestamps and stalls into (a profile); "
-        "options: bit 0, the waits sleep between polls. Compute "
+        "CUDA int64 tensor [SMs, layers, 7] the kernel writes nanosecond timestamps and stalls into (a profile); "
+        "options: bit 0, the waits sleep between polls; bit 1, the outputs also written and read as words tagged "
+        "with the launch (tags: int32, the layers' N summed, zeros before the first use) instead of a counter. "
+        "Compute "
         "capability 9.0+; capturable in a CUDA graph.");
 
   m.def(

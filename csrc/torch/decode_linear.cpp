@@ -187,7 +187,8 @@ std::pair<int, int> set_decode_linear_layout(int warps, int vector) {
 at::Tensor decode_chain(const at::Tensor& x, const std::vector<at::Tensor>& weights,
                         const std::vector<std::optional<at::Tensor>>& biases, const std::vector<std::string>& activations,
                         const at::Tensor& counter, std::int64_t stages, bool wait,
-                        const std::optional<at::Tensor>& trace, std::int64_t options) {
+                        const std::optional<at::Tensor>& trace, std::int64_t options,
+                        const std::optional<at::Tensor>& tags) {
   constexpr const char* op = "decode_chain";
   TORCH_CHECK_VALUE(!weights.empty(), op, ": weights must not be empty");
   TORCH_CHECK_VALUE(biases.size() == weights.size() && activations.size() == weights.size(), op,
@@ -195,8 +196,8 @@ at::Tensor decode_chain(const at::Tensor& x, const std::vector<at::Tensor>& weig
                     biases.size(), " and ", activations.size());
   TORCH_CHECK_VALUE(x.is_cuda() && x.dim() == 2 && x.is_contiguous(), op,
                     ": x must be a contiguous 2-D CUDA tensor [rows, K], got sizes ", x.sizes(), " on ", x.device());
-  TORCH_CHECK_TYPE(counter.is_cuda() && counter.scalar_type() == at::kLong && counter.numel() == 1 &&
-                       counter.device() == x.device(), op, ": counter must be one int64 on x's device, got ",
+  TORCH_CHECK_TYPE(counter.is_cuda() && counter.scalar_type() == at::kLong && counter.numel() == 2 &&
+                       counter.device() == x.device(), op, ": counter must be two int64 on x's device, got ",
                    counter.numel(), " ", dtype_name(counter.scalar_type()), " on ", counter.device());
   TORCH_CHECK_VALUE(x.size(0) == 1, op, ": x must have one row, got ", x.size(0));
   TORCH_CHECK_VALUE(stages >= 0, op, ": stages must be >= 0 (0: as many as fit), got ", stages);
@@ -217,6 +218,15 @@ at::Tensor decode_chain(const at::Tensor& x, const std::vector<at::Tensor>& weig
     TORCH_CHECK_TYPE(trace->is_cuda() && trace->scalar_type() == at::kLong && trace->is_contiguous() &&
                          trace->device() == x.device(), op, ": trace must be a contiguous int64 CUDA tensor on x's device");
     p.trace = static_cast<long long*>(trace->data_ptr());
+  }
+  if (tags.has_value()) {
+    TORCH_CHECK_TYPE(tags->is_cuda() && tags->scalar_type() == at::kInt && tags->is_contiguous() &&
+                         tags->device() == x.device(), op, ": tags must be a contiguous int32 CUDA tensor on x's device");
+    std::int64_t words = 0;
+    for (const at::Tensor& w : weights) words += w.size(0);
+    TORCH_CHECK_VALUE(tags->numel() >= words, op, ": tags must hold the layers' n summed (", words, "), got ",
+                      tags->numel());
+    p.tags = static_cast<unsigned*>(tags->data_ptr());
   }
   at::Tensor out;
   for (std::size_t s = 0; s < weights.size(); ++s) {
@@ -247,6 +257,7 @@ at::Tensor decode_chain(const at::Tensor& x, const std::vector<at::Tensor>& weig
   (void)wait;
   (void)trace;
   (void)options;
+  (void)tags;
   require_cuda("gpuopt decode_chain");
   return {};
 #endif

@@ -279,11 +279,12 @@ struct DecodeChainParams {
   std::int64_t k[kDecodeChainMaxLayers] = {};
   bool relu[kDecodeChainMaxLayers] = {};
   int device = 0;
-  unsigned long long* counter = nullptr;  // zero before the first launch, owned by the caller (one chain at a time)
+  unsigned long long* counter = nullptr;  // two, zero before the first launch, owned by the caller (one chain at a time)
   int stages = 0;                         // shared-memory stages of 16 x 1024 weights; 0: as many as fit
   bool wait = true;                       // false: no waits between layers (wrong outputs: timing only)
-  long long* trace = nullptr;  // null, or [SMs][n_layers][6] int64 nanoseconds (decode_chain.cu's kTraceFields)
-  int options = 0;              // bit 0: the waits for the layer before sleep between polls
+  long long* trace = nullptr;  // null, or [SMs][n_layers][7] int64 nanoseconds (decode_chain.cu's kTraceFields)
+  int options = 0;              // bit 0: the waits for the layer before sleep between polls; bit 1: tagged outputs
+  unsigned* tags = nullptr;     // the tagged form's words: sum of n_s, zero before the first launch
 };
 void decode_chain(const DecodeChainParams& p, cudaStream_t stream);
 
