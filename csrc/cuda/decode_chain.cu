@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "decode_linear_kernels.cuh"
+#include "stream_kernels.cuh"
 #include "gpuopt/cuda.h"
 
 namespace gpuopt::cuda {
@@ -30,7 +31,6 @@ constexpr int kStreamPad = 16;  // bytes after each row in a stage: row g's word
 constexpr int kStreamRowBytes = kStreamSegment * 2 + kStreamPad;
 constexpr int kStreamStageBytes = 16 * kStreamRowBytes;
 constexpr int kStreamMaxK = 8192;  // the input copy in shared memory
-constexpr long long kStreamSpinLimit = 1LL << 33;  // clock cycles (several seconds) before a wait gives up: a trap
 
 struct ChainLayers {
   const void* x;
@@ -41,54 +41,7 @@ struct ChainLayers {
   int k[kDecodeChainMaxLayers];  // negative: a ReLU after the bias (k = -k)
 };
 
-__device__ __forceinline__ std::uint32_t smem(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void stage_init(std::uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem(bar)), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ bool stage_done(std::uint64_t* bar, unsigned parity) {
-  std::uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(smem(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-
-// Until the phase of `bar` with this parity has completed; a trap after kStreamSpinLimit cycles (a bug, not a
-// hang: the launch fails).
-__device__ __forceinline__ void stage_wait(std::uint64_t* bar, unsigned parity) {
-  if (stage_done(bar, parity)) return;
-  const long long start = clock64();
-  while (!stage_done(bar, parity)) {
-    if (clock64() - start > kStreamSpinLimit) __trap();
-  }
-}
-
-__device__ __forceinline__ void stage_arrive(std::uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem(bar)) : "memory");
-}
-
-__device__ __forceinline__ void stage_expect(std::uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem(bar)), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void stage_copy(void* dst, const void* src, unsigned bytes, std::uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem(dst)),
-               "l"(src), "r"(bytes), "r"(smem(bar))
-               : "memory");
-}
-
 __device__ __forceinline__ unsigned long long counter_load(const unsigned long long* p) {
   unsigned long long v;
   asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
@@ -99,32 +52,6 @@ __device__ __forceinline__ unsigned long long counter_add(unsigned long long* p)
   unsigned long long old;
   asm volatile("atom.release.gpu.global.add.u64 %0, [%1], 1;" : "=l"(old) : "l"(p) : "memory");
   return old;
-}
-
-// The layers' outputs as tagged words (the tagged form): a 16-bit value in the low half, the launch's epoch in the
-// high half. Each 32-bit word is written and read whole (single-copy atomic), so a reader that sees its epoch in
-// every word it loads has the values of this launch: no fence, no counter, the wait and the input's load in one.
-__device__ __forceinline__ uint4 tagged_load(const unsigned* p) {
-  uint4 v;
-  asm volatile("ld.relaxed.gpu.global.v4.b32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void tagged_store(unsigned* p, unsigned v) {
-  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ long long now_ns() {
-  long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-__device__ __forceinline__ void consumers_sync() {
-  asm volatile("bar.sync 1, %0;" ::"n"(kStreamWarps * 32) : "memory");
 }
 #endif
 
@@ -157,7 +84,7 @@ __global__ void __launch_bounds__((kStreamWarps + 1) * 32, 1)
       stage_init(&full[i], 1);
       stage_init(&empty[i], kStreamWarps);
     }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    stage_init_fence();
   }
   __syncthreads();
 
@@ -204,7 +131,7 @@ __global__ void __launch_bounds__((kStreamWarps + 1) * 32, 1)
       const unsigned long long old = atomicAdd(counter + 1, 1ull);
       epoch_shared = static_cast<unsigned>((old / static_cast<unsigned long long>(blocks)) % 65535ull) + 1u;
     }
-    consumers_sync();
+    consumers_sync<kStreamWarps * 32>();
     epoch = epoch_shared;
   }
   std::int64_t offset = 0;       // of layer s's words in tags
@@ -222,17 +149,17 @@ __global__ void __launch_bounds__((kStreamWarps + 1) * 32, 1)
           if (options & 1) __nanosleep(64);
         }
       }
-      consumers_sync();
+      consumers_sync<kStreamWarps * 32>();
     }
     if (row != nullptr && threadIdx.x == 0) row[0] = now_ns();
     if (b * 16 < n) {
       if (kTagged && s > 0) {
         for (int j = static_cast<int>(threadIdx.x); j < k / 4; j += kStreamWarps * 32) {
           const long long start = clock64();
-          uint4 w = tagged_load(tags + prev_offset + 4 * j);
+          uint4 w = tagged_load4(tags + prev_offset + 4 * j);
           while ((w.x >> 16) != epoch || (w.y >> 16) != epoch || (w.z >> 16) != epoch || (w.w >> 16) != epoch) {
             if (clock64() - start > kStreamSpinLimit) __trap();
-            w = tagged_load(tags + prev_offset + 4 * j);
+            w = tagged_load4(tags + prev_offset + 4 * j);
           }
           reinterpret_cast<uint2*>(xs)[j] = make_uint2((w.x & 0xffffu) | (w.y << 16), (w.z & 0xffffu) | (w.w << 16));
         }
@@ -241,7 +168,7 @@ __global__ void __launch_bounds__((kStreamWarps + 1) * 32, 1)
           reinterpret_cast<uint4*>(xs)[j] = __ldcg(reinterpret_cast<const uint4*>(x) + j);
         }
       }
-      consumers_sync();
+      consumers_sync<kStreamWarps * 32>();
       if (row != nullptr && threadIdx.x == 0) row[1] = now_ns();
       for (int tile = b; tile * 16 < n; tile += blocks) {
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -265,7 +192,7 @@ __global__ void __launch_bounds__((kStreamWarps + 1) * 32, 1)
         partial[warp][2 * t + 1][g] = acc[1];
         partial[warp][2 * t][g + 8] = acc[2];
         partial[warp][2 * t + 1][g + 8] = acc[3];
-        consumers_sync();
+        consumers_sync<kStreamWarps * 32>();
         if (threadIdx.x < 16) {
           const int c = static_cast<int>(threadIdx.x);
           float sum = 0.0f;
@@ -282,7 +209,7 @@ __global__ void __launch_bounds__((kStreamWarps + 1) * 32, 1)
             tagged_store(tags + offset + tile * 16 + c, bits | (epoch << 16));
           }
         }
-        consumers_sync();  // partial and xs free again; the outputs written
+        consumers_sync<kStreamWarps * 32>();  // partial and xs free again; the outputs written
       }
     }
     if (row != nullptr && threadIdx.x == 0) {

@@ -8,6 +8,7 @@
 
 #include "../torch/decode.h"
 #include "../torch/decode_linear.h"
+#include "../torch/decode_stream.h"
 #include "../torch/int8_linear.h"
 #include "../torch/timing.h"
 #include "bindings.h"
@@ -123,6 +124,38 @@ void bind_llm(py::module_& m) {
         "Whether gpuopt's decode kernels launch programmatically on CUDA device `device` now: programmatic_launch() "
         "is on, the device has compute capability 9.0+ and this build's code for it is built for 9.0+. False in a "
         "build without CUDA; ValueError where no CUDA device is visible, IndexError for an index out of range.");
+
+  py::class_<torch_ext::DecodeProgram>(m, "DecodeProgram",
+                                       "A decode step as one persistent kernel (batch 1, float16/bfloat16, compute "
+                                       "capability 9.0+): operations added in the order they run, each returning "
+                                       "its output's activation id; finish() uploads the program, run(ids, "
+                                       "position) launches it on the current stream (capturable). One block an SM "
+                                       "streams its weight tiles through shared memory ahead of need; operations "
+                                       "wait on their inputs' words, not on a grid barrier.")
+      .def(py::init<std::int64_t, c10::ScalarType>(), py::arg("device"), py::arg("dtype"))
+      .def("embed", &torch_ext::DecodeProgram::embed, py::arg("table"), py::arg("positions") = py::none(),
+           py::arg("position_offset") = 0,
+           "out = table[id] + positions[position + position_offset]; returns its activation id")
+      .def("linear", &torch_ext::DecodeProgram::linear, py::arg("input"), py::arg("weights"), py::arg("biases"),
+           py::arg("norm_weight") = py::none(), py::arg("norm_bias") = py::none(), py::arg("eps") = 1e-5,
+           py::arg("residual") = py::none(), py::arg("relu") = false, py::arg("output") = true,
+           py::arg("plain") = py::none(),
+           "out = relu?(layer_norm?(input) @ cat(weights).T + cat(biases)) + residual?, each step rounded to the "
+           "program's dtype as the model's modules round; weights: 1 to 3 row blocks [N_p, K]; plain: a tensor "
+           "receiving the output too; output=False: no activation (returns -1)")
+      .def("attention", &torch_ext::DecodeProgram::attention, py::arg("input"), py::arg("k_cache"),
+           py::arg("v_cache"), py::arg("scale"),
+           "one token's attention over caches [1, H, L, D] at the step's position (written there first); input: "
+           "a fused q/k/v activation (queries, keys, values); returns its activation id")
+      .def("finish", &torch_ext::DecodeProgram::finish)
+      .def("run", &torch_ext::DecodeProgram::run, py::arg("ids"), py::arg("position"))
+      .def_property_readonly("device", &torch_ext::DecodeProgram::device)
+      .def_property_readonly("n_ops", &torch_ext::DecodeProgram::n_ops)
+      .def_property_readonly("finished", &torch_ext::DecodeProgram::finished)
+      .def_property_readonly("words", &torch_ext::DecodeProgram::words)
+      .def_property_readonly("max_position", &torch_ext::DecodeProgram::max_position)
+      .def_property_readonly("vocab", &torch_ext::DecodeProgram::vocab)
+      .def_property_readonly("weight_bytes", &torch_ext::DecodeProgram::weight_bytes);
 
   m.def("decode_chain", &torch_ext::decode_chain, py::arg("x"), py::arg("weights"), py::arg("biases"),
         py::arg("activations"), py::arg("counter"), py::arg("stages") = 0, py::arg("wait") = true,

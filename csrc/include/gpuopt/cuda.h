@@ -288,6 +288,61 @@ struct DecodeChainParams {
 };
 void decode_chain(const DecodeChainParams& p, cudaStream_t stream);
 
+// ---- A decode step in one persistent kernel (csrc/cuda/decode_stream.cu): a program of operations run by one
+// block an SM (a cooperative launch), the weights streamed through shared memory ahead of need and every
+// operation's output written as words tagged with the launch, which its readers poll (no grid barrier). Batch 1,
+// fp16/bf16, compute capability 9.0+. Capturable: ids and position are read on the device.
+constexpr int kDecodeStreamEmbed = 0;      // out = table[id] (+ positions[position + position_offset])
+constexpr int kDecodeStreamLinear = 1;     // out = act(norm(in) @ weight.T + bias) (+ residual)
+constexpr int kDecodeStreamAttention = 2;  // out[h] = attention of head h over the cache's 0 .. position
+constexpr int kDecodeStreamMaxParts = 3;
+constexpr int kDecodeStreamMaxK = 8192;    // a linear operation's input values
+constexpr int kDecodeStreamMaxLen = 4096;  // an attention's cache positions
+struct DecodeStreamOp {
+  int kind = kDecodeStreamLinear;
+  int n = 0;          // output values: linear, the parts' rows summed (a multiple of 16); embed, the hidden size
+                      // (a multiple of 16); attention, heads * head_dim
+  int k = 0;          // linear: input values, a multiple of 64 up to kDecodeStreamMaxK
+  int input = -1;     // word offset in the tags of the input (linear: 16-byte aligned; attention: the fused
+                      // q/k/v output, the heads' queries, then keys, then values)
+  int output = -1;    // word offset of the output (-1: none)
+  int residual = -1;  // word offset of an activation added last (linear), or -1
+  int relu = 0;       // linear: a ReLU after the bias
+  int parts = 1;      // linear: the weight's row blocks (q, k and v in one operation without a copy)
+  int part_rows[kDecodeStreamMaxParts] = {};             // multiples of 16
+  const void* weight[kDecodeStreamMaxParts] = {};        // [part_rows, k], contiguous, 16-byte aligned
+  const void* bias[kDecodeStreamMaxParts] = {};          // [part_rows] or null
+  const void* norm_weight = nullptr;  // linear: a layer norm of the input first ([k]), or null
+  const void* norm_bias = nullptr;    // [k] or null
+  float eps = 1e-5f;
+  void* plain = nullptr;              // linear: the output also written as T [n] (the logits), or null
+  const void* table = nullptr;        // embed: [vocab, n]
+  const void* positions = nullptr;    // embed: [rows, n] or null
+  int position_offset = 0;
+  void* k_cache = nullptr;  // attention: [heads, max_len, head_dim] (batch 1), the step writes row position
+  void* v_cache = nullptr;
+  int heads = 0;
+  int head_dim = 0;  // 64 or 128
+  int max_len = 0;
+  float scale = 1.0f;
+};
+struct DecodeStreamParams {
+  ActivationType type = ActivationType::kFloat16;
+  const DecodeStreamOp* ops = nullptr;  // device memory
+  int n_ops = 0;
+  unsigned* tags = nullptr;                // the activations' words, zero before the first launch
+  unsigned long long* launches = nullptr;  // zero before the first launch
+  const long long* ids = nullptr;          // device: the step's token
+  const long long* position = nullptr;     // device: the step's position (the cache's fill level)
+  int vocab = 0;                           // ids must be below it
+  int max_position = 0;                    // the position must be below it
+  int device = 0;
+  int blocks = 0;  // decode_stream_blocks(device): one an SM
+  int stages = 0;  // the ring's stages; 0: as many as fit
+};
+int decode_stream_blocks(int device);
+void decode_stream(const DecodeStreamParams& p, cudaStream_t stream);
+
 // Whether decode_linear takes these arguments: fp16/bf16, 1 <= rows <= kDecodeLinearMaxRows, n >= 1,
 // k a positive multiple of kDecodeLinearChunk, x and weight 16-byte aligned, and p.device of compute
 // capability 8.0+ with this binary's code for it built for 8.0+ (asked once per device).

@@ -32,6 +32,7 @@ from ..timing.measurement import Measurement, format_ms, measure
 from . import attention as _attention
 from . import linear as _linear
 from . import parity as _parity
+from . import stream as _stream
 from .fuse import fold_norms, fuse_projections
 from .models import (
     LLM_MODELS,
@@ -323,13 +324,20 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
     if path != "hf-generate" and not supports_static_cache(models.reference):
         raise ValueError(f"path {path!r} needs a static KV cache, which {models.name} "
                          f"({type(models.reference).__name__}) does not support; use 'hf-generate'")
+    if path == "static-megakernel":
+        why = _stream.unsupported(models.reference, batch_size, _DTYPES[precision], prompt_len + new_tokens)
+        if why is not None:
+            raise ValueError(f"path 'static-megakernel' cannot run {models.name}: {why}")
     if fuse is None:
-        fuse = not path.startswith("hf-")
+        fuse = not path.startswith("hf-") and path != "static-megakernel"
     elif not isinstance(fuse, bool):
         raise TypeError(f"fuse must be True, False or None, got {fuse!r}")
     elif fuse and path.startswith("hf-"):
         raise ValueError(f"fuse=True applies to gpuopt's static paths; path {path!r} is a baseline that runs the "
                          "model as transformers ships it")
+    elif fuse and path == "static-megakernel":
+        raise ValueError("fuse=True does not apply to path 'static-megakernel': its kernel reads the model's own "
+                         "projections (q, k and v as one operation without a copy)")
     if fold is None:
         fold = fuse
     elif not isinstance(fold, bool):
@@ -406,7 +414,8 @@ def default_attention(models: Models, path: str) -> str:
     static paths on CUDA where the model dispatches through transformers' attention interface with a
     head size the kernel takes, else the model's own."""
     shape = models.shape
-    use = (models.device.type == "cuda" and not path.startswith("hf-") and shape.head_dim in _attention.DIMS
+    use = (models.device.type == "cuda" and not path.startswith("hf-") and path != "static-megakernel"
+           and shape.head_dim in _attention.DIMS
            and _attention.can_use(models.reference))
     return "gpuopt" if use else "model"
 

@@ -11,6 +11,9 @@
   (``gpuopt._C.TokenLoop``), so no Python runs per token.
 - ``static-graph-compile``: as ``static-graph``, with the step compiled by ``torch.compile`` first
   (gpt-fast's recipe; the CUDA graph is gpuopt's own).
+- ``static-megakernel``: as ``static-graph``, with the decode step one persistent kernel of gpuopt's that
+  streams the weights through shared memory ahead of need (:mod:`gpuopt.llm.stream`: OPT models at batch 1 in
+  fp16/bf16 on compute capability 9.0+); the prefill is the model's own.
 
 Every path marks each token's completion on a :class:`gpuopt._C.StepClock` (CUDA events on the GPU, the
 host clock on CPU), from which TTFT, TPOT and inter-token latencies follow.
@@ -30,9 +33,11 @@ from ..prepare.config import reset_compile_caches
 from ..timing.graphs import capture as capture_graph
 from . import attention as _attention
 from . import cache as _cache
+from . import stream as _stream
 
-PATHS: tuple[str, ...] = ("hf-generate", "hf-static-compile", "static", "static-graph", "static-graph-compile")
-GRAPH_PATHS = ("static-graph", "static-graph-compile")
+PATHS: tuple[str, ...] = ("hf-generate", "hf-static-compile", "static", "static-graph", "static-graph-compile",
+                          "static-megakernel")
+GRAPH_PATHS = ("static-graph", "static-graph-compile", "static-megakernel")
 COMPILE_PATHS = ("hf-static-compile", "static-graph-compile")
 
 
@@ -54,6 +59,9 @@ def check_attention(attention: Any, path: str) -> str:
     if attention == "gpuopt" and path.startswith("hf-"):
         raise ValueError(f"attention='gpuopt' applies to gpuopt's static paths; path {path!r} is a baseline that "
                          "runs the model as transformers ships it")
+    if attention == "gpuopt" and path == "static-megakernel":
+        raise ValueError("attention='gpuopt' does not apply to path 'static-megakernel': its decode step attends "
+                         "in its own kernel (the prefill runs the model's attention); use attention='model'")
     return attention
 
 
@@ -236,6 +244,11 @@ class Decoder:
         self._fill_levels: list[torch.Tensor] = []
         compiled = self.path == "static-graph-compile"
         self._split_argmax = compiled  # in eager it would be three kernels for ATen's one
+        self._program: Any = None  # static-megakernel: the step's persistent kernel
+        if self.path == "static-megakernel":
+            why = _stream.unsupported(self.model, b, self.dtype, p + n)
+            if why is not None:
+                raise ValueError(f"path 'static-megakernel' cannot run {type(self.model).__name__}: {why}")
         side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         if self.attention == "gpuopt":
             self._attention_before = _attention.use(self.model)
@@ -249,6 +262,9 @@ class Decoder:
                 self._prefill_step()
                 if self.attention == "gpuopt":
                     self._check_attention()
+                if self.path == "static-megakernel":  # the cache's tensors exist now
+                    self._step_logits = torch.empty(1, self.model.config.vocab_size, dtype=self.dtype, device=dev)
+                    self._program = _stream.build(self.model, self.cache, self._step_logits)
             levels = [t for layer in getattr(self.cache, "layers", None) or []
                       if isinstance(t := getattr(layer, "cumulative_length", None), torch.Tensor)]
             self._fill_levels = list({id(t): t for t in levels}.values())  # a shared one once
@@ -349,10 +365,14 @@ class Decoder:
         return logits
 
     def _decode_step(self) -> torch.Tensor:
-        out = self.model(input_ids=self._ids, past_key_values=self.cache, cache_position=self._pos,
-                         position_ids=self._pos.view(1, 1).expand(self.batch_size, 1), attention_mask=self._mask,
-                         use_cache=True)
-        logits = out.logits[:, -1]
+        if self._program is not None:
+            self._program.run(self._ids, self._pos)
+            logits = self._step_logits
+        else:
+            out = self.model(input_ids=self._ids, past_key_values=self.cache, cache_position=self._pos,
+                             position_ids=self._pos.view(1, 1).expand(self.batch_size, 1),
+                             attention_mask=self._mask, use_cache=True)
+            logits = out.logits[:, -1]
         nxt = split_argmax(logits) if self._split_argmax else logits.argmax(-1)
         self._ids.copy_(nxt[:, None])
         self._tokens.index_copy_(1, self._col.clamp(max=self.new_tokens - 1), nxt[:, None])
@@ -376,7 +396,7 @@ class Decoder:
         # itself (the model's weights, a compiled step's own buffers, the cache and the step's tensors).
         owner = (tuple(graphs), tuple(outs), self.model, self._prefill, self._decode, self.cache, self._ids,
                  self._pos, self._col, self._tokens, self._mask, self._prefill_pos, self.prompt,
-                 tuple(self._fill_levels))
+                 tuple(self._fill_levels), self._program)
         self.loop = _C.TokenLoop(graphs[0].raw_cuda_graph_exec(), graphs[1].raw_cuda_graph_exec(), index,
                                  self.new_tokens, self.clock, owner)
 
@@ -470,7 +490,7 @@ class Decoder:
                     self.deferred_writes = 0
         finally:
             for name in ("cache", "_prefill", "_decode", "_prefill_logits", "_decode_logits", "_cache", "_last",
-                         "_fill_levels"):
+                         "_fill_levels", "_program", "_step_logits"):
                 self.__dict__.pop(name, None)
             if self.path == "hf-static-compile":
                 self.model.__dict__.pop("_compiled_call", None)  # generate keeps its compiled step on the model

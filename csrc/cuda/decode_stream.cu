@@ -1,0 +1,436 @@
+// A decode step in one persistent kernel (gpuopt::cuda::decode_stream): a program of operations (embedding,
+// linear layers with a layer norm before and a bias, ReLU and residual after, attention over a static KV cache)
+// run by one block an SM, every block resident at once (a cooperative launch).
+//
+// Weights stream: each block's last warp (the producer) bulk-copies the weight tiles the block will need, in the
+// order it will need them, operation after operation, into a ring of shared-memory stages. The weights depend on
+// nothing the step computes, so HBM keeps streaming while the 16 consumer warps wait for an operation's input.
+//
+// Activations are tagged words (stream_kernels.cuh): every operation's output is written as 32-bit words, the
+// value in the low half and the launch's epoch in the high half, each into a buffer of its own; a block needing
+// an input polls the words until all carry its epoch. No block ever waits at the end of an operation, and there
+// is no grid barrier and no fence: an operation starts in a block as soon as the values it reads are there.
+// The epoch: every block adds one to a launch counter at its start; count / blocks + 1 (mod 65535) is the same
+// for all blocks of a launch and differs from the last launch's (launches on one stream do not overlap).
+//
+// A linear operation: block b takes tiles b, b + grid, ... of 16 output rows; its input (k values, at most
+// kDecodeStreamMaxK) is polled into shared memory, layer-normed there if asked; each tile is summed by 16 warps with
+// tensor-core MMAs (warp w takes the 64-value chunks w, w + 16, ... as decode_linear's kernel does) from the
+// ring's stages of 16 rows x 1024 values; bias, ReLU and residual are added in T's precision, as the model's
+// own modules round.
+//
+// An attention operation (batch 1): block h takes head h: it polls the head's query, key and value (the input
+// is the fused q/k/v output: the heads' queries, then keys, then values), writes the key and value into the
+// cache at the step's position, and attends to positions 0 .. position in float32.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "decode_linear_kernels.cuh"  // linear_mma_words, kLinearChunk
+#include "gpuopt/cuda.h"
+#include "stream_kernels.cuh"
+#include "values.cuh"
+
+namespace gpuopt::cuda {
+namespace kernels {
+
+constexpr int kDsWarps = 16;  // consumer warps; the producer is one more
+constexpr int kDsThreads = kDsWarps * 32;
+constexpr int kDsVec = 2;  // 16-byte words of a row per lane and chunk (a chunk: 64 values)
+constexpr int kDsChunk = kDsVec * kLinearChunk;
+constexpr int kDsSegment = kDsWarps * kDsChunk;  // a stage's values of a row: 1024
+constexpr int kDsPad = 16;                       // bytes after each row: row g's words start 4 banks after row g-1's
+constexpr int kDsRowBytes = kDsSegment * 2 + kDsPad;
+constexpr int kDsStageBytes = 16 * kDsRowBytes;
+constexpr int kDsMaxDim = 128;  // head size
+
+static_assert(kDecodeStreamMaxLen * sizeof(float) <= kDecodeStreamMaxK * 2, "an attention's scores fit the input's room");
+
+template <typename T>
+__device__ __forceinline__ unsigned short bits_of(T v) {
+  unsigned short b;
+  memcpy(&b, &v, sizeof(b));
+  return b;
+}
+
+template <typename T>
+__device__ __forceinline__ T value_of(unsigned word) {
+  const auto b = static_cast<unsigned short>(word & 0xffffu);
+  T v;
+  memcpy(&v, &b, sizeof(v));
+  return v;
+}
+
+template <typename T>
+__device__ __forceinline__ void put(unsigned* tags, int offset, int index, T v, unsigned epoch) {
+  tagged_store(tags + offset + index, bits_of(v) | (epoch << 16));
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Sum of `v` over the consumer threads (all get it); `red` holds kDsWarps floats.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  if (threadIdx.x % 32 == 0) red[warp] = v;
+  consumers_sync<kDsThreads>();
+  float s = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kDsWarps; ++w) s += red[w];
+  consumers_sync<kDsThreads>();
+  return s;
+}
+
+__device__ __forceinline__ float block_max(float v, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  if (threadIdx.x % 32 == 0) red[warp] = v;
+  consumers_sync<kDsThreads>();
+  float m = red[0];
+#pragma unroll
+  for (int w = 1; w < kDsWarps; ++w) m = fmaxf(m, red[w]);
+  consumers_sync<kDsThreads>();
+  return m;
+}
+
+// The rows of tile `tile` (16 output rows from 16 * tile) in op's parts: the part and the first row in it.
+__device__ __forceinline__ int tile_part(const DecodeStreamOp& op, int tile, int& row) {
+  row = tile * 16;
+  int part = 0;
+  while (part + 1 < op.parts && row >= op.part_rows[part]) {
+    row -= op.part_rows[part];
+    ++part;
+  }
+  return part;
+}
+
+// The producer warp: every stage of the block's linear tiles, in the consumers' order.
+template <typename T>
+__device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty,
+                        int stages) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int blocks = static_cast<int>(gridDim.x);
+  unsigned i = 0;
+  for (int s = 0; s < n_ops; ++s) {
+    const DecodeStreamOp& op = ops[s];
+    if (op.kind != kDecodeStreamLinear) continue;
+    const int k = op.k;
+    for (int tile = static_cast<int>(blockIdx.x); tile * 16 < op.n; tile += blocks) {
+      int row = 0;
+      const int part = tile_part(op, tile, row);
+      const T* w = static_cast<const T*>(op.weight[part]) + static_cast<std::int64_t>(row) * k;
+      for (int seg = 0; seg * kDsSegment < k; ++seg, ++i) {
+        const int len = min(kDsSegment, k - seg * kDsSegment);
+        const unsigned stage = i % static_cast<unsigned>(stages);
+        if (lane == 0) {
+          stage_wait(&empty[stage], ((i / static_cast<unsigned>(stages)) & 1u) ^ 1u);
+          stage_expect(&full[stage], 16u * static_cast<unsigned>(len) * sizeof(T));
+        }
+        __syncwarp();
+        if (lane < 16) {
+          stage_copy(ring + static_cast<std::size_t>(stage) * kDsStageBytes + lane * kDsRowBytes,
+                     w + static_cast<std::int64_t>(lane) * k + seg * kDsSegment,
+                     static_cast<unsigned>(len) * sizeof(T), &full[stage]);
+        }
+      }
+    }
+  }
+}
+
+// The input of a linear operation into xs (T [k]), polled; then its layer norm, if any, in place.
+template <typename T>
+__device__ void load_input(const DecodeStreamOp& op, const unsigned* tags, unsigned epoch, T* xs, float* red) {
+  const int k = op.k;
+  for (int j = static_cast<int>(threadIdx.x); j < k / 4; j += kDsThreads) {
+    const uint4 w = tagged_wait4(tags + op.input + 4 * j, epoch);
+    reinterpret_cast<uint2*>(xs)[j] = make_uint2((w.x & 0xffffu) | (w.y << 16), (w.z & 0xffffu) | (w.w << 16));
+  }
+  consumers_sync<kDsThreads>();
+  if (op.norm_weight == nullptr) return;
+  float sum = 0.0f;
+  for (int j = static_cast<int>(threadIdx.x); j < k; j += kDsThreads) sum += to_float(xs[j]);
+  const float mean = block_sum(sum, red) / static_cast<float>(k);
+  float sq = 0.0f;
+  for (int j = static_cast<int>(threadIdx.x); j < k; j += kDsThreads) {
+    const float d = to_float(xs[j]) - mean;
+    sq += d * d;
+  }
+  const float rstd = rsqrtf(block_sum(sq, red) / static_cast<float>(k) + op.eps);
+  const auto* g = static_cast<const T*>(op.norm_weight);
+  const auto* beta = static_cast<const T*>(op.norm_bias);
+  for (int j = static_cast<int>(threadIdx.x); j < k; j += kDsThreads) {
+    const float y = (to_float(xs[j]) - mean) * rstd * to_float(g[j]) + (beta != nullptr ? to_float(beta[j]) : 0.0f);
+    xs[j] = from_float<T>(y);
+  }
+  consumers_sync<kDsThreads>();
+}
+
+template <typename T>
+__device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch, float* red,
+                           unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages, unsigned& i) {
+  const int blocks = static_cast<int>(gridDim.x);
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int k = op.k;
+  if (static_cast<int>(blockIdx.x) * 16 >= op.n) return;
+  load_input<T>(op, tags, epoch, xs, red);
+  for (int tile = static_cast<int>(blockIdx.x); tile * 16 < op.n; tile += blocks) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int seg = 0; seg * kDsSegment < k; ++seg, ++i) {
+      const int len = min(kDsSegment, k - seg * kDsSegment);
+      const unsigned stage = i % static_cast<unsigned>(stages);
+      stage_wait(&full[stage], (i / static_cast<unsigned>(stages)) & 1u);
+      if (warp * kDsChunk < len) {
+        const unsigned char* st = ring + static_cast<std::size_t>(stage) * kDsStageBytes;
+        const int col = (warp * kDsChunk + 8 * kDsVec * t) * static_cast<int>(sizeof(T));
+        const auto* wl = reinterpret_cast<const uint4*>(st + g * kDsRowBytes + col);
+        const auto* wh = reinterpret_cast<const uint4*>(st + (g + 8) * kDsRowBytes + col);
+        const auto* xv = reinterpret_cast<const uint4*>(xs + seg * kDsSegment + warp * kDsChunk + 8 * kDsVec * t);
+#pragma unroll
+        for (int v = 0; v < kDsVec; ++v) linear_mma_words<T>(wl[v], wh[v], xv[v], acc);
+      }
+      __syncwarp();
+      if (lane == 0) stage_arrive(&empty[stage]);
+    }
+    // D: lane (g, t) holds output rows g and g + 8 for x rows 2t and 2t + 1: x row 0 is t == 0's.
+    if (t == 0) {
+      scratch[warp * 16 + g] = acc[0];
+      scratch[warp * 16 + g + 8] = acc[2];
+    }
+    consumers_sync<kDsThreads>();
+    if (threadIdx.x < 16) {
+      const int c = static_cast<int>(threadIdx.x);
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kDsWarps; ++w) sum += scratch[w * 16 + c];
+      int row = 0;
+      const int part = tile_part(op, tile, row);
+      const auto* bias = static_cast<const T*>(op.bias[part]);
+      T y = from_float<T>(sum + (bias != nullptr ? to_float(bias[row + c]) : 0.0f));
+      if (op.relu) y = from_float<T>(fmaxf(to_float(y), 0.0f));
+      const int n = tile * 16 + c;
+      if (op.residual >= 0) {
+        y = from_float<T>(to_float(y) + to_float(value_of<T>(tagged_wait1(tags + op.residual + n, epoch))));
+      }
+      if (op.plain != nullptr) static_cast<T*>(op.plain)[n] = y;
+      if (op.output >= 0) put<T>(tags, op.output, n, y, epoch);
+    }
+    consumers_sync<kDsThreads>();  // scratch free again
+  }
+}
+
+template <typename T>
+__device__ void run_embed(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, long long id, long long position) {
+  const int blocks = static_cast<int>(gridDim.x);
+  if (threadIdx.x >= 16) return;
+  const auto* table = static_cast<const T*>(op.table);
+  const auto* positions = static_cast<const T*>(op.positions);
+  for (int tile = static_cast<int>(blockIdx.x); tile * 16 < op.n; tile += blocks) {
+    const int c = tile * 16 + static_cast<int>(threadIdx.x);
+    float v = to_float(table[id * op.n + c]);
+    if (positions != nullptr) v += to_float(positions[(position + op.position_offset) * op.n + c]);
+    put<T>(tags, op.output, c, from_float<T>(v), epoch);
+  }
+}
+
+// Head blockIdx.x of a one-token step: scores of positions 0 .. position (the new key's at position) in
+// float32, the softmax, the weighted values; the key and value written into the cache at position.
+template <typename T>
+__device__ void run_attention(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, long long position, float* scores,
+                              float* scratch, float* red, float* head) {
+  const int h = static_cast<int>(blockIdx.x);
+  if (h >= op.heads) return;
+  const int d = op.head_dim;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const int q_at = op.input + h * d;
+  const int k_at = op.input + op.heads * d + h * d;
+  const int v_at = op.input + 2 * op.heads * d + h * d;
+  auto* kc = static_cast<T*>(op.k_cache) + static_cast<std::int64_t>(h) * op.max_len * d;
+  auto* vc = static_cast<T*>(op.v_cache) + static_cast<std::int64_t>(h) * op.max_len * d;
+  for (int j = static_cast<int>(threadIdx.x); j < 3 * d; j += kDsThreads) {
+    const int at = j < d ? q_at + j : j < 2 * d ? k_at + j - d : v_at + j - 2 * d;
+    const T v = value_of<T>(tagged_wait1(tags + at, epoch));
+    head[j] = to_float(v);
+    if (j >= d && j < 2 * d) kc[position * d + j - d] = v;
+    if (j >= 2 * d) vc[position * d + j - 2 * d] = v;
+  }
+  consumers_sync<kDsThreads>();
+  const int keys = static_cast<int>(position) + 1;
+  float best = -INFINITY;
+  for (int j = static_cast<int>(threadIdx.x); j < keys; j += kDsThreads) {
+    float dot = 0.0f;
+    if (j == keys - 1) {
+      for (int e = 0; e < d; ++e) dot += head[e] * head[d + e];
+    } else {
+      const auto* row = reinterpret_cast<const uint4*>(kc + static_cast<std::int64_t>(j) * d);
+      for (int w = 0; w < d / 8; ++w) {
+        const uint4 u = row[w];
+        const std::uint32_t words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float2 f = unpack2(words[e], T{});
+          dot += head[8 * w + 2 * e] * f.x + head[8 * w + 2 * e + 1] * f.y;
+        }
+      }
+    }
+    dot *= op.scale;
+    scores[j] = dot;
+    best = fmaxf(best, dot);
+  }
+  best = block_max(best, red);
+  float total = 0.0f;
+  for (int j = static_cast<int>(threadIdx.x); j < keys; j += kDsThreads) {
+    const float p = __expf(scores[j] - best);
+    scores[j] = p;
+    total += p;
+  }
+  total = block_sum(total, red);  // its syncs order the scores' writes before the reads below
+  // Warp w takes positions w, w + 16, ...; lane l the dimensions l, l + 32, ... of each.
+  float acc[kDsMaxDim / 32] = {};
+  for (int j = warp; j < keys; j += kDsWarps) {
+    const float p = scores[j];
+    for (int e = 0; e * 32 < d; ++e) {
+      const float v = j == keys - 1 ? head[2 * d + e * 32 + lane]
+                                    : to_float(vc[static_cast<std::int64_t>(j) * d + e * 32 + lane]);
+      acc[e] += p * v;
+    }
+  }
+  for (int e = 0; e * 32 < d; ++e) scratch[warp * kDsMaxDim + e * 32 + lane] = acc[e];
+  consumers_sync<kDsThreads>();
+  for (int e = static_cast<int>(threadIdx.x); e < d; e += kDsThreads) {
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDsWarps; ++w) o += scratch[w * kDsMaxDim + e];
+    put<T>(tags, op.output, h * d + e, from_float<T>(o / total), epoch);
+  }
+  consumers_sync<kDsThreads>();  // scratch and scores free again
+}
+#endif
+
+// Dynamic shared memory: `stages` full and `stages` empty mbarriers (a 128-byte line or more), the ring (stages x
+// kDsStageBytes), then the input (kDecodeStreamMaxK values of T; an attention's scores there as floats).
+template <typename T>
+__global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
+    decode_stream_kernel(const DecodeStreamOp* ops, int n_ops, unsigned* tags, unsigned long long* launches,
+                         const long long* ids, const long long* positions, int stages, int vocab, int max_position) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char dynamic[];
+  __shared__ float scratch[kDsWarps * kDsMaxDim];  // a tile's sums of each warp; an attention's outputs
+  __shared__ float red[kDsWarps];
+  __shared__ float head[3 * kDsMaxDim];
+  __shared__ unsigned epoch_shared;
+  auto* full = reinterpret_cast<std::uint64_t*>(dynamic);
+  std::uint64_t* empty = full + stages;
+  unsigned char* ring = dynamic + ((2 * stages * 8 + 127) / 128) * 128;
+  T* xs = reinterpret_cast<T*>(ring + static_cast<std::size_t>(stages) * kDsStageBytes);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  if (threadIdx.x == 0) {
+    for (int j = 0; j < stages; ++j) {
+      stage_init(&full[j], 1);
+      stage_init(&empty[j], kDsWarps);
+    }
+    stage_init_fence();
+    const unsigned long long count = atomicAdd(launches, 1ull);
+    epoch_shared = static_cast<unsigned>((count / gridDim.x) % 65535ull) + 1u;
+  }
+  __syncthreads();
+  if (warp == kDsWarps) {
+    produce<T>(ops, n_ops, ring, full, empty, stages);
+    return;
+  }
+  const unsigned epoch = epoch_shared;
+  const long long id = *ids;
+  const long long position = *positions;
+  // The host checks what it can; a token or position out of range here (a bug) ends the launch, not a read
+  // out of bounds.
+  if (id < 0 || id >= vocab || position < 0 || position >= max_position) __trap();
+  unsigned i = 0;
+  for (int s = 0; s < n_ops; ++s) {
+    const DecodeStreamOp& op = ops[s];
+    if (op.kind == kDecodeStreamLinear) {
+      run_linear<T>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, i);
+    } else if (op.kind == kDecodeStreamEmbed) {
+      run_embed<T>(op, tags, epoch, id, position);
+    } else {
+      run_attention<T>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head);
+    }
+  }
+#endif
+}
+
+}  // namespace kernels
+
+namespace {
+
+std::size_t dynamic_bytes(int stages) {
+  return static_cast<std::size_t>((2 * stages * 8 + 127) / 128 * 128) +
+         static_cast<std::size_t>(stages) * kernels::kDsStageBytes + kDecodeStreamMaxK * 2;
+}
+
+template <typename T>
+void launch_stream(const DecodeStreamParams& p, cudaStream_t stream) {
+  auto* kernel = kernels::decode_stream_kernel<T>;
+  int optin = 0;
+  GPUOPT_CHECK_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device));
+  cudaFuncAttributes attributes = {};
+  GPUOPT_CHECK_CUDA(cudaFuncGetAttributes(&attributes, kernel));
+  const auto room = static_cast<std::int64_t>(optin) - static_cast<std::int64_t>(attributes.sharedSizeBytes);
+  int most = 0;
+  while (static_cast<std::int64_t>(dynamic_bytes(most + 1)) <= room) ++most;
+  GPUOPT_CHECK_VALUE(most >= 2, "decode_stream: shared memory holds fewer than two stages (", optin,
+                     " bytes a block)");
+  const int stages = p.stages > 0 ? (p.stages < most ? p.stages : most) : most;
+  const std::size_t bytes = dynamic_bytes(stages);
+  GPUOPT_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  int per_sm = 0;
+  GPUOPT_CHECK_CUDA(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (kernels::kDsWarps + 1) * 32, bytes));
+  GPUOPT_CHECK(per_sm >= 1, "decode_stream: the kernel fits no block on an SM with ", bytes,
+               " bytes of shared memory");
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(p.blocks));
+  config.blockDim = dim3((kernels::kDsWarps + 1) * 32);
+  config.dynamicSmemBytes = bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeCooperative;
+  attribute[0].val.cooperative = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, p.ops, p.n_ops, p.tags, p.launches, p.ids,
+                                                p.position, stages, p.vocab, p.max_position);
+  if (status != cudaSuccess) (void)cudaGetLastError();
+  GPUOPT_CHECK(status == cudaSuccess, "decode_stream: cooperative launch failed: ", cudaGetErrorName(status), " (",
+               cudaGetErrorString(status), ")");
+}
+
+}  // namespace
+
+int decode_stream_blocks(int device) {
+  int sms = 0;
+  GPUOPT_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+void decode_stream(const DecodeStreamParams& p, cudaStream_t stream) {
+  GPUOPT_CHECK_VALUE(p.type == ActivationType::kFloat16 || p.type == ActivationType::kBFloat16,
+                     "decode_stream: needs float16 or bfloat16");
+  GPUOPT_CHECK_VALUE(hopper_code_runs(p.device),
+                     "decode_stream: needs compute capability 9.0+ and this build's code for it");
+  GPUOPT_CHECK_VALUE(p.ops != nullptr && p.n_ops >= 1 && p.tags != nullptr && p.launches != nullptr &&
+                         p.ids != nullptr && p.position != nullptr && p.blocks >= 1,
+                     "decode_stream: ops, tags, launches, ids and position must be set, with at least one op");
+  if (p.type == ActivationType::kFloat16) {
+    launch_stream<__half>(p, stream);
+  } else {
+    launch_stream<__nv_bfloat16>(p, stream);
+  }
+}
+
+}  // namespace gpuopt::cuda

@@ -1,0 +1,288 @@
+#include "decode_stream.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "device.h"
+
+#ifdef GPUOPT_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace gpuopt::torch_ext {
+namespace {
+
+constexpr std::int64_t kAlignWords = 32;  // each activation's words start on a 128-byte line
+
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.const_data_ptr()) % 16 == 0; }
+
+}  // namespace
+
+DecodeProgram::DecodeProgram(std::int64_t device, c10::ScalarType dtype) : dtype_(dtype) {
+  device_ = checked_cuda_device(device, "DecodeProgram");
+  TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16,
+                   "DecodeProgram: dtype must be float16 or bfloat16, got ", dtype_name(dtype));
+#ifdef GPUOPT_WITH_CUDA
+  TORCH_CHECK_VALUE(cuda::hopper_code_runs(static_cast<int>(device_)), "DecodeProgram: CUDA device ", device_,
+                    " cannot run it: the persistent decode kernel needs compute capability 9.0+ and this build's "
+                    "code for it (GPUOPT_CUDA_ARCHS with 9.0)");
+#endif
+}
+
+void DecodeProgram::check_open(const char* op) const {
+  TORCH_CHECK(!finished_, "DecodeProgram.", op, ": the program is finished; build a new one to change it");
+}
+
+void DecodeProgram::check_tensor(const char* op, const char* name, const at::Tensor& t) const {
+  TORCH_CHECK_TYPE(t.is_cuda() && t.device().index() == device_, "DecodeProgram.", op, ": ", name,
+                   " must be on cuda:", device_, ", got ", t.device());
+  TORCH_CHECK_TYPE(t.scalar_type() == dtype_, "DecodeProgram.", op, ": ", name, " must be ", dtype_name(dtype_),
+                   " (the program's dtype), got ", dtype_name(t.scalar_type()));
+  TORCH_CHECK_VALUE(t.is_contiguous() && aligned16(t), "DecodeProgram.", op, ": ", name,
+                    " must be contiguous and 16-byte aligned");
+}
+
+std::int64_t DecodeProgram::add_activation(std::int64_t size) {
+  offsets_.push_back(words_);
+  sizes_.push_back(size);
+  words_ += (size + kAlignWords - 1) / kAlignWords * kAlignWords;
+  TORCH_CHECK_VALUE(words_ < (std::int64_t{1} << 31), "DecodeProgram: the activations exceed 2^31 words");
+  return static_cast<std::int64_t>(offsets_.size()) - 1;
+}
+
+std::int64_t DecodeProgram::activation_size(const char* op, const char* name, std::int64_t id) const {
+  TORCH_CHECK_VALUE(id >= 0 && id < static_cast<std::int64_t>(sizes_.size()), "DecodeProgram.", op, ": ", name,
+                    " must be an activation id this program returned (0 to ",
+                    static_cast<std::int64_t>(sizes_.size()) - 1, "), got ", id);
+  return sizes_[static_cast<std::size_t>(id)];
+}
+
+std::int64_t DecodeProgram::n_ops() const {
+#ifdef GPUOPT_WITH_CUDA
+  return static_cast<std::int64_t>(ops_.size());
+#else
+  return 0;
+#endif
+}
+
+#ifdef GPUOPT_WITH_CUDA
+
+std::int64_t DecodeProgram::embed(const at::Tensor& table, const std::optional<at::Tensor>& positions,
+                                  std::int64_t position_offset) {
+  constexpr const char* op = "embed";
+  check_open(op);
+  check_tensor(op, "table", table);
+  TORCH_CHECK_VALUE(table.dim() == 2 && table.size(1) % 16 == 0 && table.size(0) >= 1, "DecodeProgram.embed: table ",
+                    "must be [vocab, N] with N a multiple of 16, got ", table.sizes());
+  cuda::DecodeStreamOp o;
+  o.kind = cuda::kDecodeStreamEmbed;
+  o.n = static_cast<int>(table.size(1));
+  o.table = table.const_data_ptr();
+  keep_.push_back(table);
+  vocab_ = table.size(0);
+  if (positions.has_value()) {
+    check_tensor(op, "positions", *positions);
+    TORCH_CHECK_VALUE(positions->dim() == 2 && positions->size(1) == table.size(1), "DecodeProgram.embed: ",
+                      "positions must be [rows, ", table.size(1), "], got ", positions->sizes());
+    TORCH_CHECK_VALUE(position_offset >= 0 && position_offset < positions->size(0), "DecodeProgram.embed: ",
+                      "position_offset must be 0 to ", positions->size(0) - 1, ", got ", position_offset);
+    o.positions = positions->const_data_ptr();
+    o.position_offset = static_cast<int>(position_offset);
+    keep_.push_back(*positions);
+    const std::int64_t most = positions->size(0) - position_offset;
+    max_position_ = max_position_ < 0 ? most : std::min(max_position_, most);
+  }
+  const std::int64_t id = add_activation(o.n);
+  o.output = static_cast<int>(offsets_[static_cast<std::size_t>(id)]);
+  ops_.push_back(o);
+  return id;
+}
+
+std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Tensor>& weights,
+                                   const std::vector<std::optional<at::Tensor>>& biases,
+                                   const std::optional<at::Tensor>& norm_weight,
+                                   const std::optional<at::Tensor>& norm_bias, double eps,
+                                   std::optional<std::int64_t> residual, bool relu, bool output,
+                                   const std::optional<at::Tensor>& plain) {
+  constexpr const char* op = "linear";
+  check_open(op);
+  const std::int64_t k = activation_size(op, "input", input);
+  TORCH_CHECK_VALUE(!weights.empty() && static_cast<int>(weights.size()) <= cuda::kDecodeStreamMaxParts,
+                    "DecodeProgram.linear: weights must be 1 to ", cuda::kDecodeStreamMaxParts, " tensors, got ",
+                    weights.size());
+  TORCH_CHECK_VALUE(biases.size() == weights.size(), "DecodeProgram.linear: biases must have one entry (or None) "
+                    "per weight (", weights.size(), "), got ", biases.size());
+  TORCH_CHECK_VALUE(k % 64 == 0 && k <= cuda::kDecodeStreamMaxK, "DecodeProgram.linear: the input's size (K=", k,
+                    ") must be a multiple of 64 up to ", cuda::kDecodeStreamMaxK);
+  cuda::DecodeStreamOp o;
+  o.kind = cuda::kDecodeStreamLinear;
+  o.k = static_cast<int>(k);
+  o.parts = static_cast<int>(weights.size());
+  o.input = static_cast<int>(offsets_[static_cast<std::size_t>(input)]);
+  std::int64_t n = 0;
+  for (std::size_t p = 0; p < weights.size(); ++p) {
+    const at::Tensor& w = weights[p];
+    check_tensor(op, "weight", w);
+    TORCH_CHECK_VALUE(w.dim() == 2 && w.size(1) == k && w.size(0) >= 16 && w.size(0) % 16 == 0,
+                      "DecodeProgram.linear: weight ", p, " must be [N, ", k, "] (K the input's size) with N a "
+                      "multiple of 16, got ", w.sizes());
+    o.weight[p] = w.const_data_ptr();
+    o.part_rows[p] = static_cast<int>(w.size(0));
+    keep_.push_back(w);
+    weight_bytes_ += w.numel() * w.element_size();
+    if (biases[p].has_value()) {
+      check_tensor(op, "bias", *biases[p]);
+      TORCH_CHECK_VALUE(biases[p]->numel() == w.size(0), "DecodeProgram.linear: bias ", p, " must have ",
+                        w.size(0), " values, got ", biases[p]->numel());
+      o.bias[p] = biases[p]->const_data_ptr();
+      keep_.push_back(*biases[p]);
+    }
+    n += w.size(0);
+  }
+  o.n = static_cast<int>(n);
+  if (norm_weight.has_value()) {
+    check_tensor(op, "norm_weight", *norm_weight);
+    TORCH_CHECK_VALUE(norm_weight->numel() == k, "DecodeProgram.linear: norm_weight must have ", k,
+                      " values, got ", norm_weight->numel());
+    TORCH_CHECK_VALUE(eps > 0, "DecodeProgram.linear: eps must be > 0, got ", eps);
+    o.norm_weight = norm_weight->const_data_ptr();
+    o.eps = static_cast<float>(eps);
+    keep_.push_back(*norm_weight);
+    if (norm_bias.has_value()) {
+      check_tensor(op, "norm_bias", *norm_bias);
+      TORCH_CHECK_VALUE(norm_bias->numel() == k, "DecodeProgram.linear: norm_bias must have ", k, " values, got ",
+                        norm_bias->numel());
+      o.norm_bias = norm_bias->const_data_ptr();
+      keep_.push_back(*norm_bias);
+    }
+  } else {
+    TORCH_CHECK_VALUE(!norm_bias.has_value(), "DecodeProgram.linear: norm_bias needs norm_weight");
+  }
+  if (residual.has_value()) {
+    const std::int64_t size = activation_size(op, "residual", *residual);
+    TORCH_CHECK_VALUE(size == n, "DecodeProgram.linear: the residual must have the output's size (", n, "), got ",
+                      size);
+    o.residual = static_cast<int>(offsets_[static_cast<std::size_t>(*residual)]);
+  }
+  o.relu = relu ? 1 : 0;
+  if (plain.has_value()) {
+    check_tensor(op, "plain", *plain);
+    TORCH_CHECK_VALUE(plain->numel() == n, "DecodeProgram.linear: plain must have ", n, " values, got ",
+                      plain->numel());
+    o.plain = plain->data_ptr();
+    keep_.push_back(*plain);
+  }
+  TORCH_CHECK_VALUE(output || plain.has_value(), "DecodeProgram.linear: an operation without output needs plain");
+  std::int64_t id = -1;
+  if (output) {
+    id = add_activation(n);
+    o.output = static_cast<int>(offsets_[static_cast<std::size_t>(id)]);
+  }
+  ops_.push_back(o);
+  return id;
+}
+
+std::int64_t DecodeProgram::attention(std::int64_t input, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                      double scale) {
+  constexpr const char* op = "attention";
+  check_open(op);
+  const std::int64_t size = activation_size(op, "input", input);
+  check_tensor(op, "k_cache", k_cache);
+  check_tensor(op, "v_cache", v_cache);
+  const bool batched = k_cache.dim() == 4;
+  TORCH_CHECK_VALUE((k_cache.dim() == 3 || (batched && k_cache.size(0) == 1)) && v_cache.sizes() == k_cache.sizes(),
+                    "DecodeProgram.attention: k_cache and v_cache must both be [1, H, L, D] or [H, L, D], got ",
+                    k_cache.sizes(), " and ", v_cache.sizes());
+  const std::int64_t heads = k_cache.size(batched ? 1 : 0);
+  const std::int64_t len = k_cache.size(batched ? 2 : 1);
+  const std::int64_t dim = k_cache.size(batched ? 3 : 2);
+  TORCH_CHECK_VALUE(dim == 64 || dim == 128, "DecodeProgram.attention: the head size must be 64 or 128, got ", dim);
+  TORCH_CHECK_VALUE(len >= 1 && len <= cuda::kDecodeStreamMaxLen, "DecodeProgram.attention: the cache length must "
+                    "be 1 to ", cuda::kDecodeStreamMaxLen, ", got ", len);
+  TORCH_CHECK_VALUE(size == 3 * heads * dim, "DecodeProgram.attention: the input must be a fused q/k/v activation "
+                    "of 3 * H * D = ", 3 * heads * dim, " values, got ", size);
+  TORCH_CHECK_VALUE(scale > 0, "DecodeProgram.attention: scale must be > 0, got ", scale);
+  cuda::DecodeStreamOp o;
+  o.kind = cuda::kDecodeStreamAttention;
+  o.input = static_cast<int>(offsets_[static_cast<std::size_t>(input)]);
+  o.n = static_cast<int>(heads * dim);
+  o.heads = static_cast<int>(heads);
+  o.head_dim = static_cast<int>(dim);
+  o.max_len = static_cast<int>(len);
+  o.scale = static_cast<float>(scale);
+  o.k_cache = k_cache.data_ptr();
+  o.v_cache = v_cache.data_ptr();
+  keep_.push_back(k_cache);
+  keep_.push_back(v_cache);
+  max_position_ = max_position_ < 0 ? len : std::min(max_position_, len);
+  const std::int64_t id = add_activation(o.n);
+  o.output = static_cast<int>(offsets_[static_cast<std::size_t>(id)]);
+  ops_.push_back(o);
+  return id;
+}
+
+void DecodeProgram::finish() {
+  check_open("finish");
+  TORCH_CHECK_VALUE(!ops_.empty(), "DecodeProgram.finish: the program has no operations");
+  TORCH_CHECK_VALUE(vocab_ > 0 && max_position_ > 0, "DecodeProgram.finish: the program needs an embedding (the "
+                    "step's token) and a positions table or an attention (the step's position bound)");
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  const auto options = at::TensorOptions().device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_)));
+  const auto bytes = static_cast<std::int64_t>(ops_.size() * sizeof(cuda::DecodeStreamOp));
+  at::Tensor host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+  std::memcpy(host.data_ptr(), ops_.data(), static_cast<std::size_t>(bytes));
+  ops_device_ = host.to(options.dtype(at::kByte));
+  tags_ = at::zeros({std::max<std::int64_t>(words_, 4)}, options.dtype(at::kInt));
+  launches_ = at::zeros({1}, options.dtype(at::kLong));
+  finished_ = true;
+}
+
+void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position) {
+  TORCH_CHECK(finished_, "DecodeProgram.run: call finish() first");
+  TORCH_CHECK_TYPE(ids.is_cuda() && ids.device().index() == device_ && ids.scalar_type() == at::kLong &&
+                       ids.numel() == 1,
+                   "DecodeProgram.run: ids must be one int64 on cuda:", device_, " (batch 1), got ", ids.numel(),
+                   " ", dtype_name(ids.scalar_type()), " on ", ids.device());
+  TORCH_CHECK_TYPE(position.is_cuda() && position.device().index() == device_ &&
+                       position.scalar_type() == at::kLong && position.numel() == 1,
+                   "DecodeProgram.run: position must be one int64 on cuda:", device_, ", got ", position.numel(), " ",
+                   dtype_name(position.scalar_type()), " on ", position.device());
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  cuda::DecodeStreamParams p;
+  p.type = activation_type(dtype_);
+  p.ops = reinterpret_cast<const cuda::DecodeStreamOp*>(ops_device_.const_data_ptr());
+  p.n_ops = static_cast<int>(ops_.size());
+  p.tags = static_cast<unsigned*>(tags_.data_ptr());
+  p.launches = static_cast<unsigned long long*>(launches_.data_ptr());
+  p.ids = static_cast<const long long*>(ids.const_data_ptr());
+  p.position = static_cast<const long long*>(position.const_data_ptr());
+  p.vocab = static_cast<int>(vocab_);
+  p.max_position = static_cast<int>(max_position_);
+  p.device = static_cast<int>(device_);
+  p.blocks = cuda::decode_stream_blocks(p.device);
+  cuda::decode_stream(p, c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream());
+}
+
+#else  // no CUDA: the constructor has already refused
+
+std::int64_t DecodeProgram::embed(const at::Tensor&, const std::optional<at::Tensor>&, std::int64_t) { return -1; }
+std::int64_t DecodeProgram::linear(std::int64_t, const std::vector<at::Tensor>&,
+                                   const std::vector<std::optional<at::Tensor>>&, const std::optional<at::Tensor>&,
+                                   const std::optional<at::Tensor>&, double, std::optional<std::int64_t>, bool, bool,
+                                   const std::optional<at::Tensor>&) {
+  return -1;
+}
+std::int64_t DecodeProgram::attention(std::int64_t, const at::Tensor&, const at::Tensor&, double) { return -1; }
+void DecodeProgram::finish() {}
+void DecodeProgram::run(const at::Tensor&, const at::Tensor&) {}
+
+#endif
+
+}  // namespace gpuopt::torch_ext

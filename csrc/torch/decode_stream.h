@@ -1,0 +1,75 @@
+// A decode step as one persistent kernel (gpuopt::cuda::decode_stream): the LibTorch side, which builds the
+// step's program from tensors (checking every one), keeps them alive, uploads the program and launches it on
+// torch's current stream.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#ifdef GPUOPT_WITH_CUDA
+#include "gpuopt/cuda.h"
+#endif
+
+namespace gpuopt::torch_ext {
+
+// Operations are added in the order they run; each returns its output's activation id (>= 0) for later
+// operations to read. finish() uploads the program; run() then launches it (capturable in a CUDA graph). One
+// program launches on one stream at a time. Errors: TypeError for a tensor of the wrong dtype, device or layout,
+// ValueError for a shape or value the kernel does not take, both naming the operation and the argument.
+class DecodeProgram {
+ public:
+  DecodeProgram(std::int64_t device, c10::ScalarType dtype);
+
+  // out = table[id] + positions[position + position_offset] (positions optional): [vocab, n], [rows, n].
+  std::int64_t embed(const at::Tensor& table, const std::optional<at::Tensor>& positions,
+                     std::int64_t position_offset);
+  // out = relu?(layer_norm?(in) @ cat(weights).T + cat(biases)) + residual?; weights [rows_p, K] (1 to 3
+  // parts); `plain`, if given, [1, N] or [N] of the program's dtype, receives the output too; output=false
+  // writes no activation (returns -1; `plain` then required).
+  std::int64_t linear(std::int64_t input, const std::vector<at::Tensor>& weights,
+                      const std::vector<std::optional<at::Tensor>>& biases,
+                      const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
+                      double eps, std::optional<std::int64_t> residual, bool relu, bool output,
+                      const std::optional<at::Tensor>& plain);
+  // One query token's attention, head by head, over caches [1, H, L, D] (or [H, L, D]) written at the step's
+  // position: input is a fused q/k/v activation of 3 * H * D values (queries, keys, values).
+  std::int64_t attention(std::int64_t input, const at::Tensor& k_cache, const at::Tensor& v_cache, double scale);
+  void finish();
+  // The step for token ids [1] or [1, 1] at position [1] or [] (int64 on the program's device).
+  void run(const at::Tensor& ids, const at::Tensor& position);
+
+  std::int64_t device() const { return device_; }
+  std::int64_t n_ops() const;
+  bool finished() const { return finished_; }
+  std::int64_t words() const { return words_; }
+  std::int64_t max_position() const { return max_position_; }
+  std::int64_t vocab() const { return vocab_; }
+  std::int64_t weight_bytes() const { return weight_bytes_; }
+
+ private:
+  std::int64_t add_activation(std::int64_t size);
+  void check_open(const char* op) const;
+  std::int64_t activation_size(const char* op, const char* name, std::int64_t id) const;
+  void check_tensor(const char* op, const char* name, const at::Tensor& t) const;
+
+  std::int64_t device_;
+  c10::ScalarType dtype_;
+  std::vector<std::int64_t> offsets_;  // each activation's word offset
+  std::vector<std::int64_t> sizes_;    // and values
+  std::int64_t words_ = 0;
+  std::int64_t vocab_ = -1;
+  std::int64_t max_position_ = -1;
+  std::int64_t weight_bytes_ = 0;
+  bool finished_ = false;
+  std::vector<at::Tensor> keep_;  // every tensor an operation points into
+#ifdef GPUOPT_WITH_CUDA
+  std::vector<cuda::DecodeStreamOp> ops_;
+#endif
+  at::Tensor ops_device_, tags_, launches_;
+};
+
+}  // namespace gpuopt::torch_ext

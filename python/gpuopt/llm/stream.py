@@ -1,0 +1,91 @@
+"""The ``static-megakernel`` decode path's step: a whole decode step of an OPT model as one persistent kernel
+(:class:`gpuopt._C.DecodeProgram`).
+
+One block an SM runs the step's operations in order -- the embeddings, per layer the fused q/k/v projection
+after its layer norm, the attention over the static cache, the output projection with its residual, fc1 after
+its layer norm with the ReLU, fc2 with its residual, then the final layer norm and the LM head -- while a
+producer warp in each block streams the block's weight tiles through shared memory ahead of need: HBM does not
+wait for an operation's input. Every output is written as words tagged with the launch, which the operations
+reading it poll: there is no grid barrier and no memory fence between operations (csrc/cuda/decode_stream.cu).
+
+It reads the model's own modules (nothing is copied or refolded): OPT's pre-norm architecture (``facebook/opt-*``
+except 350m, whose norms come after), batch 1, float16 or bfloat16, head size 64 or 128, hidden and FFN sizes
+multiples of 64 up to 8192, a cache of at most 4096 positions; compute capability 9.0+.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._ext import _C
+
+MAX_K = 8192
+MAX_LEN = 4096
+
+
+def unsupported(model: torch.nn.Module, batch_size: int, dtype: torch.dtype, max_len: int) -> str | None:
+    """Why the persistent step cannot run ``model`` at this shape (a sentence), or None where it can."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) != "opt":
+        return (f"it runs OPT-architecture models only (model_type 'opt'); got "
+                f"{getattr(config, 'model_type', None) or type(model).__name__}")
+    decoder = getattr(getattr(model, "model", None), "decoder", None)
+    if decoder is None or not hasattr(model, "lm_head"):
+        return f"{type(model).__name__} is not an OPT causal LM (model.decoder and lm_head)"
+    if not config.do_layer_norm_before or decoder.final_layer_norm is None:
+        return "it runs OPT's pre-norm layers only (do_layer_norm_before=True; opt-350m's norms come after)"
+    if decoder.project_in is not None or decoder.project_out is not None:
+        return "word_embed_proj_dim must equal hidden_size (no project_in/project_out)"
+    if not config.enable_bias or not config.layer_norm_elementwise_affine:
+        return "enable_bias and layer_norm_elementwise_affine must be True"
+    if config.activation_function != "relu":
+        return f"the activation must be relu, got {config.activation_function!r}"
+    if batch_size != 1:
+        return f"batch_size must be 1, got {batch_size}"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"the precision must be fp16 or bf16, got {dtype}"
+    hidden, ffn, heads = config.hidden_size, config.ffn_dim, config.num_attention_heads
+    head_dim = hidden // heads
+    if head_dim not in (64, 128):
+        return f"the head size must be 64 or 128, got {head_dim}"
+    for name, size in (("hidden_size", hidden), ("ffn_dim", ffn)):
+        if size % 64 or size > MAX_K:
+            return f"{name} must be a multiple of 64 up to {MAX_K}, got {size}"
+    if config.vocab_size % 16:
+        return f"vocab_size must be a multiple of 16, got {config.vocab_size}"
+    if max_len > MAX_LEN:
+        return f"prompt plus new tokens must be at most {MAX_LEN}, got {max_len}"
+    return None
+
+
+def build(model: torch.nn.Module, cache: Any, logits: torch.Tensor) -> Any:
+    """The step of OPT ``model`` (on one CUDA device, in its dtype) over ``cache`` (a transformers static cache,
+    its layers' ``keys``/``values`` allocated: after a first prefill), writing the logits into ``logits``
+    ([1, vocab]). Returns the finished :class:`gpuopt._C.DecodeProgram`; ``program.run(ids, position)`` is
+    the step."""
+    decoder = model.model.decoder
+    dtype = decoder.embed_tokens.weight.dtype
+    program = _C.DecodeProgram(logits.device.index, dtype)
+    embed = decoder.embed_positions
+    h = program.embed(decoder.embed_tokens.weight, embed.weight, getattr(embed, "offset", 2))
+    layers = cache.layers
+    for i, layer in enumerate(decoder.layers):
+        attn = layer.self_attn
+        norm = layer.self_attn_layer_norm
+        qkv = program.linear(h, [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight],
+                             [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias],
+                             norm_weight=norm.weight, norm_bias=norm.bias, eps=norm.eps)
+        att = program.attention(qkv, layers[i].keys, layers[i].values, attn.scaling)
+        mid = program.linear(att, [attn.out_proj.weight], [attn.out_proj.bias], residual=h)
+        norm = layer.final_layer_norm
+        f = program.linear(mid, [layer.fc1.weight], [layer.fc1.bias], norm_weight=norm.weight,
+                           norm_bias=norm.bias, eps=norm.eps, relu=True)
+        h = program.linear(f, [layer.fc2.weight], [layer.fc2.bias], residual=mid)
+    norm = decoder.final_layer_norm
+    bias = getattr(model.lm_head, "bias", None)
+    program.linear(h, [model.lm_head.weight], [bias], norm_weight=norm.weight, norm_bias=norm.bias, eps=norm.eps,
+                   output=False, plain=logits)
+    program.finish()
+    return program
