@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "decode_linear_kernels.cuh"  // linear_mma_words, kLinearChunk
 #include "gpuopt/cuda.h"
@@ -140,37 +141,58 @@ __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* rin
   }
 }
 
-// The input of a linear operation into xs (T [k]), polled; then its layer norm, if any, in place.
+// The input of a linear operation into xs (T [k]), polled; then its layer norm, if any, in place. The norm's
+// weights are loaded first, so their latency passes while the input is polled.
 template <typename T>
 __device__ void load_input(const DecodeStreamOp& op, const unsigned* tags, unsigned epoch, T* xs, float* red) {
+  constexpr int kPer = kDecodeStreamMaxK / kDsThreads;
   const int k = op.k;
+  const auto* g = static_cast<const T*>(op.norm_weight);
+  const auto* beta = static_cast<const T*>(op.norm_bias);
+  float gv[kPer], bv[kPer];
+  if (g != nullptr) {
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) {
+      const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
+      gv[e] = j < k ? to_float(__ldg(g + j)) : 0.0f;
+      bv[e] = j < k && beta != nullptr ? to_float(__ldg(beta + j)) : 0.0f;
+    }
+  }
   for (int j = static_cast<int>(threadIdx.x); j < k / 4; j += kDsThreads) {
     const uint4 w = tagged_wait4(tags + op.input + 4 * j, epoch);
     reinterpret_cast<uint2*>(xs)[j] = make_uint2((w.x & 0xffffu) | (w.y << 16), (w.z & 0xffffu) | (w.w << 16));
   }
   consumers_sync<kDsThreads>();
-  if (op.norm_weight == nullptr) return;
+  if (g == nullptr) return;
+  float xv[kPer];
   float sum = 0.0f;
-  for (int j = static_cast<int>(threadIdx.x); j < k; j += kDsThreads) sum += to_float(xs[j]);
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
+    xv[e] = j < k ? to_float(xs[j]) : 0.0f;
+    sum += xv[e];
+  }
   const float mean = block_sum(sum, red) / static_cast<float>(k);
   float sq = 0.0f;
-  for (int j = static_cast<int>(threadIdx.x); j < k; j += kDsThreads) {
-    const float d = to_float(xs[j]) - mean;
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
+    const float d = j < k ? xv[e] - mean : 0.0f;
     sq += d * d;
   }
   const float rstd = rsqrtf(block_sum(sq, red) / static_cast<float>(k) + op.eps);
-  const auto* g = static_cast<const T*>(op.norm_weight);
-  const auto* beta = static_cast<const T*>(op.norm_bias);
-  for (int j = static_cast<int>(threadIdx.x); j < k; j += kDsThreads) {
-    const float y = (to_float(xs[j]) - mean) * rstd * to_float(g[j]) + (beta != nullptr ? to_float(beta[j]) : 0.0f);
-    xs[j] = from_float<T>(y);
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
+    if (j < k) xs[j] = from_float<T>((xv[e] - mean) * rstd * gv[e] + bv[e]);
   }
   consumers_sync<kDsThreads>();
 }
 
 template <typename T>
-__device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch, float* red,
-                           unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages, unsigned& i) {
+__device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch,
+                           float* red, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages,
+                           unsigned& i, long long* trace) {
   const int blocks = static_cast<int>(gridDim.x);
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -179,7 +201,21 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   const int k = op.k;
   if (static_cast<int>(blockIdx.x) * 16 >= op.n) return;
   load_input<T>(op, tags, epoch, xs, red);
-  for (int tile = static_cast<int>(blockIdx.x); tile * 16 < op.n; tile += blocks) {
+  if (trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
+  int buffer = 0;  // the tiles' sums alternate between two halves of scratch: one sync a tile
+  for (int tile = static_cast<int>(blockIdx.x); tile * 16 < op.n; tile += blocks, buffer ^= 1) {
+    // The epilogue's bias and residual, asked for now: their latency passes during the tile's MMAs.
+    const int c = static_cast<int>(threadIdx.x);
+    const int n = tile * 16 + c;
+    float bias = 0.0f;
+    unsigned residual = 0;
+    if (c < 16) {
+      int row = 0;
+      const int part = tile_part(op, tile, row);
+      const auto* b = static_cast<const T*>(op.bias[part]);
+      bias = b != nullptr ? to_float(__ldg(b + row + c)) : 0.0f;
+      if (op.residual >= 0) residual = tagged_load1(tags + op.residual + n);
+    }
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int seg = 0; seg * kDsSegment < k; ++seg, ++i) {
       const int len = min(kDsSegment, k - seg * kDsSegment);
@@ -198,30 +234,28 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       if (lane == 0) stage_arrive(&empty[stage]);
     }
     // D: lane (g, t) holds output rows g and g + 8 for x rows 2t and 2t + 1: x row 0 is t == 0's.
+    float* sums = scratch + buffer * kDsWarps * 16;
     if (t == 0) {
-      scratch[warp * 16 + g] = acc[0];
-      scratch[warp * 16 + g + 8] = acc[2];
+      sums[warp * 16 + g] = acc[0];
+      sums[warp * 16 + g + 8] = acc[2];
     }
     consumers_sync<kDsThreads>();
-    if (threadIdx.x < 16) {
-      const int c = static_cast<int>(threadIdx.x);
+    if (c < 16) {
       float sum = 0.0f;
 #pragma unroll
-      for (int w = 0; w < kDsWarps; ++w) sum += scratch[w * 16 + c];
-      int row = 0;
-      const int part = tile_part(op, tile, row);
-      const auto* bias = static_cast<const T*>(op.bias[part]);
-      T y = from_float<T>(sum + (bias != nullptr ? to_float(bias[row + c]) : 0.0f));
+      for (int w = 0; w < kDsWarps; ++w) sum += sums[w * 16 + c];
+      T y = from_float<T>(sum + bias);
       if (op.relu) y = from_float<T>(fmaxf(to_float(y), 0.0f));
-      const int n = tile * 16 + c;
       if (op.residual >= 0) {
-        y = from_float<T>(to_float(y) + to_float(value_of<T>(tagged_wait1(tags + op.residual + n, epoch))));
+        if ((residual >> 16) != epoch) residual = tagged_wait1(tags + op.residual + n, epoch);
+        y = from_float<T>(to_float(y) + to_float(value_of<T>(residual)));
       }
       if (op.plain != nullptr) static_cast<T*>(op.plain)[n] = y;
       if (op.output >= 0) put<T>(tags, op.output, n, y, epoch);
     }
-    consumers_sync<kDsThreads>();  // scratch free again
   }
+  consumers_sync<kDsThreads>();  // scratch and xs free for the next operation
+  if (trace != nullptr && threadIdx.x == 0) trace[1] = now_ns();
 }
 
 template <typename T>
@@ -239,39 +273,44 @@ __device__ void run_embed(const DecodeStreamOp& op, unsigned* tags, unsigned epo
 }
 
 // Head blockIdx.x of a one-token step: scores of positions 0 .. position (the new key's at position) in
-// float32, the softmax, the weighted values; the key and value written into the cache at position.
-template <typename T>
-__device__ void run_attention(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, long long position, float* scores,
-                              float* scratch, float* red, float* head) {
+// float32, the softmax, the weighted values; the key and value written into the cache at position. D: the head
+// size. The cache rows were asked into L2 before the q/k/v projection (prefetch_heads).
+template <typename T, int D>
+__device__ void run_attention(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, long long position,
+                              float* scores, float* scratch, float* red, float* head, long long* trace) {
   const int h = static_cast<int>(blockIdx.x);
   if (h >= op.heads) return;
-  const int d = op.head_dim;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
-  const int q_at = op.input + h * d;
-  const int k_at = op.input + op.heads * d + h * d;
-  const int v_at = op.input + 2 * op.heads * d + h * d;
-  auto* kc = static_cast<T*>(op.k_cache) + static_cast<std::int64_t>(h) * op.max_len * d;
-  auto* vc = static_cast<T*>(op.v_cache) + static_cast<std::int64_t>(h) * op.max_len * d;
-  for (int j = static_cast<int>(threadIdx.x); j < 3 * d; j += kDsThreads) {
-    const int at = j < d ? q_at + j : j < 2 * d ? k_at + j - d : v_at + j - 2 * d;
+  const int q_at = op.input + h * D;
+  const int k_at = op.input + op.heads * D + h * D;
+  const int v_at = op.input + 2 * op.heads * D + h * D;
+  auto* kc = static_cast<T*>(op.k_cache) + static_cast<std::int64_t>(h) * op.max_len * D;
+  auto* vc = static_cast<T*>(op.v_cache) + static_cast<std::int64_t>(h) * op.max_len * D;
+  for (int j = static_cast<int>(threadIdx.x); j < 3 * D; j += kDsThreads) {
+    const int at = j < D ? q_at + j : j < 2 * D ? k_at + j - D : v_at + j - 2 * D;
     const T v = value_of<T>(tagged_wait1(tags + at, epoch));
     head[j] = to_float(v);
-    if (j >= d && j < 2 * d) kc[position * d + j - d] = v;
-    if (j >= 2 * d) vc[position * d + j - 2 * d] = v;
+    if (j >= D && j < 2 * D) kc[position * D + j - D] = v;
+    if (j >= 2 * D) vc[position * D + j - 2 * D] = v;
   }
   consumers_sync<kDsThreads>();
+  if (trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
   const int keys = static_cast<int>(position) + 1;
   float best = -INFINITY;
   for (int j = static_cast<int>(threadIdx.x); j < keys; j += kDsThreads) {
     float dot = 0.0f;
     if (j == keys - 1) {
-      for (int e = 0; e < d; ++e) dot += head[e] * head[d + e];
+#pragma unroll 8
+      for (int e = 0; e < D; ++e) dot += head[e] * head[D + e];
     } else {
-      const auto* row = reinterpret_cast<const uint4*>(kc + static_cast<std::int64_t>(j) * d);
-      for (int w = 0; w < d / 8; ++w) {
-        const uint4 u = row[w];
-        const std::uint32_t words[4] = {u.x, u.y, u.z, u.w};
+      const auto* row = reinterpret_cast<const uint4*>(kc + static_cast<std::int64_t>(j) * D);
+      uint4 u[D / 8];
+#pragma unroll
+      for (int w = 0; w < D / 8; ++w) u[w] = row[w];
+#pragma unroll
+      for (int w = 0; w < D / 8; ++w) {
+        const std::uint32_t words[4] = {u[w].x, u[w].y, u[w].z, u[w].w};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float2 f = unpack2(words[e], T{});
@@ -291,25 +330,74 @@ __device__ void run_attention(const DecodeStreamOp& op, unsigned* tags, unsigned
     total += p;
   }
   total = block_sum(total, red);  // its syncs order the scores' writes before the reads below
-  // Warp w takes positions w, w + 16, ...; lane l the dimensions l, l + 32, ... of each.
-  float acc[kDsMaxDim / 32] = {};
-  for (int j = warp; j < keys; j += kDsWarps) {
-    const float p = scores[j];
-    for (int e = 0; e * 32 < d; ++e) {
-      const float v = j == keys - 1 ? head[2 * d + e * 32 + lane]
-                                    : to_float(vc[static_cast<std::int64_t>(j) * d + e * 32 + lane]);
-      acc[e] += p * v;
+  // Warp w takes positions w, w + 16, ...; lane l the kPer consecutive dimensions from kPer * l, one word of
+  // the row each (a warp reads whole rows): eight rows' words in flight at a time.
+  constexpr int kPer = D / 32;
+  using Word = std::conditional_t<kPer == 2, unsigned, uint2>;
+  float acc[kPer] = {};
+  const int cached = keys - 1;  // rows 0 .. keys - 2 from the cache, the last from head
+  int j = warp;
+  for (; j + 7 * kDsWarps < cached; j += 8 * kDsWarps) {
+    Word v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      v[u] = *reinterpret_cast<const Word*>(vc + static_cast<std::int64_t>(j + u * kDsWarps) * D + kPer * lane);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const float p = scores[j + u * kDsWarps];
+      const auto* words = reinterpret_cast<const std::uint32_t*>(&v[u]);
+#pragma unroll
+      for (int e = 0; e < kPer / 2; ++e) {
+        const float2 f = unpack2(words[e], T{});
+        acc[2 * e] += p * f.x;
+        acc[2 * e + 1] += p * f.y;
+      }
     }
   }
-  for (int e = 0; e * 32 < d; ++e) scratch[warp * kDsMaxDim + e * 32 + lane] = acc[e];
+  for (; j < keys; j += kDsWarps) {
+    const float p = scores[j];
+    if (j == cached) {
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) acc[e] += p * head[2 * D + kPer * lane + e];
+    } else {
+      const Word v = *reinterpret_cast<const Word*>(vc + static_cast<std::int64_t>(j) * D + kPer * lane);
+      const auto* words = reinterpret_cast<const std::uint32_t*>(&v);
+#pragma unroll
+      for (int e = 0; e < kPer / 2; ++e) {
+        const float2 f = unpack2(words[e], T{});
+        acc[2 * e] += p * f.x;
+        acc[2 * e + 1] += p * f.y;
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) scratch[warp * kDsMaxDim + kPer * lane + e] = acc[e];
   consumers_sync<kDsThreads>();
-  for (int e = static_cast<int>(threadIdx.x); e < d; e += kDsThreads) {
+  for (int e = static_cast<int>(threadIdx.x); e < D; e += kDsThreads) {
     float o = 0.0f;
 #pragma unroll
     for (int w = 0; w < kDsWarps; ++w) o += scratch[w * kDsMaxDim + e];
-    put<T>(tags, op.output, h * d + e, from_float<T>(o / total), epoch);
+    put<T>(tags, op.output, h * D + e, from_float<T>(o / total), epoch);
   }
   consumers_sync<kDsThreads>();  // scratch and scores free again
+  if (trace != nullptr && threadIdx.x == 0) trace[1] = now_ns();
+}
+
+// Asks L2 for head blockIdx.x's cache rows 0 .. position - 1 of attention `op` (keys and values), to be read
+// once the q/k/v projection before it is done.
+__device__ __forceinline__ void prefetch_heads(const DecodeStreamOp& op, long long position, int element) {
+  const int h = static_cast<int>(blockIdx.x);
+  if (h >= op.heads || position <= 0) return;
+  const std::int64_t row = static_cast<std::int64_t>(op.head_dim) * element;
+  const auto bytes = static_cast<unsigned>(position * row);
+  const std::int64_t at = static_cast<std::int64_t>(h) * op.max_len * row;
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(op.k_cache) + at),
+               "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(op.v_cache) + at),
+               "r"(bytes)
+               : "memory");
 }
 #endif
 
@@ -318,10 +406,11 @@ __device__ void run_attention(const DecodeStreamOp& op, unsigned* tags, unsigned
 template <typename T>
 __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
     decode_stream_kernel(const DecodeStreamOp* ops, int n_ops, unsigned* tags, unsigned long long* launches,
-                         const long long* ids, const long long* positions, int stages, int vocab, int max_position) {
+                         const long long* ids, const long long* positions, int stages, int vocab, int max_position,
+                         long long* trace) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char dynamic[];
-  __shared__ float scratch[kDsWarps * kDsMaxDim];  // a tile's sums of each warp; an attention's outputs
+  __shared__ float scratch[kDsWarps * kDsMaxDim];  // the tiles' sums of each warp (two buffers); an attention's
   __shared__ float red[kDsWarps];
   __shared__ float head[3 * kDsMaxDim];
   __shared__ unsigned epoch_shared;
@@ -353,12 +442,19 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
   unsigned i = 0;
   for (int s = 0; s < n_ops; ++s) {
     const DecodeStreamOp& op = ops[s];
+    long long* row = trace != nullptr ? trace + (static_cast<std::int64_t>(blockIdx.x) * n_ops + s) * 2 : nullptr;
     if (op.kind == kDecodeStreamLinear) {
-      run_linear<T>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, i);
+      if (s + 1 < n_ops && ops[s + 1].kind == kDecodeStreamAttention && threadIdx.x == 0) {
+        prefetch_heads(ops[s + 1], position, static_cast<int>(sizeof(T)));
+      }
+      run_linear<T>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, i, row);
     } else if (op.kind == kDecodeStreamEmbed) {
       run_embed<T>(op, tags, epoch, id, position);
+      if (row != nullptr && threadIdx.x == 0) row[0] = row[1] = now_ns();
+    } else if (op.head_dim == 64) {
+      run_attention<T, 64>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row);
     } else {
-      run_attention<T>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head);
+      run_attention<T, 128>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row);
     }
   }
 #endif
@@ -404,7 +500,7 @@ void launch_stream(const DecodeStreamParams& p, cudaStream_t stream) {
   config.attrs = attribute;
   config.numAttrs = 1;
   const cudaError_t status = cudaLaunchKernelEx(&config, kernel, p.ops, p.n_ops, p.tags, p.launches, p.ids,
-                                                p.position, stages, p.vocab, p.max_position);
+                                                p.position, stages, p.vocab, p.max_position, p.trace);
   if (status != cudaSuccess) (void)cudaGetLastError();
   GPUOPT_CHECK(status == cudaSuccess, "decode_stream: cooperative launch failed: ", cudaGetErrorName(status), " (",
                cudaGetErrorString(status), ")");

@@ -148,7 +148,11 @@ void bind_llm(py::module_& m) {
            "one token's attention over caches [1, H, L, D] at the step's position (written there first); input: "
            "a fused q/k/v activation (queries, keys, values); returns its activation id")
       .def("finish", &torch_ext::DecodeProgram::finish)
-      .def("run", &torch_ext::DecodeProgram::run, py::arg("ids"), py::arg("position"))
+      .def("run", &torch_ext::DecodeProgram::run, py::arg("ids"), py::arg("position"), py::arg("trace") = py::none(),
+           "the step for the token `ids` (one int64) at `position` (one int64: the cache's fill level), on the "
+           "current stream; trace: None or an int64 tensor [blocks, n_ops, 2] receiving each block's nanosecond "
+           "timestamps per operation (its input in, the operation done)")
+      .def_property_readonly("blocks", &torch_ext::DecodeProgram::blocks)
       .def_property_readonly("device", &torch_ext::DecodeProgram::device)
       .def_property_readonly("n_ops", &torch_ext::DecodeProgram::n_ops)
       .def_property_readonly("finished", &torch_ext::DecodeProgram::finished)

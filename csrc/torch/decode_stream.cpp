@@ -244,7 +244,9 @@ void DecodeProgram::finish() {
   finished_ = true;
 }
 
-void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position) {
+std::int64_t DecodeProgram::blocks() const { return cuda::decode_stream_blocks(static_cast<int>(device_)); }
+
+void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace) {
   TORCH_CHECK(finished_, "DecodeProgram.run: call finish() first");
   TORCH_CHECK_TYPE(ids.is_cuda() && ids.device().index() == device_ && ids.scalar_type() == at::kLong &&
                        ids.numel() == 1,
@@ -267,6 +269,13 @@ void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position) {
   p.max_position = static_cast<int>(max_position_);
   p.device = static_cast<int>(device_);
   p.blocks = cuda::decode_stream_blocks(p.device);
+  if (trace.has_value()) {
+    TORCH_CHECK_TYPE(trace->is_cuda() && trace->device().index() == device_ && trace->scalar_type() == at::kLong &&
+                         trace->is_contiguous() && trace->numel() == static_cast<std::int64_t>(p.blocks) * p.n_ops * 2,
+                     "DecodeProgram.run: trace must be a contiguous int64 tensor [", p.blocks, ", ", p.n_ops,
+                     ", 2] on cuda:", device_);
+    p.trace = static_cast<long long*>(trace->data_ptr());
+  }
   cuda::decode_stream(p, c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream());
 }
 
@@ -281,7 +290,8 @@ std::int64_t DecodeProgram::linear(std::int64_t, const std::vector<at::Tensor>&,
 }
 std::int64_t DecodeProgram::attention(std::int64_t, const at::Tensor&, const at::Tensor&, double) { return -1; }
 void DecodeProgram::finish() {}
-void DecodeProgram::run(const at::Tensor&, const at::Tensor&) {}
+std::int64_t DecodeProgram::blocks() const { return 0; }
+void DecodeProgram::run(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&) {}
 
 #endif
 

@@ -39,8 +39,11 @@ class DecodeProgram {
   // position: input is a fused q/k/v activation of 3 * H * D values (queries, keys, values).
   std::int64_t attention(std::int64_t input, const at::Tensor& k_cache, const at::Tensor& v_cache, double scale);
   void finish();
-  // The step for token ids [1] or [1, 1] at position [1] or [] (int64 on the program's device).
-  void run(const at::Tensor& ids, const at::Tensor& position);
+  // The step for token ids [1] or [1, 1] at position [1] or [] (int64 on the program's device). trace: None, or
+  // an int64 tensor [blocks, n_ops, 2] on the device receiving each block's nanosecond timestamps (its input of
+  // each operation in, the operation done; a profile).
+  void run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace);
+  std::int64_t blocks() const;
 
   std::int64_t device() const { return device_; }
   std::int64_t n_ops() const;

@@ -339,6 +339,8 @@ struct DecodeStreamParams {
   int device = 0;
   int blocks = 0;  // decode_stream_blocks(device): one an SM
   int stages = 0;  // the ring's stages; 0: as many as fit
+  long long* trace = nullptr;  // null, or [blocks][n_ops][2] int64: each block's globaltimer (ns) when an
+                               // operation's input was in and when it was done (a profile)
 };
 int decode_stream_blocks(int device);
 void decode_stream(const DecodeStreamParams& p, cudaStream_t stream);
