@@ -84,6 +84,29 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
   return s;
 }
 
+// Both sums at once; `red` holds 2 * kDsWarps floats.
+__device__ __forceinline__ float2 block_sum2(float2 v, float* red) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) {
+    v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
+    v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
+  }
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  if (threadIdx.x % 32 == 0) {
+    red[2 * warp] = v.x;
+    red[2 * warp + 1] = v.y;
+  }
+  consumers_sync<kDsThreads>();
+  float2 s = make_float2(0.0f, 0.0f);
+#pragma unroll
+  for (int w = 0; w < kDsWarps; ++w) {
+    s.x += red[2 * w];
+    s.y += red[2 * w + 1];
+  }
+  consumers_sync<kDsThreads>();
+  return s;
+}
+
 __device__ __forceinline__ float block_max(float v, float* red) {
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -108,35 +131,73 @@ __device__ __forceinline__ int tile_part(const DecodeStreamOp& op, int tile, int
   return part;
 }
 
-// The producer warp: every stage of the block's linear tiles, in the consumers' order.
+// The block's weight segments (16 rows x up to 1024 values of one tile), in the consumers' order: linear
+// operations in program order, the block's tiles b, b + grid, ... of each, a tile's K in 1024-value steps.
 template <typename T>
-__device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty,
-                        int stages) {
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int blocks = static_cast<int>(gridDim.x);
-  unsigned i = 0;
-  for (int s = 0; s < n_ops; ++s) {
-    const DecodeStreamOp& op = ops[s];
-    if (op.kind != kDecodeStreamLinear) continue;
-    const int k = op.k;
-    for (int tile = static_cast<int>(blockIdx.x); tile * 16 < op.n; tile += blocks) {
-      int row = 0;
-      const int part = tile_part(op, tile, row);
-      const T* w = static_cast<const T*>(op.weight[part]) + static_cast<std::int64_t>(row) * k;
-      for (int seg = 0; seg * kDsSegment < k; ++seg, ++i) {
-        const int len = min(kDsSegment, k - seg * kDsSegment);
-        const unsigned stage = i % static_cast<unsigned>(stages);
-        if (lane == 0) {
-          stage_wait(&empty[stage], ((i / static_cast<unsigned>(stages)) & 1u) ^ 1u);
-          stage_expect(&full[stage], 16u * static_cast<unsigned>(len) * sizeof(T));
-        }
-        __syncwarp();
-        if (lane < 16) {
-          stage_copy(ring + static_cast<std::size_t>(stage) * kDsStageBytes + lane * kDsRowBytes,
-                     w + static_cast<std::int64_t>(lane) * k + seg * kDsSegment,
-                     static_cast<unsigned>(len) * sizeof(T), &full[stage]);
-        }
+struct Segments {
+  const DecodeStreamOp* ops;
+  int n_ops;
+  int s = -1;
+  int tile = 0;
+  int seg = 0;
+  // Moves to the next segment; false past the last.
+  __device__ bool advance() {
+    if (s >= 0) {
+      if (++seg * kDsSegment < ops[s].k) return true;
+      seg = 0;
+      tile += static_cast<int>(gridDim.x);
+      if (tile * 16 < ops[s].n) return true;
+    }
+    while (++s < n_ops) {
+      if (ops[s].kind == kDecodeStreamLinear && static_cast<int>(blockIdx.x) * 16 < ops[s].n) {
+        tile = static_cast<int>(blockIdx.x);
+        seg = 0;
+        return true;
       }
+    }
+    return false;
+  }
+  // Row r of the segment and its values.
+  __device__ const T* row(int r, int& len) const {
+    const DecodeStreamOp& op = ops[s];
+    int first = 0;
+    const int part = tile_part(op, tile, first);
+    len = min(kDsSegment, op.k - seg * kDsSegment);
+    return static_cast<const T*>(op.weight[part]) + static_cast<std::int64_t>(first + r) * op.k + seg * kDsSegment;
+  }
+};
+
+// The producer warp: every segment into the ring, in the consumers' order; and, `lookahead` segments beyond
+// what the ring holds, each row asked into L2 ahead of its copy, so HBM keeps streaming while the ring is full.
+template <typename T>
+__device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* ring, std::uint64_t* full,
+                        std::uint64_t* empty, int stages, int lookahead) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  Segments<T> copy{ops, n_ops};
+  Segments<T> ahead{ops, n_ops};
+  bool more = copy.advance();
+  bool more_ahead = ahead.advance();
+  unsigned asked = 0;  // segments the ahead cursor has passed
+  for (unsigned i = 0; more; ++i, more = copy.advance()) {
+    for (; more_ahead && asked < i + static_cast<unsigned>(stages + lookahead); ++asked, more_ahead = ahead.advance()) {
+      if (asked >= i + static_cast<unsigned>(stages) && lane < 16) {  // nearer ones are copied soon anyway
+        int len = 0;
+        const T* src = ahead.row(lane, len);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(static_cast<unsigned>(len) * 2u)
+                     : "memory");
+      }
+    }
+    const unsigned stage = i % static_cast<unsigned>(stages);
+    int len = 0;
+    const T* src = copy.row(lane < 16 ? lane : 0, len);
+    if (lane == 0) {
+      stage_wait(&empty[stage], ((i / static_cast<unsigned>(stages)) & 1u) ^ 1u);
+      stage_expect(&full[stage], 16u * static_cast<unsigned>(len) * sizeof(T));
+    }
+    __syncwarp();
+    if (lane < 16) {
+      stage_copy(ring + static_cast<std::size_t>(stage) * kDsStageBytes + lane * kDsRowBytes, src,
+                 static_cast<unsigned>(len) * sizeof(T), &full[stage]);
     }
   }
 }
@@ -165,22 +226,17 @@ __device__ void load_input(const DecodeStreamOp& op, const unsigned* tags, unsig
   consumers_sync<kDsThreads>();
   if (g == nullptr) return;
   float xv[kPer];
-  float sum = 0.0f;
+  float2 sums = make_float2(0.0f, 0.0f);
 #pragma unroll
   for (int e = 0; e < kPer; ++e) {
     const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
     xv[e] = j < k ? to_float(xs[j]) : 0.0f;
-    sum += xv[e];
+    sums.x += xv[e];
+    sums.y += xv[e] * xv[e];
   }
-  const float mean = block_sum(sum, red) / static_cast<float>(k);
-  float sq = 0.0f;
-#pragma unroll
-  for (int e = 0; e < kPer; ++e) {
-    const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
-    const float d = j < k ? xv[e] - mean : 0.0f;
-    sq += d * d;
-  }
-  const float rstd = rsqrtf(block_sum(sq, red) / static_cast<float>(k) + op.eps);
+  sums = block_sum2(sums, red);
+  const float mean = sums.x / static_cast<float>(k);
+  const float rstd = rsqrtf(fmaxf(sums.y / static_cast<float>(k) - mean * mean, 0.0f) + op.eps);
 #pragma unroll
   for (int e = 0; e < kPer; ++e) {
     const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
@@ -407,11 +463,11 @@ template <typename T>
 __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
     decode_stream_kernel(const DecodeStreamOp* ops, int n_ops, unsigned* tags, unsigned long long* launches,
                          const long long* ids, const long long* positions, int stages, int vocab, int max_position,
-                         long long* trace) {
+                         long long* trace, int lookahead) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char dynamic[];
   __shared__ float scratch[kDsWarps * kDsMaxDim];  // the tiles' sums of each warp (two buffers); an attention's
-  __shared__ float red[kDsWarps];
+  __shared__ float red[2 * kDsWarps];
   __shared__ float head[3 * kDsMaxDim];
   __shared__ unsigned epoch_shared;
   auto* full = reinterpret_cast<std::uint64_t*>(dynamic);
@@ -430,7 +486,7 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
   }
   __syncthreads();
   if (warp == kDsWarps) {
-    produce<T>(ops, n_ops, ring, full, empty, stages);
+    produce<T>(ops, n_ops, ring, full, empty, stages, lookahead);
     return;
   }
   const unsigned epoch = epoch_shared;
@@ -500,7 +556,8 @@ void launch_stream(const DecodeStreamParams& p, cudaStream_t stream) {
   config.attrs = attribute;
   config.numAttrs = 1;
   const cudaError_t status = cudaLaunchKernelEx(&config, kernel, p.ops, p.n_ops, p.tags, p.launches, p.ids,
-                                                p.position, stages, p.vocab, p.max_position, p.trace);
+                                                p.position, stages, p.vocab, p.max_position, p.trace,
+                                                p.lookahead);
   if (status != cudaSuccess) (void)cudaGetLastError();
   GPUOPT_CHECK(status == cudaSuccess, "decode_stream: cooperative launch failed: ", cudaGetErrorName(status), " (",
                cudaGetErrorString(status), ")");

@@ -153,6 +153,9 @@ void bind_llm(py::module_& m) {
            "current stream; trace: None or an int64 tensor [blocks, n_ops, 2] receiving each block's nanosecond "
            "timestamps per operation (its input in, the operation done)")
       .def_property_readonly("blocks", &torch_ext::DecodeProgram::blocks)
+      .def_property("lookahead", &torch_ext::DecodeProgram::lookahead, &torch_ext::DecodeProgram::set_lookahead,
+                    "weight segments (16 rows x 1024 values) beyond the shared-memory ring each block asks into L2 "
+                    "ahead of need (0 to 64); read at each run, so a captured graph keeps its capture's")
       .def_property_readonly("device", &torch_ext::DecodeProgram::device)
       .def_property_readonly("n_ops", &torch_ext::DecodeProgram::n_ops)
       .def_property_readonly("finished", &torch_ext::DecodeProgram::finished)

@@ -339,6 +339,7 @@ struct DecodeStreamParams {
   int device = 0;
   int blocks = 0;  // decode_stream_blocks(device): one an SM
   int stages = 0;  // the ring's stages; 0: as many as fit
+  int lookahead = 8;  // weight segments (16 x 1024 values) beyond the ring each block asks into L2 ahead
   long long* trace = nullptr;  // null, or [blocks][n_ops][2] int64: each block's globaltimer (ns) when an
                                // operation's input was in and when it was done (a profile)
 };
