@@ -205,7 +205,8 @@ __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* rin
 // The input of a linear operation into xs (T [k]), polled; then its layer norm, if any, in place. The norm's
 // weights are loaded first, so their latency passes while the input is polled.
 template <typename T>
-__device__ void load_input(const DecodeStreamOp& op, const unsigned* tags, unsigned epoch, T* xs, float* red) {
+__device__ void load_input(const DecodeStreamOp& op, const unsigned* tags, unsigned epoch, T* xs, float* red,
+                           unsigned sleep) {
   constexpr int kPer = kDecodeStreamMaxK / kDsThreads;
   const int k = op.k;
   const auto* g = static_cast<const T*>(op.norm_weight);
@@ -220,7 +221,7 @@ __device__ void load_input(const DecodeStreamOp& op, const unsigned* tags, unsig
     }
   }
   for (int j = static_cast<int>(threadIdx.x); j < k / 4; j += kDsThreads) {
-    const uint4 w = tagged_wait4(tags + op.input + 4 * j, epoch);
+    const uint4 w = tagged_wait4(tags + op.input + 4 * j, epoch, sleep);
     reinterpret_cast<uint2*>(xs)[j] = make_uint2((w.x & 0xffffu) | (w.y << 16), (w.z & 0xffffu) | (w.w << 16));
   }
   consumers_sync<kDsThreads>();
@@ -248,7 +249,7 @@ __device__ void load_input(const DecodeStreamOp& op, const unsigned* tags, unsig
 template <typename T>
 __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch,
                            float* red, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages,
-                           unsigned& i, long long* trace) {
+                           unsigned& i, long long* trace, unsigned sleep) {
   const int blocks = static_cast<int>(gridDim.x);
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -256,7 +257,7 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   const int t = lane % 4;
   const int k = op.k;
   if (static_cast<int>(blockIdx.x) * 16 >= op.n) return;
-  load_input<T>(op, tags, epoch, xs, red);
+  load_input<T>(op, tags, epoch, xs, red, sleep);
   if (trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
   int buffer = 0;  // the tiles' sums alternate between two halves of scratch: one sync a tile
   for (int tile = static_cast<int>(blockIdx.x); tile * 16 < op.n; tile += blocks, buffer ^= 1) {
@@ -333,7 +334,8 @@ __device__ void run_embed(const DecodeStreamOp& op, unsigned* tags, unsigned epo
 // size. The cache rows were asked into L2 before the q/k/v projection (prefetch_heads).
 template <typename T, int D>
 __device__ void run_attention(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, long long position,
-                              float* scores, float* scratch, float* red, float* head, long long* trace) {
+                              float* scores, float* scratch, float* red, float* head, long long* trace,
+                              unsigned sleep) {
   const int h = static_cast<int>(blockIdx.x);
   if (h >= op.heads) return;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -345,7 +347,7 @@ __device__ void run_attention(const DecodeStreamOp& op, unsigned* tags, unsigned
   auto* vc = static_cast<T*>(op.v_cache) + static_cast<std::int64_t>(h) * op.max_len * D;
   for (int j = static_cast<int>(threadIdx.x); j < 3 * D; j += kDsThreads) {
     const int at = j < D ? q_at + j : j < 2 * D ? k_at + j - D : v_at + j - 2 * D;
-    const T v = value_of<T>(tagged_wait1(tags + at, epoch));
+    const T v = value_of<T>(tagged_wait1(tags + at, epoch, sleep));
     head[j] = to_float(v);
     if (j >= D && j < 2 * D) kc[position * D + j - D] = v;
     if (j >= 2 * D) vc[position * D + j - 2 * D] = v;
@@ -386,52 +388,58 @@ __device__ void run_attention(const DecodeStreamOp& op, unsigned* tags, unsigned
     total += p;
   }
   total = block_sum(total, red);  // its syncs order the scores' writes before the reads below
-  // Warp w takes positions w, w + 16, ...; lane l the kPer consecutive dimensions from kPer * l, one word of
-  // the row each (a warp reads whole rows): eight rows' words in flight at a time.
-  constexpr int kPer = D / 32;
-  using Word = std::conditional_t<kPer == 2, unsigned, uint2>;
-  float acc[kPer] = {};
-  const int cached = keys - 1;  // rows 0 .. keys - 2 from the cache, the last from head
-  int j = warp;
-  for (; j + 7 * kDsWarps < cached; j += 8 * kDsWarps) {
-    Word v[8];
+  // The weighted values: thread t takes the 8 dimensions from 8 * (t % (D / 8)) of positions t / (D / 8), + kGroups,
+  // ... (one 16-byte load a row, eight rows' loads in flight); the threads of a warp with the same dimensions add
+  // up by shuffles, the warps in scratch; the new row's value (from head) is added last.
+  constexpr int kBlocksOfD = D / 8;
+  constexpr int kGroups = kDsThreads / kBlocksOfD;
+  const int db = static_cast<int>(threadIdx.x) % kBlocksOfD;
+  const int group = static_cast<int>(threadIdx.x) / kBlocksOfD;
+  const int cached = keys - 1;  // rows 0 .. keys - 2 from the cache
+  float acc[8] = {};
+  int j = group;
+  for (; j + 7 * kGroups < cached; j += 8 * kGroups) {
+    uint4 v[8];
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
-      v[u] = *reinterpret_cast<const Word*>(vc + static_cast<std::int64_t>(j + u * kDsWarps) * D + kPer * lane);
+      v[u] = *reinterpret_cast<const uint4*>(vc + static_cast<std::int64_t>(j + u * kGroups) * D + 8 * db);
     }
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
-      const float p = scores[j + u * kDsWarps];
-      const auto* words = reinterpret_cast<const std::uint32_t*>(&v[u]);
+      const float p = scores[j + u * kGroups];
+      const std::uint32_t words[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
 #pragma unroll
-      for (int e = 0; e < kPer / 2; ++e) {
+      for (int e = 0; e < 4; ++e) {
         const float2 f = unpack2(words[e], T{});
         acc[2 * e] += p * f.x;
         acc[2 * e + 1] += p * f.y;
       }
     }
   }
-  for (; j < keys; j += kDsWarps) {
+  for (; j < cached; j += kGroups) {
     const float p = scores[j];
-    if (j == cached) {
+    const uint4 v = *reinterpret_cast<const uint4*>(vc + static_cast<std::int64_t>(j) * D + 8 * db);
+    const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-      for (int e = 0; e < kPer; ++e) acc[e] += p * head[2 * D + kPer * lane + e];
-    } else {
-      const Word v = *reinterpret_cast<const Word*>(vc + static_cast<std::int64_t>(j) * D + kPer * lane);
-      const auto* words = reinterpret_cast<const std::uint32_t*>(&v);
-#pragma unroll
-      for (int e = 0; e < kPer / 2; ++e) {
-        const float2 f = unpack2(words[e], T{});
-        acc[2 * e] += p * f.x;
-        acc[2 * e + 1] += p * f.y;
-      }
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = unpack2(words[e], T{});
+      acc[2 * e] += p * f.x;
+      acc[2 * e + 1] += p * f.y;
     }
   }
 #pragma unroll
-  for (int e = 0; e < kPer; ++e) scratch[warp * kDsMaxDim + kPer * lane + e] = acc[e];
+  for (int o = kBlocksOfD; o < 32; o *= 2) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], o);
+  }
+  if (lane < kBlocksOfD) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) scratch[warp * kDsMaxDim + 8 * db + e] = acc[e];
+  }
   consumers_sync<kDsThreads>();
+  const float last = scores[cached];
   for (int e = static_cast<int>(threadIdx.x); e < D; e += kDsThreads) {
-    float o = 0.0f;
+    float o = last * head[2 * D + e];
 #pragma unroll
     for (int w = 0; w < kDsWarps; ++w) o += scratch[w * kDsMaxDim + e];
     put<T>(tags, op.output, h * D + e, from_float<T>(o / total), epoch);
@@ -463,7 +471,7 @@ template <typename T>
 __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
     decode_stream_kernel(const DecodeStreamOp* ops, int n_ops, unsigned* tags, unsigned long long* launches,
                          const long long* ids, const long long* positions, int stages, int vocab, int max_position,
-                         long long* trace, int lookahead) {
+                         long long* trace, int lookahead, int options) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char dynamic[];
   __shared__ float scratch[kDsWarps * kDsMaxDim];  // the tiles' sums of each warp (two buffers); an attention's
@@ -495,22 +503,25 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
   // The host checks what it can; a token or position out of range here (a bug) ends the launch, not a read
   // out of bounds.
   if (id < 0 || id >= vocab || position < 0 || position >= max_position) __trap();
+  const unsigned sleep = static_cast<unsigned>(options >> 8);  // ns between polls of an input
   unsigned i = 0;
   for (int s = 0; s < n_ops; ++s) {
     const DecodeStreamOp& op = ops[s];
     long long* row = trace != nullptr ? trace + (static_cast<std::int64_t>(blockIdx.x) * n_ops + s) * 2 : nullptr;
     if (op.kind == kDecodeStreamLinear) {
-      if (s + 1 < n_ops && ops[s + 1].kind == kDecodeStreamAttention && threadIdx.x == 0) {
+      if ((options & kDecodeStreamPrefetchHeads) && s + 1 < n_ops && ops[s + 1].kind == kDecodeStreamAttention &&
+          threadIdx.x == 0) {
         prefetch_heads(ops[s + 1], position, static_cast<int>(sizeof(T)));
       }
-      run_linear<T>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, i, row);
+      run_linear<T>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, i, row, sleep);
     } else if (op.kind == kDecodeStreamEmbed) {
       run_embed<T>(op, tags, epoch, id, position);
       if (row != nullptr && threadIdx.x == 0) row[0] = row[1] = now_ns();
     } else if (op.head_dim == 64) {
-      run_attention<T, 64>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row);
+      run_attention<T, 64>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row, sleep);
     } else {
-      run_attention<T, 128>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row);
+      run_attention<T, 128>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row,
+                            sleep);
     }
   }
 #endif
@@ -557,7 +568,7 @@ void launch_stream(const DecodeStreamParams& p, cudaStream_t stream) {
   config.numAttrs = 1;
   const cudaError_t status = cudaLaunchKernelEx(&config, kernel, p.ops, p.n_ops, p.tags, p.launches, p.ids,
                                                 p.position, stages, p.vocab, p.max_position, p.trace,
-                                                p.lookahead);
+                                                p.lookahead, p.options);
   if (status != cudaSuccess) (void)cudaGetLastError();
   GPUOPT_CHECK(status == cudaSuccess, "decode_stream: cooperative launch failed: ", cudaGetErrorName(status), " (",
                cudaGetErrorString(status), ")");

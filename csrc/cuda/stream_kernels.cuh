@@ -98,25 +98,27 @@ __device__ __forceinline__ bool tagged4(const uint4& w, unsigned epoch) {
   return (w.x >> 16) == epoch && (w.y >> 16) == epoch && (w.z >> 16) == epoch && (w.w >> 16) == epoch;
 }
 
-// The four words at p (16-byte aligned) once all carry `epoch`.
-__device__ __forceinline__ uint4 tagged_wait4(const unsigned* p, unsigned epoch) {
+// The four words at p (16-byte aligned) once all carry `epoch`; `sleep` ns between polls (0: none).
+__device__ __forceinline__ uint4 tagged_wait4(const unsigned* p, unsigned epoch, unsigned sleep = 0) {
   uint4 w = tagged_load4(p);
   if (tagged4(w, epoch)) return w;
   const long long start = clock64();
   do {
     if (clock64() - start > kStreamSpinLimit) __trap();
+    if (sleep != 0) __nanosleep(sleep);
     w = tagged_load4(p);
   } while (!tagged4(w, epoch));
   return w;
 }
 
 // The word at p once it carries `epoch`.
-__device__ __forceinline__ unsigned tagged_wait1(const unsigned* p, unsigned epoch) {
+__device__ __forceinline__ unsigned tagged_wait1(const unsigned* p, unsigned epoch, unsigned sleep = 0) {
   unsigned w = tagged_load1(p);
   if ((w >> 16) == epoch) return w;
   const long long start = clock64();
   do {
     if (clock64() - start > kStreamSpinLimit) __trap();
+    if (sleep != 0) __nanosleep(sleep);
     w = tagged_load1(p);
   } while ((w >> 16) != epoch);
   return w;

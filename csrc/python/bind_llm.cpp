@@ -156,6 +156,9 @@ void bind_llm(py::module_& m) {
       .def_property("lookahead", &torch_ext::DecodeProgram::lookahead, &torch_ext::DecodeProgram::set_lookahead,
                     "weight segments (16 rows x 1024 values) beyond the shared-memory ring each block asks into L2 "
                     "ahead of need (0 to 64); read at each run, so a captured graph keeps its capture's")
+      .def_property("options", &torch_ext::DecodeProgram::options, &torch_ext::DecodeProgram::set_options,
+                    "bit 0: each head's cache rows asked into L2 before its q/k/v projection (default on); bits 8 "
+                    "to 19: nanoseconds between an input's polls (0: none); read at each run")
       .def_property_readonly("device", &torch_ext::DecodeProgram::device)
       .def_property_readonly("n_ops", &torch_ext::DecodeProgram::n_ops)
       .def_property_readonly("finished", &torch_ext::DecodeProgram::finished)

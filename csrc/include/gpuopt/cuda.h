@@ -296,6 +296,7 @@ constexpr int kDecodeStreamEmbed = 0;      // out = table[id] (+ positions[posit
 constexpr int kDecodeStreamLinear = 1;     // out = act(norm(in) @ weight.T + bias) (+ residual)
 constexpr int kDecodeStreamAttention = 2;  // out[h] = attention of head h over the cache's 0 .. position
 constexpr int kDecodeStreamMaxParts = 3;
+constexpr int kDecodeStreamPrefetchHeads = 1;  // option: each head's cache rows asked into L2 before its q/k/v
 constexpr int kDecodeStreamMaxK = 8192;    // a linear operation's input values
 constexpr int kDecodeStreamMaxLen = 4096;  // an attention's cache positions
 struct DecodeStreamOp {
@@ -339,7 +340,8 @@ struct DecodeStreamParams {
   int device = 0;
   int blocks = 0;  // decode_stream_blocks(device): one an SM
   int stages = 0;  // the ring's stages; 0: as many as fit
-  int lookahead = 8;  // weight segments (16 x 1024 values) beyond the ring each block asks into L2 ahead
+  int options = kDecodeStreamPrefetchHeads;  // kDecodeStreamPrefetchHeads; bits 8+: ns between an input's polls
+  int lookahead = 0;  // weight segments (16 x 1024 values) beyond the ring each block asks into L2 ahead
   long long* trace = nullptr;  // null, or [blocks][n_ops][2] int64: each block's globaltimer (ns) when an
                                // operation's input was in and when it was done (a profile)
 };
