@@ -38,16 +38,17 @@ namespace gpuopt::cuda {
 namespace kernels {
 
 constexpr int kDsWarps = 16;  // consumer warps; the producer is one more
-constexpr int kDsThreads = kDsWarps * 32;
+[[maybe_unused]] constexpr int kDsThreads = kDsWarps * 32;
 constexpr int kDsVec = 2;  // 16-byte words of a row per lane and chunk (a chunk: 64 values)
 constexpr int kDsChunk = kDsVec * kLinearChunk;
 constexpr int kDsSegment = kDsWarps * kDsChunk;  // a stage's values of a row: 1024
 constexpr int kDsPad = 16;                       // bytes after each row: row g's words start 4 banks after row g-1's
 constexpr int kDsRowBytes = kDsSegment * 2 + kDsPad;
 constexpr int kDsStageBytes = 16 * kDsRowBytes;
-constexpr int kDsMaxDim = 128;  // head size
+[[maybe_unused]] constexpr int kDsMaxDim = 128;  // head size
 
-static_assert(kDecodeStreamMaxLen * sizeof(float) <= kDecodeStreamMaxK * 2, "an attention's scores fit the input's room");
+static_assert(kDecodeStreamMaxLen * sizeof(float) <= kDecodeStreamMaxK * 2,
+              "an attention's scores fit the input's room");
 
 template <typename T>
 __device__ __forceinline__ unsigned short bits_of(T v) {
@@ -167,29 +168,16 @@ struct Segments {
   }
 };
 
-// The producer warp: every segment into the ring, in the consumers' order; and, `lookahead` segments beyond
-// what the ring holds, each row asked into L2 ahead of its copy, so HBM keeps streaming while the ring is full.
+// The producer warp: every segment into the ring, in the consumers' order.
 template <typename T>
 __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* ring, std::uint64_t* full,
-                        std::uint64_t* empty, int stages, int lookahead) {
+                        std::uint64_t* empty, int stages) {
   const int lane = static_cast<int>(threadIdx.x % 32);
-  Segments<T> copy{ops, n_ops};
-  Segments<T> ahead{ops, n_ops};
-  bool more = copy.advance();
-  bool more_ahead = ahead.advance();
-  unsigned asked = 0;  // segments the ahead cursor has passed
-  for (unsigned i = 0; more; ++i, more = copy.advance()) {
-    for (; more_ahead && asked < i + static_cast<unsigned>(stages + lookahead); ++asked, more_ahead = ahead.advance()) {
-      if (asked >= i + static_cast<unsigned>(stages) && lane < 16) {  // nearer ones are copied soon anyway
-        int len = 0;
-        const T* src = ahead.row(lane, len);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(static_cast<unsigned>(len) * 2u)
-                     : "memory");
-      }
-    }
+  Segments<T> next{ops, n_ops};
+  for (unsigned i = 0; next.advance(); ++i) {
     const unsigned stage = i % static_cast<unsigned>(stages);
     int len = 0;
-    const T* src = copy.row(lane < 16 ? lane : 0, len);
+    const T* src = next.row(lane < 16 ? lane : 0, len);
     if (lane == 0) {
       stage_wait(&empty[stage], ((i / static_cast<unsigned>(stages)) & 1u) ^ 1u);
       stage_expect(&full[stage], 16u * static_cast<unsigned>(len) * sizeof(T));
@@ -205,8 +193,7 @@ __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* rin
 // The input of a linear operation into xs (T [k]), polled; then its layer norm, if any, in place. The norm's
 // weights are loaded first, so their latency passes while the input is polled.
 template <typename T>
-__device__ void load_input(const DecodeStreamOp& op, const unsigned* tags, unsigned epoch, T* xs, float* red,
-                           unsigned sleep) {
+__device__ void load_input(const DecodeStreamOp& op, const unsigned* tags, unsigned epoch, T* xs, float* red) {
   constexpr int kPer = kDecodeStreamMaxK / kDsThreads;
   const int k = op.k;
   const auto* g = static_cast<const T*>(op.norm_weight);
@@ -221,7 +208,7 @@ __device__ void load_input(const DecodeStreamOp& op, const unsigned* tags, unsig
     }
   }
   for (int j = static_cast<int>(threadIdx.x); j < k / 4; j += kDsThreads) {
-    const uint4 w = tagged_wait4(tags + op.input + 4 * j, epoch, sleep);
+    const uint4 w = tagged_wait4(tags + op.input + 4 * j, epoch);
     reinterpret_cast<uint2*>(xs)[j] = make_uint2((w.x & 0xffffu) | (w.y << 16), (w.z & 0xffffu) | (w.w << 16));
   }
   consumers_sync<kDsThreads>();
@@ -249,7 +236,7 @@ __device__ void load_input(const DecodeStreamOp& op, const unsigned* tags, unsig
 template <typename T>
 __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch,
                            float* red, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages,
-                           unsigned& i, long long* trace, unsigned sleep) {
+                           unsigned& i, long long* trace) {
   const int blocks = static_cast<int>(gridDim.x);
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -257,7 +244,7 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   const int t = lane % 4;
   const int k = op.k;
   if (static_cast<int>(blockIdx.x) * 16 >= op.n) return;
-  load_input<T>(op, tags, epoch, xs, red, sleep);
+  load_input<T>(op, tags, epoch, xs, red);
   if (trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
   int buffer = 0;  // the tiles' sums alternate between two halves of scratch: one sync a tile
   for (int tile = static_cast<int>(blockIdx.x); tile * 16 < op.n; tile += blocks, buffer ^= 1) {
@@ -334,8 +321,7 @@ __device__ void run_embed(const DecodeStreamOp& op, unsigned* tags, unsigned epo
 // size. The cache rows were asked into L2 before the q/k/v projection (prefetch_heads).
 template <typename T, int D>
 __device__ void run_attention(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, long long position,
-                              float* scores, float* scratch, float* red, float* head, long long* trace,
-                              unsigned sleep) {
+                              float* scores, float* scratch, float* red, float* head, long long* trace) {
   const int h = static_cast<int>(blockIdx.x);
   if (h >= op.heads) return;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -347,7 +333,7 @@ __device__ void run_attention(const DecodeStreamOp& op, unsigned* tags, unsigned
   auto* vc = static_cast<T*>(op.v_cache) + static_cast<std::int64_t>(h) * op.max_len * D;
   for (int j = static_cast<int>(threadIdx.x); j < 3 * D; j += kDsThreads) {
     const int at = j < D ? q_at + j : j < 2 * D ? k_at + j - D : v_at + j - 2 * D;
-    const T v = value_of<T>(tagged_wait1(tags + at, epoch, sleep));
+    const T v = value_of<T>(tagged_wait1(tags + at, epoch));
     head[j] = to_float(v);
     if (j >= D && j < 2 * D) kc[position * D + j - D] = v;
     if (j >= 2 * D) vc[position * D + j - 2 * D] = v;
@@ -471,7 +457,7 @@ template <typename T>
 __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
     decode_stream_kernel(const DecodeStreamOp* ops, int n_ops, unsigned* tags, unsigned long long* launches,
                          const long long* ids, const long long* positions, int stages, int vocab, int max_position,
-                         long long* trace, int lookahead, int options) {
+                         long long* trace) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char dynamic[];
   __shared__ float scratch[kDsWarps * kDsMaxDim];  // the tiles' sums of each warp (two buffers); an attention's
@@ -494,7 +480,7 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
   }
   __syncthreads();
   if (warp == kDsWarps) {
-    produce<T>(ops, n_ops, ring, full, empty, stages, lookahead);
+    produce<T>(ops, n_ops, ring, full, empty, stages);
     return;
   }
   const unsigned epoch = epoch_shared;
@@ -503,25 +489,22 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
   // The host checks what it can; a token or position out of range here (a bug) ends the launch, not a read
   // out of bounds.
   if (id < 0 || id >= vocab || position < 0 || position >= max_position) __trap();
-  const unsigned sleep = static_cast<unsigned>(options >> 8);  // ns between polls of an input
   unsigned i = 0;
   for (int s = 0; s < n_ops; ++s) {
     const DecodeStreamOp& op = ops[s];
     long long* row = trace != nullptr ? trace + (static_cast<std::int64_t>(blockIdx.x) * n_ops + s) * 2 : nullptr;
     if (op.kind == kDecodeStreamLinear) {
-      if ((options & kDecodeStreamPrefetchHeads) && s + 1 < n_ops && ops[s + 1].kind == kDecodeStreamAttention &&
-          threadIdx.x == 0) {
+      if (s + 1 < n_ops && ops[s + 1].kind == kDecodeStreamAttention && threadIdx.x == 0) {
         prefetch_heads(ops[s + 1], position, static_cast<int>(sizeof(T)));
       }
-      run_linear<T>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, i, row, sleep);
+      run_linear<T>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, i, row);
     } else if (op.kind == kDecodeStreamEmbed) {
       run_embed<T>(op, tags, epoch, id, position);
       if (row != nullptr && threadIdx.x == 0) row[0] = row[1] = now_ns();
     } else if (op.head_dim == 64) {
-      run_attention<T, 64>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row, sleep);
+      run_attention<T, 64>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row);
     } else {
-      run_attention<T, 128>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row,
-                            sleep);
+      run_attention<T, 128>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row);
     }
   }
 #endif
@@ -567,8 +550,7 @@ void launch_stream(const DecodeStreamParams& p, cudaStream_t stream) {
   config.attrs = attribute;
   config.numAttrs = 1;
   const cudaError_t status = cudaLaunchKernelEx(&config, kernel, p.ops, p.n_ops, p.tags, p.launches, p.ids,
-                                                p.position, stages, p.vocab, p.max_position, p.trace,
-                                                p.lookahead, p.options);
+                                                p.position, stages, p.vocab, p.max_position, p.trace);
   if (status != cudaSuccess) (void)cudaGetLastError();
   GPUOPT_CHECK(status == cudaSuccess, "decode_stream: cooperative launch failed: ", cudaGetErrorName(status), " (",
                cudaGetErrorString(status), ")");

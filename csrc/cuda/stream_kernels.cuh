@@ -1,6 +1,6 @@
 #pragma once
 
-// The primitives of gpuopt's persistent decode kernels (decode_stream.cu, decode_chain.cu), compute
+// The primitives of gpuopt's persistent decode kernel (decode_stream.cu), compute
 // capability 9.0+ (compiled out below it; the hosts check hopper_code_runs):
 //
 // - a ring of shared-memory stages, each filled by bulk copies (cp.async.bulk) that complete on the stage's
@@ -9,7 +9,7 @@
 //   written and read whole (single-copy atomic). A reader that sees its epoch in every word it loads has this
 //   launch's values: the wait for another block's output and its load are one, with no fence and no counter.
 //   (A release/acquire counter between the layers cost 2-4 us a layer on the H200: its release is a full
-//   memory barrier; results/llm_decode-chain-streamed-58b6b12-nvidia-h200.)
+//   memory barrier; benchmarks/results/llm_decode-chain-streamed-58b6b12-nvidia-h200.)
 //
 // Every wait gives up with a trap after kStreamSpinLimit clock cycles (several seconds): a bug ends the launch
 // with an error instead of hanging the device.
@@ -98,27 +98,25 @@ __device__ __forceinline__ bool tagged4(const uint4& w, unsigned epoch) {
   return (w.x >> 16) == epoch && (w.y >> 16) == epoch && (w.z >> 16) == epoch && (w.w >> 16) == epoch;
 }
 
-// The four words at p (16-byte aligned) once all carry `epoch`; `sleep` ns between polls (0: none).
-__device__ __forceinline__ uint4 tagged_wait4(const unsigned* p, unsigned epoch, unsigned sleep = 0) {
+// The four words at p (16-byte aligned) once all carry `epoch`.
+__device__ __forceinline__ uint4 tagged_wait4(const unsigned* p, unsigned epoch) {
   uint4 w = tagged_load4(p);
   if (tagged4(w, epoch)) return w;
   const long long start = clock64();
   do {
     if (clock64() - start > kStreamSpinLimit) __trap();
-    if (sleep != 0) __nanosleep(sleep);
     w = tagged_load4(p);
   } while (!tagged4(w, epoch));
   return w;
 }
 
 // The word at p once it carries `epoch`.
-__device__ __forceinline__ unsigned tagged_wait1(const unsigned* p, unsigned epoch, unsigned sleep = 0) {
+__device__ __forceinline__ unsigned tagged_wait1(const unsigned* p, unsigned epoch) {
   unsigned w = tagged_load1(p);
   if ((w >> 16) == epoch) return w;
   const long long start = clock64();
   do {
     if (clock64() - start > kStreamSpinLimit) __trap();
-    if (sleep != 0) __nanosleep(sleep);
     w = tagged_load1(p);
   } while ((w >> 16) != epoch);
   return w;

@@ -153,12 +153,6 @@ void bind_llm(py::module_& m) {
            "current stream; trace: None or an int64 tensor [blocks, n_ops, 2] receiving each block's nanosecond "
            "timestamps per operation (its input in, the operation done)")
       .def_property_readonly("blocks", &torch_ext::DecodeProgram::blocks)
-      .def_property("lookahead", &torch_ext::DecodeProgram::lookahead, &torch_ext::DecodeProgram::set_lookahead,
-                    "weight segments (16 rows x 1024 values) beyond the shared-memory ring each block asks into L2 "
-                    "ahead of need (0 to 64); read at each run, so a captured graph keeps its capture's")
-      .def_property("options", &torch_ext::DecodeProgram::options, &torch_ext::DecodeProgram::set_options,
-                    "bit 0: each head's cache rows asked into L2 before its q/k/v projection (default on); bits 8 "
-                    "to 19: nanoseconds between an input's polls (0: none); read at each run")
       .def_property_readonly("device", &torch_ext::DecodeProgram::device)
       .def_property_readonly("n_ops", &torch_ext::DecodeProgram::n_ops)
       .def_property_readonly("finished", &torch_ext::DecodeProgram::finished)
@@ -166,22 +160,6 @@ void bind_llm(py::module_& m) {
       .def_property_readonly("max_position", &torch_ext::DecodeProgram::max_position)
       .def_property_readonly("vocab", &torch_ext::DecodeProgram::vocab)
       .def_property_readonly("weight_bytes", &torch_ext::DecodeProgram::weight_bytes);
-
-  m.def("decode_chain", &torch_ext::decode_chain, py::arg("x"), py::arg("weights"), py::arg("biases"),
-        py::arg("activations"), py::arg("counter"), py::arg("stages") = 0, py::arg("wait") = true,
-        py::arg("trace") = py::none(), py::arg("options") = 0, py::arg("tags") = py::none(),
-        "A chain of decode linear layers in one persistent kernel (a probe for benchmarks): layer s computes "
-        "act_s(x_s @ weights[s].T + biases[s]) with x_0 = x (one row) and x_s the output of layer s - 1 (its first "
-        "K_s columns). One block an SM; a producer warp streams the block's weight tiles of every layer into a "
-        "ring of shared-memory stages, 16 consumer warps compute them as decode_linear does (the same bits), "
-        "waiting before a layer's first tile for every block to have finished the layer before. activations: "
-        "'none' or 'relu' per layer; counter: two CUDA int64 zero before their first use, one chain at a time; "
-        "stages: the ring's depth (0: as many as fit); wait: False skips the waits (timing only); trace: None or a "
-        "CUDA int64 tensor [SMs, layers, 7] the kernel writes nanosecond timestamps and stalls into (a profile); "
-        "options: bit 0, the waits sleep between polls; bit 1, the outputs also written and read as words tagged "
-        "with the launch (tags: int32, the layers' N summed, zeros before the first use) instead of a counter. "
-        "Compute "
-        "capability 9.0+; capturable in a CUDA graph.");
 
   m.def(
       "decode_linear_layout",

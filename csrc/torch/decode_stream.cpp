@@ -64,19 +64,6 @@ std::int64_t DecodeProgram::activation_size(const char* op, const char* name, st
   return sizes_[static_cast<std::size_t>(id)];
 }
 
-void DecodeProgram::set_lookahead(std::int64_t segments) {
-  TORCH_CHECK_VALUE(segments >= 0 && segments <= 64, "DecodeProgram.lookahead must be 0 to 64 segments, got ",
-                    segments);
-  lookahead_ = segments;
-}
-
-void DecodeProgram::set_options(std::int64_t options) {
-  TORCH_CHECK_VALUE(options >= 0 && options < (std::int64_t{1} << 20) && (options & 0xfe) == 0,
-                    "DecodeProgram.options: bit 0 (prefetch the heads' cache rows) and bits 8 to 19 (ns between "
-                    "polls) only, got ", options);
-  options_ = options;
-}
-
 std::int64_t DecodeProgram::n_ops() const {
 #ifdef GPUOPT_WITH_CUDA
   return static_cast<std::int64_t>(ops_.size());
@@ -282,8 +269,6 @@ void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const
   p.max_position = static_cast<int>(max_position_);
   p.device = static_cast<int>(device_);
   p.blocks = cuda::decode_stream_blocks(p.device);
-  p.lookahead = static_cast<int>(lookahead_);
-  p.options = static_cast<int>(options_);
   if (trace.has_value()) {
     TORCH_CHECK_TYPE(trace->is_cuda() && trace->device().index() == device_ && trace->scalar_type() == at::kLong &&
                          trace->is_contiguous() && trace->numel() == static_cast<std::int64_t>(p.blocks) * p.n_ops * 2,

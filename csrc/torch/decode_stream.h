@@ -44,14 +44,6 @@ class DecodeProgram {
   // each operation in, the operation done; a profile).
   void run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace);
   std::int64_t blocks() const;
-  // Weight segments (16 rows x 1024 values) beyond the shared-memory ring each block asks into L2 ahead of
-  // need; read when run() launches (a captured graph keeps the value it was captured with).
-  std::int64_t lookahead() const { return lookahead_; }
-  void set_lookahead(std::int64_t segments);
-  // Bit 0: each head's cache rows asked into L2 before its q/k/v projection (on by default); bits 8 to 19:
-  // nanoseconds between an input's polls (0: none). Read at each run, like lookahead.
-  std::int64_t options() const { return options_; }
-  void set_options(std::int64_t options);
 
   std::int64_t device() const { return device_; }
   std::int64_t n_ops() const;
@@ -76,8 +68,6 @@ class DecodeProgram {
   std::int64_t max_position_ = -1;
   std::int64_t weight_bytes_ = 0;
   bool finished_ = false;
-  std::int64_t lookahead_ = 0;
-  std::int64_t options_ = 1;
   std::vector<at::Tensor> keep_;  // every tensor an operation points into
 #ifdef GPUOPT_WITH_CUDA
   std::vector<cuda::DecodeStreamOp> ops_;

@@ -257,37 +257,6 @@ struct DecodeLinearParams {
 constexpr std::int64_t kDecodeLinearMaxRows = 8;
 // K per warp step: 16 bytes of each of a lane's two weight rows.
 constexpr std::int64_t kDecodeLinearChunk = 32;
-// ---- A chain of decode linear layers in one persistent kernel (csrc/cuda/decode_chain.cu; a probe for the
-// chain benchmark): layer s computes act_s(x_s @ weight_s.T + bias_s) into out_s, x_0 = x and x_s = out_{s-1}
-// (its first k_s values). One block an SM (a cooperative launch), each taking tiles b, b + grid, ... of every
-// layer. A producer warp streams the block's weight tiles, layer after layer, into a ring of shared-memory stages
-// with bulk copies (the weights do not depend on the layers' outputs, so HBM never waits on a layer); 16
-// consumer warps compute each tile as decode_linear's 16-warp, two-load tiles do (the same sums in the same
-// order: the same bits), and wait, before a layer's first tile, for every block to have finished the layer
-// before (a 64-bit release/acquire counter each block adds one to after its last tile of a layer: no block
-// waits at the end of a layer, only before reading the next one's input). fp16/bf16, one row, n_s a multiple of
-// 16, k_s a multiple of 1024 up to 8192. Compute capability 9.0+. Capturable.
-constexpr int kDecodeChainMaxLayers = 100;
-struct DecodeChainParams {
-  ActivationType type = ActivationType::kFloat16;
-  const void* x = nullptr;  // [1, k_0], contiguous
-  int n_layers = 0;
-  const void* weight[kDecodeChainMaxLayers] = {};  // [n_s, k_s], contiguous
-  const void* bias[kDecodeChainMaxLayers] = {};    // [n_s] or nullptr
-  void* out[kDecodeChainMaxLayers] = {};           // [1, n_s], contiguous
-  std::int64_t n[kDecodeChainMaxLayers] = {};
-  std::int64_t k[kDecodeChainMaxLayers] = {};
-  bool relu[kDecodeChainMaxLayers] = {};
-  int device = 0;
-  unsigned long long* counter = nullptr;  // two, zero before the first launch, owned by the caller (one chain at a time)
-  int stages = 0;                         // shared-memory stages of 16 x 1024 weights; 0: as many as fit
-  bool wait = true;                       // false: no waits between layers (wrong outputs: timing only)
-  long long* trace = nullptr;  // null, or [SMs][n_layers][7] int64 nanoseconds (decode_chain.cu's kTraceFields)
-  int options = 0;              // bit 0: the waits for the layer before sleep between polls; bit 1: tagged outputs
-  unsigned* tags = nullptr;     // the tagged form's words: sum of n_s, zero before the first launch
-};
-void decode_chain(const DecodeChainParams& p, cudaStream_t stream);
-
 // ---- A decode step in one persistent kernel (csrc/cuda/decode_stream.cu): a program of operations run by one
 // block an SM (a cooperative launch), the weights streamed through shared memory ahead of need and every
 // operation's output written as words tagged with the launch, which its readers poll (no grid barrier). Batch 1,
@@ -296,7 +265,6 @@ constexpr int kDecodeStreamEmbed = 0;      // out = table[id] (+ positions[posit
 constexpr int kDecodeStreamLinear = 1;     // out = act(norm(in) @ weight.T + bias) (+ residual)
 constexpr int kDecodeStreamAttention = 2;  // out[h] = attention of head h over the cache's 0 .. position
 constexpr int kDecodeStreamMaxParts = 3;
-constexpr int kDecodeStreamPrefetchHeads = 1;  // option: each head's cache rows asked into L2 before its q/k/v
 constexpr int kDecodeStreamMaxK = 8192;    // a linear operation's input values
 constexpr int kDecodeStreamMaxLen = 4096;  // an attention's cache positions
 struct DecodeStreamOp {
@@ -340,8 +308,6 @@ struct DecodeStreamParams {
   int device = 0;
   int blocks = 0;  // decode_stream_blocks(device): one an SM
   int stages = 0;  // the ring's stages; 0: as many as fit
-  int options = kDecodeStreamPrefetchHeads;  // kDecodeStreamPrefetchHeads; bits 8+: ns between an input's polls
-  int lookahead = 0;  // weight segments (16 x 1024 values) beyond the ring each block asks into L2 ahead
   long long* trace = nullptr;  // null, or [blocks][n_ops][2] int64: each block's globaltimer (ns) when an
                                // operation's input was in and when it was done (a profile)
 };

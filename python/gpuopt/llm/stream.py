@@ -57,6 +57,13 @@ def unsupported(model: torch.nn.Module, batch_size: int, dtype: torch.dtype, max
         return f"vocab_size must be a multiple of 16, got {config.vocab_size}"
     if max_len > MAX_LEN:
         return f"prompt plus new tokens must be at most {MAX_LEN}, got {max_len}"
+    for i, layer in enumerate(decoder.layers):
+        attn = layer.self_attn
+        for name, module in (("q_proj", attn.q_proj), ("k_proj", attn.k_proj), ("v_proj", attn.v_proj),
+                             ("out_proj", attn.out_proj), ("fc1", layer.fc1), ("fc2", layer.fc2)):
+            if type(module) is not torch.nn.Linear:
+                return (f"layer {i}'s {name} is a {type(module).__name__}; it reads plain nn.Linear layers "
+                        "(no quantized or fused ones)")
     return None
 
 

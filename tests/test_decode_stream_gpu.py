@@ -1,0 +1,134 @@
+"""The static-megakernel path on a GPU (compute capability 9.0+): its persistent step gives the eager static
+step's logits and tokens, keeps parity with the fp32 reference in fp16 and bf16, replays from a captured graph,
+and gpuopt._C.DecodeProgram refuses what its kernel does not take, naming the argument."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import gpuopt  # noqa: E402
+from gpuopt import _C  # noqa: E402
+from gpuopt.llm import Models  # noqa: E402
+from gpuopt.llm.measure import measure_decode  # noqa: E402
+from gpuopt.llm.paths import Decoder  # noqa: E402
+
+pytestmark = pytest.mark.gpuopt_gpu
+
+
+@pytest.fixture(scope="module")
+def opt125():
+    if torch.cuda.get_device_capability(0)[0] < 9 or not _C.programmatic_launch_runs(0):
+        pytest.skip("the persistent decode step needs compute capability 9.0+ and this build's code for it")
+    return Models("opt-125m", "cuda", seed=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_persistent_step_gives_the_eager_steps_logits_and_tokens(opt125, dtype):
+    prompt = opt125.prompt(1, 40)
+    n = 24
+    model = opt125.candidate("fp16" if dtype == torch.float16 else "bf16", fused=False, fold=False)
+    eager = Decoder(model, "static", prompt, n, gpuopt._C.StepClock(0, n), dtype)
+    mega = Decoder(model, "static-megakernel", prompt, n, gpuopt._C.StepClock(0, n), dtype)
+    try:
+        assert mega.loop is not None and mega._program is not None
+        ref_tokens, ref_logits = eager.forced_logits(None, n)
+        tokens, logits = mega.forced_logits(ref_tokens, n)
+        # Every step fed the eager step's token: logits within half precision's rounding of the same math.
+        scale = ref_logits.abs().amax(-1, keepdim=True)
+        err = ((logits - ref_logits).abs() / scale).amax().item()
+        assert err < (2e-2 if dtype == torch.float16 else 6e-2), err
+        agree = (tokens == ref_tokens).float().mean().item()
+        assert agree >= 0.9, (tokens, ref_tokens)
+        mega.loop.run()  # the C++ loop over the captured graphs, twice: the same tokens
+        torch.cuda.synchronize()
+        first = mega.tokens()
+        mega.loop.run()
+        torch.cuda.synchronize()
+        assert torch.equal(mega.tokens(), first)
+    finally:
+        eager.close()
+        mega.close()
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_the_path_keeps_parity_with_the_fp32_reference(opt125, precision):
+    r = measure_decode(opt125, path="static-megakernel", precision=precision, prompt_len=32, new_tokens=24,
+                       parity_tokens=16, max_time_s=0.3)
+    assert r.parity is not None and r.parity.passed, r.parity.summary()
+    assert r.tpot_ms["p50"] > 0 and r.fused_projections == 0 and r.attention == "model"
+
+
+def test_the_path_refuses_fuse_and_a_batch(opt125):
+    with pytest.raises(ValueError, match="fuse=True does not apply"):
+        measure_decode(opt125, path="static-megakernel", fuse=True, prompt_len=8, new_tokens=4)
+    with pytest.raises(ValueError, match="batch_size must be 1, got 2"):
+        measure_decode(opt125, path="static-megakernel", batch_size=2, prompt_len=8, new_tokens=4)
+
+
+def test_the_program_refuses_what_the_kernel_does_not_take(opt125):
+    h = torch.float16
+    p = _C.DecodeProgram(0, h)
+    table = torch.zeros(64, 128, dtype=h, device="cuda")
+    x = p.embed(table, torch.zeros(40, 128, dtype=h, device="cuda"), 2)
+    with pytest.raises(TypeError, match="weight must be float16"):
+        p.linear(x, [torch.zeros(16, 128, device="cuda")], [None])
+    with pytest.raises(ValueError, match=r"weight 0 must be \[N, 128\]"):
+        p.linear(x, [torch.zeros(20, 128, dtype=h, device="cuda")], [None])
+    with pytest.raises(ValueError, match="activation id"):
+        p.linear(7, [torch.zeros(16, 128, dtype=h, device="cuda")], [None])
+    qkv = p.linear(x, [torch.zeros(96, 128, dtype=h, device="cuda")], [None])
+    with pytest.raises(ValueError, match="head size must be 64 or 128, got 32"):
+        cache = torch.zeros(1, 1, 8, 32, dtype=h, device="cuda")
+        p.attention(qkv, cache, cache, 0.1)
+    with pytest.raises(ValueError, match="3 \\* H \\* D"):
+        cache = torch.zeros(1, 2, 8, 64, dtype=h, device="cuda")
+        p.attention(qkv, cache, cache, 0.1)
+    ids = torch.zeros(1, dtype=torch.long, device="cuda")
+    with pytest.raises(RuntimeError, match="call finish"):
+        p.run(ids, ids)
+    p.linear(x, [torch.zeros(64, 128, dtype=h, device="cuda")], [None], output=False,
+             plain=torch.zeros(64, dtype=h, device="cuda"))
+    p.finish()
+    with pytest.raises(RuntimeError, match="finished"):
+        p.embed(table)
+    with pytest.raises(TypeError, match="ids must be one int64"):
+        p.run(ids.int(), ids)
+    with pytest.raises(TypeError, match="trace must be"):
+        p.run(ids, ids, torch.zeros(3, dtype=torch.long, device="cuda"))
+    with pytest.raises(TypeError, match="dtype must be float16 or bfloat16"):
+        _C.DecodeProgram(0, torch.float32)
+
+
+def test_a_small_program_computes_its_linear_layer(opt125):
+    """embed -> linear with a layer norm, a bias, a ReLU and a residual -> linear into a plain output, against
+    the same in float32."""
+    torch.manual_seed(0)
+    h = torch.float16
+    hidden, n = 192, 320
+    table = torch.randn(10, hidden, dtype=h, device="cuda")
+    pos = torch.randn(12, hidden, dtype=h, device="cuda")
+    g, b = torch.rand(hidden, dtype=h, device="cuda") + 0.5, torch.randn(hidden, dtype=h, device="cuda")
+    w1, b1 = torch.randn(hidden, hidden, dtype=h, device="cuda") / 16, torch.randn(hidden, dtype=h, device="cuda")
+    w2 = torch.randn(n, hidden, dtype=h, device="cuda") / 16
+    out = torch.zeros(1, n, dtype=h, device="cuda")
+    p = _C.DecodeProgram(0, h)
+    x = p.embed(table, pos, 2)
+    y = p.linear(x, [w1[:64].contiguous(), w1[64:].contiguous()], [b1[:64].contiguous(), b1[64:].contiguous()],
+                 norm_weight=g, norm_bias=b, eps=1e-5, residual=x, relu=True)
+    p.linear(y, [w2], [None], output=False, plain=out)
+    p.finish()
+    for token, at in ((3, 0), (7, 5), (3, 9)):
+        p.run(torch.tensor([token], device="cuda"), torch.tensor([at], device="cuda"))
+        e = (table[token].float() + pos[at + 2].float()).half().float()
+        ln = torch.nn.functional.layer_norm(e, (hidden,), g.float(), b.float(), 1e-5).half().float()
+        y_ref = (torch.relu((ln @ w1.float().t() + b1.float()).half().float()) + e).half().float()
+        ref = y_ref @ w2.float().t()
+        torch.testing.assert_close(out.float().view(-1), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_the_path_runs_half_precisions_only(opt125):
+    with pytest.raises(ValueError, match="fp16 and bf16 only, got precision 'int8wo'"):
+        measure_decode(opt125, path="static-megakernel", precision="int8wo", prompt_len=8, new_tokens=4)
