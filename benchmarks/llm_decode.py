@@ -135,15 +135,6 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
     best = min(done, key=lambda path: done[path].tpot_ms["mean"]) if done else None
     fast = done.get(best)
     results["opt"]["fast_path"] = best
-    # The decode step as one persistent kernel (static-megakernel, gpuopt.llm.stream), right after, against the
-    # fast path of the same run. Not a candidate for the targets' fast path yet: it has no int8 form.
-    mega = run("static-megakernel", "fp16") if fast is not None else None
-    if mega is not None:
-        results["opt"]["megakernel_speedup"] = fast.tpot_ms["mean"] / mega.tpot_ms["mean"]
-        print(f"static-megakernel: TPOT {mega.tpot_ms['mean']:.3f} ms"
-              + (f" ({mega.pct_of_hbm_read:.1f}% of HBM read)" if mega.pct_of_hbm_read is not None else "")
-              + f" against {best}'s {fast.tpot_ms['mean']:.3f} ({results['opt']['megakernel_speedup']:.3f}x)",
-              flush=True)
     # What fusing the sibling projections (q/k/v; on by default in gpuopt's static paths) brings: the
     # fast path without it, in the same run and right after the fused paths (the H100's clocks drift
     # under its power cap over a run: the two are compared close together).
@@ -183,6 +174,17 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
     int8 = run(best, "int8wo") if best else None
     int8_no_pdl = without_pdl("int8wo") if int8 is not None and pdl else None
     int8_no_fold = run(best, "int8wo", label=f"int8wo+{best}+no-fold", fold=False) if fold and int8 else None
+    # The decode step as one persistent kernel (static-megakernel, gpuopt.llm.stream; 9.0+), after the fast path's
+    # cells, against the fast path of the same run. Not a candidate for the targets' fast path yet: it has no
+    # int8 form.
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    mega = run("static-megakernel", "fp16") if fast is not None and hopper else None
+    if mega is not None:
+        results["opt"]["megakernel_speedup"] = fast.tpot_ms["mean"] / mega.tpot_ms["mean"]
+        print(f"static-megakernel: TPOT {mega.tpot_ms['mean']:.3f} ms"
+              + (f" ({mega.pct_of_hbm_read:.1f}% of HBM read)" if mega.pct_of_hbm_read is not None else "")
+              + f" against {best}'s {fast.tpot_ms['mean']:.3f} ({results['opt']['megakernel_speedup']:.3f}x)",
+              flush=True)
     for label, on, off in (("fp16", fast, no_fold), ("int8wo", int8, int8_no_fold)):
         if on is not None and off is not None:
             results["opt"][f"fold_speedup_{label}"] = off.tpot_ms["mean"] / on.tpot_ms["mean"]

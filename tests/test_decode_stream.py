@@ -68,7 +68,7 @@ def test_the_path_refuses_what_it_does_not_run():
 def test_without_a_gpu_the_path_and_the_program_say_so():
     with pytest.raises(ValueError, match="needs a CUDA device"):
         measure_decode("opt-125m", path="static-megakernel", device="cpu")
-    with pytest.raises(ValueError, match="CUDA device"):
+    with pytest.raises(ValueError, match="CUDA"):
         _C.DecodeProgram(0, torch.float16)
 
 

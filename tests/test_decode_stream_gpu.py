@@ -20,8 +20,10 @@ pytestmark = pytest.mark.gpuopt_gpu
 
 @pytest.fixture(scope="module")
 def opt125():
-    if torch.cuda.get_device_capability(0)[0] < 9 or not _C.programmatic_launch_runs(0):
-        pytest.skip("the persistent decode step needs compute capability 9.0+ and this build's code for it")
+    try:
+        _C.DecodeProgram(0, torch.float16)
+    except ValueError as e:  # below compute capability 9.0, or a build without code for it
+        pytest.skip(str(e))
     return Models("opt-125m", "cuda", seed=0)
 
 
@@ -39,7 +41,7 @@ def test_the_persistent_step_gives_the_eager_steps_logits_and_tokens(opt125, dty
         # Every step fed the eager step's token: logits within half precision's rounding of the same math.
         scale = ref_logits.abs().amax(-1, keepdim=True)
         err = ((logits - ref_logits).abs() / scale).amax().item()
-        assert err < (2e-2 if dtype == torch.float16 else 6e-2), err
+        assert err < (8e-3 if dtype == torch.float16 else 3e-2), err
         agree = (tokens == ref_tokens).float().mean().item()
         assert agree >= 0.9, (tokens, ref_tokens)
         mega.loop.run()  # the C++ loop over the captured graphs, twice: the same tokens
@@ -94,9 +96,11 @@ def test_the_program_refuses_what_the_kernel_does_not_take(opt125):
     p.finish()
     with pytest.raises(RuntimeError, match="finished"):
         p.embed(table)
-    with pytest.raises(TypeError, match="ids must be one int64"):
+    with pytest.raises(TypeError, match="ids must be int64"):
         p.run(ids.int(), ids)
-    with pytest.raises(TypeError, match="trace must be"):
+    with pytest.raises(ValueError, match="position must hold one value"):
+        p.run(ids, torch.zeros(2, dtype=torch.long, device="cuda"))
+    with pytest.raises(ValueError, match=r"trace must be \["):
         p.run(ids, ids, torch.zeros(3, dtype=torch.long, device="cuda"))
     with pytest.raises(TypeError, match="dtype must be float16 or bfloat16"):
         _C.DecodeProgram(0, torch.float32)
@@ -132,3 +136,46 @@ def test_a_small_program_computes_its_linear_layer(opt125):
 def test_the_path_runs_half_precisions_only(opt125):
     with pytest.raises(ValueError, match="fp16 and bf16 only, got precision 'int8wo'"):
         measure_decode(opt125, path="static-megakernel", precision="int8wo", prompt_len=8, new_tokens=4)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_a_small_programs_attention_matches_torch_at_the_cache_ends(opt125, head_dim):
+    """embed -> q/k/v -> attention over a cache of 64 rows (position 0, 5 and the last) -> an identity linear
+    into a plain output, against the same in float32; and a linear whose K is a full segment and a part."""
+    torch.manual_seed(1)
+    h, heads, length = torch.float16, 2, 64
+    hidden = heads * head_dim
+    table = torch.randn(4, hidden, dtype=h, device="cuda")
+    w = torch.randn(3 * hidden, hidden, dtype=h, device="cuda") / hidden ** 0.5
+    k_cache = torch.randn(1, heads, length, head_dim, dtype=h, device="cuda")
+    v_cache = torch.randn(1, heads, length, head_dim, dtype=h, device="cuda")
+    out = torch.zeros(hidden, dtype=h, device="cuda")
+    scale = head_dim ** -0.5
+    p = _C.DecodeProgram(0, h)
+    x = p.embed(table)
+    qkv = p.linear(x, [w], [None])
+    a = p.attention(qkv, k_cache, v_cache, scale)
+    p.linear(a, [torch.eye(hidden, dtype=h, device="cuda")], [None], output=False, plain=out)
+    p.finish()
+    assert p.max_position == length
+    for token, at in ((1, 0), (2, 5), (3, length - 1)):
+        keys_before = k_cache.clone()
+        p.run(torch.tensor([token], device="cuda"), torch.tensor([at], device="cuda"))
+        q, k, v = (table[token].float() @ w.float().t()).half().float().view(3, heads, head_dim)
+        torch.testing.assert_close(k_cache[0, :, at].float(), k, rtol=2e-3, atol=2e-3)  # written at the position
+        torch.testing.assert_close(v_cache[0, :, at].float(), v, rtol=2e-3, atol=2e-3)
+        assert torch.equal(k_cache[0, :, :at], keys_before[0, :, :at])  # rows before the position untouched
+        keys = k_cache[0, :, :at + 1].float()
+        att = torch.softmax((keys @ q.unsqueeze(-1)).squeeze(-1) * scale, -1)
+        ref = (att.unsqueeze(1) @ v_cache[0, :, :at + 1].float()).reshape(-1)
+        torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
+
+    k = 1344  # a segment of 1024 values and one of 320
+    big = torch.randn(3, k, dtype=h, device="cuda")
+    wk = torch.randn(48, k, dtype=h, device="cuda") / k ** 0.5
+    res = torch.zeros(48, dtype=h, device="cuda")
+    p = _C.DecodeProgram(0, h)
+    p.linear(p.embed(big, torch.zeros(8, k, dtype=h, device="cuda")), [wk], [None], output=False, plain=res)
+    p.finish()
+    p.run(torch.tensor([2], device="cuda"), torch.tensor([0], device="cuda"))
+    torch.testing.assert_close(res.float(), big[2].float() @ wk.float().t(), rtol=1e-2, atol=1e-2)

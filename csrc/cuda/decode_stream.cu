@@ -19,7 +19,7 @@
 // ring's stages of 16 rows x 1024 values; bias, ReLU and residual are added in T's precision, as the model's
 // own modules round.
 //
-// An attention operation (batch 1): block h takes head h: it polls the head's query, key and value (the input
+// An attention operation (batch 1): block b takes heads b, b + grid, ...: it polls the head's query, key and value (the input
 // is the fused q/k/v output: the heads' queries, then keys, then values), writes the key and value into the
 // cache at the step's position, and attends to positions 0 .. position in float32.
 #include <cuda_bf16.h>
@@ -320,10 +320,8 @@ __device__ void run_embed(const DecodeStreamOp& op, unsigned* tags, unsigned epo
 // float32, the softmax, the weighted values; the key and value written into the cache at position. D: the head
 // size. The cache rows were asked into L2 before the q/k/v projection (prefetch_heads).
 template <typename T, int D>
-__device__ void run_attention(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, long long position,
-                              float* scores, float* scratch, float* red, float* head, long long* trace) {
-  const int h = static_cast<int>(blockIdx.x);
-  if (h >= op.heads) return;
+__device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, unsigned epoch, long long position,
+                            float* scores, float* scratch, float* red, float* head, long long* trace) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int q_at = op.input + h * D;
@@ -434,20 +432,30 @@ __device__ void run_attention(const DecodeStreamOp& op, unsigned* tags, unsigned
   if (trace != nullptr && threadIdx.x == 0) trace[1] = now_ns();
 }
 
-// Asks L2 for head blockIdx.x's cache rows 0 .. position - 1 of attention `op` (keys and values), to be read
+// Heads blockIdx.x, + grid, ... (one a block where there are no more heads than blocks).
+template <typename T, int D>
+__device__ void run_attention(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, long long position,
+                              float* scores, float* scratch, float* red, float* head, long long* trace) {
+  for (int h = static_cast<int>(blockIdx.x); h < op.heads; h += static_cast<int>(gridDim.x)) {
+    attend_head<T, D>(op, h, tags, epoch, position, scores, scratch, red, head, trace);
+  }
+}
+
+// Asks L2 for the block's heads' cache rows 0 .. position - 1 of attention `op` (keys and values), to be read
 // once the q/k/v projection before it is done.
 __device__ __forceinline__ void prefetch_heads(const DecodeStreamOp& op, long long position, int element) {
-  const int h = static_cast<int>(blockIdx.x);
-  if (h >= op.heads || position <= 0) return;
+  if (position <= 0) return;
   const std::int64_t row = static_cast<std::int64_t>(op.head_dim) * element;
   const auto bytes = static_cast<unsigned>(position * row);
-  const std::int64_t at = static_cast<std::int64_t>(h) * op.max_len * row;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(op.k_cache) + at),
-               "r"(bytes)
-               : "memory");
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(op.v_cache) + at),
-               "r"(bytes)
-               : "memory");
+  for (int h = static_cast<int>(blockIdx.x); h < op.heads; h += static_cast<int>(gridDim.x)) {
+    const std::int64_t at = static_cast<std::int64_t>(h) * op.max_len * row;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(op.k_cache) + at),
+                 "r"(bytes)
+                 : "memory");
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(op.v_cache) + at),
+                 "r"(bytes)
+                 : "memory");
+  }
 }
 #endif
 

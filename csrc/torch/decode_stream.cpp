@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "device.h"
 
@@ -45,8 +46,8 @@ void DecodeProgram::check_tensor(const char* op, const char* name, const at::Ten
                    " must be on cuda:", device_, ", got ", t.device());
   TORCH_CHECK_TYPE(t.scalar_type() == dtype_, "DecodeProgram.", op, ": ", name, " must be ", dtype_name(dtype_),
                    " (the program's dtype), got ", dtype_name(t.scalar_type()));
-  TORCH_CHECK_VALUE(t.is_contiguous() && aligned16(t), "DecodeProgram.", op, ": ", name,
-                    " must be contiguous and 16-byte aligned");
+  TORCH_CHECK_TYPE(t.is_contiguous() && aligned16(t), "DecodeProgram.", op, ": ", name,
+                   " must be contiguous and 16-byte aligned");
 }
 
 std::int64_t DecodeProgram::add_activation(std::int64_t size) {
@@ -79,20 +80,23 @@ std::int64_t DecodeProgram::embed(const at::Tensor& table, const std::optional<a
   constexpr const char* op = "embed";
   check_open(op);
   check_tensor(op, "table", table);
-  TORCH_CHECK_VALUE(table.dim() == 2 && table.size(1) % 16 == 0 && table.size(0) >= 1, "DecodeProgram.embed: table ",
-                    "must be [vocab, N] with N a multiple of 16, got ", table.sizes());
-  cuda::DecodeStreamOp o;
-  o.kind = cuda::kDecodeStreamEmbed;
-  o.n = static_cast<int>(table.size(1));
-  o.table = table.const_data_ptr();
-  keep_.push_back(table);
-  vocab_ = table.size(0);
-  if (positions.has_value()) {
+  TORCH_CHECK_VALUE(table.dim() == 2 && table.size(1) >= 16 && table.size(1) % 16 == 0 && table.size(0) >= 1,
+                    "DecodeProgram.embed: table must be [vocab, N] with N a positive multiple of 16, got ",
+                    table.sizes());
+  if (positions.has_value()) {  // everything checked before anything is kept
     check_tensor(op, "positions", *positions);
     TORCH_CHECK_VALUE(positions->dim() == 2 && positions->size(1) == table.size(1), "DecodeProgram.embed: ",
                       "positions must be [rows, ", table.size(1), "], got ", positions->sizes());
     TORCH_CHECK_VALUE(position_offset >= 0 && position_offset < positions->size(0), "DecodeProgram.embed: ",
                       "position_offset must be 0 to ", positions->size(0) - 1, ", got ", position_offset);
+  }
+  cuda::DecodeStreamOp o;
+  o.kind = cuda::kDecodeStreamEmbed;
+  o.n = static_cast<int>(table.size(1));
+  o.table = table.const_data_ptr();
+  keep_.push_back(table);
+  vocab_ = vocab_ < 0 ? table.size(0) : std::min(vocab_, table.size(0));  // every table takes the token
+  if (positions.has_value()) {
     o.positions = positions->const_data_ptr();
     o.position_offset = static_cast<int>(position_offset);
     keep_.push_back(*positions);
@@ -119,8 +123,8 @@ std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Ten
                     weights.size());
   TORCH_CHECK_VALUE(biases.size() == weights.size(), "DecodeProgram.linear: biases must have one entry (or None) "
                     "per weight (", weights.size(), "), got ", biases.size());
-  TORCH_CHECK_VALUE(k % 64 == 0 && k <= cuda::kDecodeStreamMaxK, "DecodeProgram.linear: the input's size (K=", k,
-                    ") must be a multiple of 64 up to ", cuda::kDecodeStreamMaxK);
+  TORCH_CHECK_VALUE(k >= 64 && k % 64 == 0 && k <= cuda::kDecodeStreamMaxK, "DecodeProgram.linear: the input's "
+                    "size (K=", k, ") must be a positive multiple of 64 up to ", cuda::kDecodeStreamMaxK);
   cuda::DecodeStreamOp o;
   o.kind = cuda::kDecodeStreamLinear;
   o.k = static_cast<int>(k);
@@ -135,14 +139,11 @@ std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Ten
                       "multiple of 16, got ", w.sizes());
     o.weight[p] = w.const_data_ptr();
     o.part_rows[p] = static_cast<int>(w.size(0));
-    keep_.push_back(w);
-    weight_bytes_ += w.numel() * w.element_size();
     if (biases[p].has_value()) {
       check_tensor(op, "bias", *biases[p]);
       TORCH_CHECK_VALUE(biases[p]->numel() == w.size(0), "DecodeProgram.linear: bias ", p, " must have ",
                         w.size(0), " values, got ", biases[p]->numel());
       o.bias[p] = biases[p]->const_data_ptr();
-      keep_.push_back(*biases[p]);
     }
     n += w.size(0);
   }
@@ -154,13 +155,11 @@ std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Ten
     TORCH_CHECK_VALUE(eps > 0, "DecodeProgram.linear: eps must be > 0, got ", eps);
     o.norm_weight = norm_weight->const_data_ptr();
     o.eps = static_cast<float>(eps);
-    keep_.push_back(*norm_weight);
     if (norm_bias.has_value()) {
       check_tensor(op, "norm_bias", *norm_bias);
       TORCH_CHECK_VALUE(norm_bias->numel() == k, "DecodeProgram.linear: norm_bias must have ", k, " values, got ",
                         norm_bias->numel());
       o.norm_bias = norm_bias->const_data_ptr();
-      keep_.push_back(*norm_bias);
     }
   } else {
     TORCH_CHECK_VALUE(!norm_bias.has_value(), "DecodeProgram.linear: norm_bias needs norm_weight");
@@ -177,9 +176,17 @@ std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Ten
     TORCH_CHECK_VALUE(plain->numel() == n, "DecodeProgram.linear: plain must have ", n, " values, got ",
                       plain->numel());
     o.plain = plain->data_ptr();
-    keep_.push_back(*plain);
   }
   TORCH_CHECK_VALUE(output || plain.has_value(), "DecodeProgram.linear: an operation without output needs plain");
+  // Everything checked: the tensors the operation points into are kept from here on.
+  for (std::size_t p = 0; p < weights.size(); ++p) {
+    keep_.push_back(weights[p]);
+    weight_bytes_ += weights[p].numel() * weights[p].element_size();
+    if (biases[p].has_value()) keep_.push_back(*biases[p]);
+  }
+  for (const auto* t : {&norm_weight, &norm_bias, &plain}) {
+    if (t->has_value()) keep_.push_back(**t);
+  }
   std::int64_t id = -1;
   if (output) {
     id = add_activation(n);
@@ -248,14 +255,13 @@ std::int64_t DecodeProgram::blocks() const { return cuda::decode_stream_blocks(s
 
 void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace) {
   TORCH_CHECK(finished_, "DecodeProgram.run: call finish() first");
-  TORCH_CHECK_TYPE(ids.is_cuda() && ids.device().index() == device_ && ids.scalar_type() == at::kLong &&
-                       ids.numel() == 1,
-                   "DecodeProgram.run: ids must be one int64 on cuda:", device_, " (batch 1), got ", ids.numel(),
-                   " ", dtype_name(ids.scalar_type()), " on ", ids.device());
-  TORCH_CHECK_TYPE(position.is_cuda() && position.device().index() == device_ &&
-                       position.scalar_type() == at::kLong && position.numel() == 1,
-                   "DecodeProgram.run: position must be one int64 on cuda:", device_, ", got ", position.numel(), " ",
-                   dtype_name(position.scalar_type()), " on ", position.device());
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"ids", &ids}, {"position", &position}}) {
+    TORCH_CHECK_TYPE(t->is_cuda() && t->device().index() == device_ && t->scalar_type() == at::kLong,
+                     "DecodeProgram.run: ", name, " must be int64 on cuda:", device_, ", got ",
+                     dtype_name(t->scalar_type()), " on ", t->device());
+    TORCH_CHECK_VALUE(t->numel() == 1, "DecodeProgram.run: ", name, " must hold one value (batch 1), got ",
+                      t->numel());
+  }
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   cuda::DecodeStreamParams p;
   p.type = activation_type(dtype_);
@@ -271,9 +277,10 @@ void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const
   p.blocks = cuda::decode_stream_blocks(p.device);
   if (trace.has_value()) {
     TORCH_CHECK_TYPE(trace->is_cuda() && trace->device().index() == device_ && trace->scalar_type() == at::kLong &&
-                         trace->is_contiguous() && trace->numel() == static_cast<std::int64_t>(p.blocks) * p.n_ops * 2,
-                     "DecodeProgram.run: trace must be a contiguous int64 tensor [", p.blocks, ", ", p.n_ops,
-                     ", 2] on cuda:", device_);
+                         trace->is_contiguous(),
+                     "DecodeProgram.run: trace must be a contiguous int64 tensor on cuda:", device_);
+    TORCH_CHECK_VALUE(trace->numel() == static_cast<std::int64_t>(p.blocks) * p.n_ops * 2, "DecodeProgram.run: trace ",
+                      "must be [", p.blocks, ", ", p.n_ops, ", 2], got ", trace->sizes());
     p.trace = static_cast<long long*>(trace->data_ptr());
   }
   cuda::decode_stream(p, c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream());

@@ -246,6 +246,8 @@ class Decoder:
         self._split_argmax = compiled  # in eager it would be three kernels for ATen's one
         self._program: Any = None  # static-megakernel: the step's persistent kernel
         if self.path == "static-megakernel":
+            if dev.type != "cuda":
+                raise ValueError(f"path 'static-megakernel' runs on a CUDA device, got {dev}")
             why = _stream.unsupported(self.model, b, self.dtype, p + n)
             if why is not None:
                 raise ValueError(f"path 'static-megakernel' cannot run {type(self.model).__name__}: {why}")

@@ -10,7 +10,8 @@ reading it poll: there is no grid barrier and no memory fence between operations
 
 It reads the model's own modules (nothing is copied or refolded): OPT's pre-norm architecture (``facebook/opt-*``
 except 350m, whose norms come after), batch 1, float16 or bfloat16, head size 64 or 128, hidden and FFN sizes
-multiples of 64 up to 8192, a cache of at most 4096 positions; compute capability 9.0+.
+multiples of 64 up to 8192, a cache of at most 4096 positions (and the model's own limit, 2048 for OPT);
+compute capability 9.0+ on a CUDA device.
 """
 
 from __future__ import annotations
@@ -75,9 +76,12 @@ def build(model: torch.nn.Module, cache: Any, logits: torch.Tensor) -> Any:
     decoder = model.model.decoder
     dtype = decoder.embed_tokens.weight.dtype
     program = _C.DecodeProgram(logits.device.index, dtype)
+    layers = getattr(cache, "layers", None)
+    if not layers or not all(hasattr(layer, "keys") for layer in layers):
+        raise ValueError("path 'static-megakernel' needs a transformers static cache with per-layer keys and "
+                         "values (transformers >= 4.56)")
     embed = decoder.embed_positions
     h = program.embed(decoder.embed_tokens.weight, embed.weight, getattr(embed, "offset", 2))
-    layers = cache.layers
     for i, layer in enumerate(decoder.layers):
         attn = layer.self_attn
         norm = layer.self_attn_layer_norm
