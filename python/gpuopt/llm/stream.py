@@ -43,6 +43,10 @@ def unsupported(model: torch.nn.Module, batch_size: int, dtype: torch.dtype, max
         return "enable_bias and layer_norm_elementwise_affine must be True"
     if config.activation_function != "relu":
         return f"the activation must be relu, got {config.activation_function!r}"
+    param = next(model.parameters(), None)
+    if param is not None and param.device.type == "cuda" and torch.cuda.get_device_capability(param.device)[0] < 9:
+        major, minor = torch.cuda.get_device_capability(param.device)
+        return f"it needs compute capability 9.0+ (bulk copies and mbarriers), got {major}.{minor}"
     if batch_size != 1:
         return f"batch_size must be 1, got {batch_size}"
     if dtype not in (torch.float16, torch.bfloat16):
