@@ -123,14 +123,27 @@ def test_a_small_program_computes_its_linear_layer(opt125):
     y = p.linear(x, [w1[:64].contiguous(), w1[64:].contiguous()], [b1[:64].contiguous(), b1[64:].contiguous()],
                  norm_weight=g, norm_bias=b, eps=1e-5, residual=x, relu=True)
     p.linear(y, [w2], [None], output=False, plain=out)
+    assert p.stages == 0
+    with pytest.raises(RuntimeError, match="call finish"):
+        p.stages = 2
     p.finish()
-    for token, at in ((3, 0), (7, 5), (3, 9)):
-        p.run(torch.tensor([token], device="cuda"), torch.tensor([at], device="cuda"))
-        e = (table[token].float() + pos[at + 2].float()).half().float()
-        ln = torch.nn.functional.layer_norm(e, (hidden,), g.float(), b.float(), 1e-5).half().float()
-        y_ref = (torch.relu((ln @ w1.float().t() + b1.float()).half().float()) + e).half().float()
-        ref = y_ref @ w2.float().t()
-        torch.testing.assert_close(out.float().view(-1), ref, rtol=2e-2, atol=2e-2)
+    most = p.stages
+    assert most >= 2
+    for stages in (most, 2, 3):  # the ring's depth changes when tiles arrive, not what they sum to
+        p.stages = stages
+        assert p.stages == stages
+        for token, at in ((3, 0), (7, 5), (3, 9)):
+            p.run(torch.tensor([token], device="cuda"), torch.tensor([at], device="cuda"))
+            e = (table[token].float() + pos[at + 2].float()).half().float()
+            ln = torch.nn.functional.layer_norm(e, (hidden,), g.float(), b.float(), 1e-5).half().float()
+            y_ref = (torch.relu((ln @ w1.float().t() + b1.float()).half().float()) + e).half().float()
+            ref = y_ref @ w2.float().t()
+            torch.testing.assert_close(out.float().view(-1), ref, rtol=2e-2, atol=2e-2)
+    for bad in (1, most + 1, -1):
+        with pytest.raises(ValueError, match=f"stages: must be 0 \\(the most\\) or 2 to {most}.*got {bad}"):
+            p.stages = bad
+    p.stages = 0
+    assert p.stages == most
 
 
 def test_the_path_runs_half_precisions_only(opt125):
@@ -140,10 +153,12 @@ def test_the_path_runs_half_precisions_only(opt125):
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_a_small_programs_attention_matches_torch_at_the_cache_ends(opt125, head_dim):
-    """embed -> q/k/v -> attention over a cache of 64 rows (position 0, 5 and the last) -> an identity linear
-    into a plain output, against the same in float32; and a linear whose K is a full segment and a part."""
+    """embed -> q/k/v -> attention over a cache of 1100 rows (positions 0, 5, either side of a pass of cached
+    rows read into registers, and the last) -> an identity linear into a plain output, against the same in
+    float32; and a linear whose K is a full segment and a part."""
     torch.manual_seed(1)
-    h, heads, length = torch.float16, 2, 64
+    h, heads, length = torch.float16, 2, 1100
+    rows_a_pass = 32768 // head_dim  # the kernel's pass: 512 rows (head size 64) or 256 (128)
     hidden = heads * head_dim
     table = torch.randn(4, hidden, dtype=h, device="cuda")
     w = torch.randn(3 * hidden, hidden, dtype=h, device="cuda") / hidden ** 0.5
@@ -158,7 +173,8 @@ def test_a_small_programs_attention_matches_torch_at_the_cache_ends(opt125, head
     p.linear(a, [torch.eye(hidden, dtype=h, device="cuda")], [None], output=False, plain=out)
     p.finish()
     assert p.max_position == length
-    for token, at in ((1, 0), (2, 5), (3, length - 1)):
+    for token, at in ((1, 0), (2, 5), (3, rows_a_pass - 1), (1, rows_a_pass), (2, rows_a_pass + 1),
+                      (3, length - 1)):
         keys_before = k_cache.clone()
         p.run(torch.tensor([token], device="cuda"), torch.tensor([at], device="cuda"))
         q, k, v = (table[token].float() @ w.float().t()).half().float().view(3, heads, head_dim)

@@ -160,7 +160,7 @@ def test_an_expensive_config_enters_where_its_twin_broke_the_slo_at_its_smallest
 
 class TwinAndCompiled(torch.nn.Module):
     """Device time of an eager twin and its compiled config: contiguous inputs 1 ms + 0.2 ms per item (batch 32:
-    7.4 ms, inside a 12 ms SLO; batch 64: 13.8 ms, over it), channels-last ones half that (batch 64: 6.9 ms;
+    7.4 ms, inside a 12 or 13 ms SLO; batch 64: 13.8 ms, over it), channels-last ones half that (batch 64: 6.9 ms;
     batch 256: 26 ms)."""
 
     def __init__(self):
@@ -181,7 +181,9 @@ def test_a_compiled_config_starts_where_its_twins_device_time_met_the_slo(monkey
     # The twin measures on past its host's misses to where its device time breaks the SLO (batch 64); the
     # compiled config starts at the largest batch where half the twin's device time meets it (64), meets
     # it there, and does not run batch 256: a lower bound of the twin's device time there times the
-    # compiled / eager ratio is over the SLO.
+    # compiled / eager ratio is over the SLO. (A 13 ms SLO: the compiled config's 6.9 ms sleeps at batch 64 have
+    # 6 ms of room for a loaded runner's late wake-ups before its p99 breaks the SLO; at 12 ms one run of CI on
+    # two busy cores broke it.)
     from dataclasses import replace
 
     from gpuopt.optimizer import space
@@ -201,7 +203,7 @@ def test_a_compiled_config_starts_where_its_twins_device_time_met_the_slo(monkey
         return row
 
     monkeypatch.setattr(Runner, "measure_cell", slow_host_for_fp32)
-    r = gpuopt.optimize(TwinAndCompiled(), (3, 8, 8), slo_p99_ms=12.0, configs=["fp32", "fp32+channels_last"],
+    r = gpuopt.optimize(TwinAndCompiled(), (3, 8, 8), slo_p99_ms=13.0, configs=["fp32", "fp32+channels_last"],
                         batch_sizes=[1, 2, 4, 8, 16, 32, 64, 256], device="cpu", **FAST)
     twin = [e for e in r.log if e.config == "fp32" and e.action == "infeasible"]
     host = {e.batch_size for e in twin if "the host's" in e.reason}

@@ -71,54 +71,27 @@ __device__ __forceinline__ void put(unsigned* tags, int offset, int index, T v, 
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Sum of `v` over the consumer threads (all get it); `red` holds kDsWarps floats.
-__device__ __forceinline__ float block_sum(float v, float* red) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  if (threadIdx.x % 32 == 0) red[warp] = v;
-  consumers_sync<kDsThreads>();
-  float s = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kDsWarps; ++w) s += red[w];
-  consumers_sync<kDsThreads>();
-  return s;
-}
-
-// Both sums at once; `red` holds 2 * kDsWarps floats.
-__device__ __forceinline__ float2 block_sum2(float2 v, float* red) {
+// v[0 .. N) combined by `op` over the consumer threads (all get the results); `red` holds N * kDsWarps floats.
+template <int N, typename Op>
+__device__ __forceinline__ void block_reduce(float* v, float* red, Op op) {
 #pragma unroll
   for (int o = 16; o > 0; o /= 2) {
-    v.x += __shfl_xor_sync(0xffffffffu, v.x, o);
-    v.y += __shfl_xor_sync(0xffffffffu, v.y, o);
+#pragma unroll
+    for (int n = 0; n < N; ++n) v[n] = op(v[n], __shfl_xor_sync(0xffffffffu, v[n], o));
   }
   const int warp = static_cast<int>(threadIdx.x / 32);
   if (threadIdx.x % 32 == 0) {
-    red[2 * warp] = v.x;
-    red[2 * warp + 1] = v.y;
+#pragma unroll
+    for (int n = 0; n < N; ++n) red[N * warp + n] = v[n];
   }
   consumers_sync<kDsThreads>();
-  float2 s = make_float2(0.0f, 0.0f);
 #pragma unroll
-  for (int w = 0; w < kDsWarps; ++w) {
-    s.x += red[2 * w];
-    s.y += red[2 * w + 1];
+  for (int n = 0; n < N; ++n) {
+    v[n] = red[n];
+#pragma unroll
+    for (int w = 1; w < kDsWarps; ++w) v[n] = op(v[n], red[N * w + n]);
   }
   consumers_sync<kDsThreads>();
-  return s;
-}
-
-__device__ __forceinline__ float block_max(float v, float* red) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  if (threadIdx.x % 32 == 0) red[warp] = v;
-  consumers_sync<kDsThreads>();
-  float m = red[0];
-#pragma unroll
-  for (int w = 1; w < kDsWarps; ++w) m = fmaxf(m, red[w]);
-  consumers_sync<kDsThreads>();
-  return m;
 }
 
 // The rows of tile `tile` (16 output rows from 16 * tile) in op's parts: the part and the first row in it.
@@ -190,41 +163,44 @@ __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* rin
   }
 }
 
-// The input of a linear operation into xs (T [k]), polled; then its layer norm, if any, in place. The norm's
+// Values [first, end) of an activation's words into xs (T), polled (the caller syncs).
+template <typename T>
+__device__ __forceinline__ void load_values(const unsigned* words, unsigned epoch, T* xs, int first, int end) {
+  for (int j = first / 4 + static_cast<int>(threadIdx.x); j < end / 4; j += kDsThreads) {
+    const uint4 w = tagged_wait4(words + 4 * j, epoch);
+    reinterpret_cast<uint2*>(xs)[j] = make_uint2((w.x & 0xffffu) | (w.y << 16), (w.z & 0xffffu) | (w.w << 16));
+  }
+}
+
+// The input of a linear operation with a layer norm into xs (T [k]), polled, then normed in place. The norm's
 // weights are loaded first, so their latency passes while the input is polled.
 template <typename T>
-__device__ void load_input(const DecodeStreamOp& op, const unsigned* tags, unsigned epoch, T* xs, float* red) {
+__device__ void load_normed_input(const DecodeStreamOp& op, const unsigned* tags, unsigned epoch, T* xs, float* red) {
   constexpr int kPer = kDecodeStreamMaxK / kDsThreads;
   const int k = op.k;
   const auto* g = static_cast<const T*>(op.norm_weight);
   const auto* beta = static_cast<const T*>(op.norm_bias);
   float gv[kPer], bv[kPer];
-  if (g != nullptr) {
 #pragma unroll
-    for (int e = 0; e < kPer; ++e) {
-      const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
-      gv[e] = j < k ? to_float(__ldg(g + j)) : 0.0f;
-      bv[e] = j < k && beta != nullptr ? to_float(__ldg(beta + j)) : 0.0f;
-    }
+  for (int e = 0; e < kPer; ++e) {
+    const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
+    gv[e] = j < k ? to_float(__ldg(g + j)) : 0.0f;
+    bv[e] = j < k && beta != nullptr ? to_float(__ldg(beta + j)) : 0.0f;
   }
-  for (int j = static_cast<int>(threadIdx.x); j < k / 4; j += kDsThreads) {
-    const uint4 w = tagged_wait4(tags + op.input + 4 * j, epoch);
-    reinterpret_cast<uint2*>(xs)[j] = make_uint2((w.x & 0xffffu) | (w.y << 16), (w.z & 0xffffu) | (w.w << 16));
-  }
+  load_values(tags + op.input, epoch, xs, 0, k);
   consumers_sync<kDsThreads>();
-  if (g == nullptr) return;
   float xv[kPer];
-  float2 sums = make_float2(0.0f, 0.0f);
+  float sums[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int e = 0; e < kPer; ++e) {
     const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
     xv[e] = j < k ? to_float(xs[j]) : 0.0f;
-    sums.x += xv[e];
-    sums.y += xv[e] * xv[e];
+    sums[0] += xv[e];
+    sums[1] += xv[e] * xv[e];
   }
-  sums = block_sum2(sums, red);
-  const float mean = sums.x / static_cast<float>(k);
-  const float rstd = rsqrtf(fmaxf(sums.y / static_cast<float>(k) - mean * mean, 0.0f) + op.eps);
+  block_reduce<2>(sums, red, [](float a, float b) { return a + b; });
+  const float mean = sums[0] / static_cast<float>(k);
+  const float rstd = rsqrtf(fmaxf(sums[1] / static_cast<float>(k) - mean * mean, 0.0f) + op.eps);
 #pragma unroll
   for (int e = 0; e < kPer; ++e) {
     const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
@@ -244,8 +220,15 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   const int t = lane % 4;
   const int k = op.k;
   if (static_cast<int>(blockIdx.x) * 16 >= op.n) return;
-  load_input<T>(op, tags, epoch, xs, red);
-  if (trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
+  // Without a layer norm, the input is polled a segment at a time as the first tile needs it: the segments other
+  // blocks wrote first are summed while the last ones are written.
+  const int segments = (k + kDsSegment - 1) / kDsSegment;
+  int ready = 0;
+  if (op.norm_weight != nullptr) {
+    load_normed_input<T>(op, tags, epoch, xs, red);
+    ready = segments;
+    if (trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
+  }
   int buffer = 0;  // the tiles' sums alternate between two halves of scratch: one sync a tile
   for (int tile = static_cast<int>(blockIdx.x); tile * 16 < op.n; tile += blocks, buffer ^= 1) {
     // The epilogue's bias and residual, asked for now: their latency passes during the tile's MMAs.
@@ -263,6 +246,11 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int seg = 0; seg * kDsSegment < k; ++seg, ++i) {
       const int len = min(kDsSegment, k - seg * kDsSegment);
+      if (seg == ready) {
+        load_values(tags + op.input, epoch, xs, seg * kDsSegment, seg * kDsSegment + len);
+        consumers_sync<kDsThreads>();
+        if (++ready == segments && trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
+      }
       const unsigned stage = i % static_cast<unsigned>(stages);
       stage_wait(&full[stage], (i / static_cast<unsigned>(stages)) & 1u);
       if (warp * kDsChunk < len) {
@@ -316,82 +304,125 @@ __device__ void run_embed(const DecodeStreamOp& op, unsigned* tags, unsigned epo
   }
 }
 
-// Head blockIdx.x of a one-token step: scores of positions 0 .. position (the new key's at position) in
-// float32, the softmax, the weighted values; the key and value written into the cache at position. D: the head
-// size. The cache rows were asked into L2 before the q/k/v projection (prefetch_heads).
+// An attention pass's cached keys into registers: row first + row_in_pass, values [64 * part, 64 * part + 64).
+template <typename T, int D>
+__device__ __forceinline__ void load_keys(const T* kc, int row_in_pass, int part, int first, int cached,
+                                          uint4 (&keys)[8]) {
+  const int r = first + row_in_pass;
+  if (r >= cached) return;
+  const auto* row = reinterpret_cast<const uint4*>(kc + static_cast<std::int64_t>(r) * D + 64 * part);
+#pragma unroll
+  for (int w = 0; w < 8; ++w) keys[w] = row[w];
+}
+
+// An attention pass's cached values into registers: values [8 * db, 8 * db + 8) of rows first + group,
+// + kGroups, ... (8 rows).
+template <typename T, int D>
+__device__ __forceinline__ void load_cached_values(const T* vc, int group, int db, int first, int cached,
+                                                   uint4 (&values)[8]) {
+  constexpr int kGroups = kDsThreads / (D / 8);
+#pragma unroll
+  for (int u = 0; u < 8; ++u) {
+    const int r = first + group + u * kGroups;
+    if (r < cached) values[u] = *reinterpret_cast<const uint4*>(vc + static_cast<std::int64_t>(r) * D + 8 * db);
+  }
+}
+
+// Head h of a one-token step: scores of positions 0 .. position (the new key's at position) in float32, the
+// softmax, the weighted values; the key and value written into the cache at position. D: the head size.
+//
+// The cached rows are read in passes of kPass positions into registers (8 16-byte words of keys, then 8 of
+// values, a thread): the first pass's keys before the head's query is polled, so their latency passes while the
+// q/k/v projection ends, and its values once the scores are summed, during the softmax's reductions.
+// The cache rows were asked into L2 before the q/k/v projection (prefetch_heads). The query and key are polled
+// first and the value last, after the cached rows are summed: the q/k/v projection writes the values last.
 template <typename T, int D>
 __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, unsigned epoch, long long position,
                             float* scores, float* scratch, float* red, float* head, long long* trace) {
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int warp = static_cast<int>(threadIdx.x / 32);
+  constexpr int kRowThreads = D / 64;               // keys: threads a cached row, 64 values each
+  constexpr int kPass = kDsThreads / kRowThreads;   // positions a pass: 512 (D 64) or 256 (D 128)
+  constexpr int kSlice = D / 8;                     // values: threads a row, 8 values each
+  constexpr int kGroups = kDsThreads / kSlice;      // rows a slice; a pass is 8 slices
+  static_assert(kGroups * 8 == kPass, "a pass's keys and values are the same rows");
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32;
+  const int warp = tid / 32;
   const int q_at = op.input + h * D;
   const int k_at = op.input + op.heads * D + h * D;
   const int v_at = op.input + 2 * op.heads * D + h * D;
   auto* kc = static_cast<T*>(op.k_cache) + static_cast<std::int64_t>(h) * op.max_len * D;
   auto* vc = static_cast<T*>(op.v_cache) + static_cast<std::int64_t>(h) * op.max_len * D;
-  for (int j = static_cast<int>(threadIdx.x); j < 3 * D; j += kDsThreads) {
-    const int at = j < D ? q_at + j : j < 2 * D ? k_at + j - D : v_at + j - 2 * D;
-    const T v = value_of<T>(tagged_wait1(tags + at, epoch));
+  const int cached = static_cast<int>(position);  // rows 0 .. position - 1 from the cache, the new one from head
+  const int key_row = tid / kRowThreads;
+  const int key_part = tid % kRowThreads;
+  const int db = tid % kSlice;
+  const int group = tid / kSlice;
+  uint4 keys[8] = {};
+  uint4 values[8] = {};
+  load_keys<T, D>(kc, key_row, key_part, 0, cached, keys);
+  for (int j = tid; j < 2 * D; j += kDsThreads) {
+    const T v = value_of<T>(tagged_wait1(tags + (j < D ? q_at + j : k_at + j - D), epoch));
     head[j] = to_float(v);
-    if (j >= D && j < 2 * D) kc[position * D + j - D] = v;
-    if (j >= 2 * D) vc[position * D + j - 2 * D] = v;
+    if (j >= D) kc[position * D + j - D] = v;
   }
   consumers_sync<kDsThreads>();
   if (trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
-  const int keys = static_cast<int>(position) + 1;
   float best = -INFINITY;
-  for (int j = static_cast<int>(threadIdx.x); j < keys; j += kDsThreads) {
+  for (int first = 0; first < cached; first += kPass) {
+    if (first > 0) load_keys<T, D>(kc, key_row, key_part, first, cached, keys);
+    asm volatile("" ::: "memory");  // the query read from shared memory here, not hoisted into registers
+    const int r = first + key_row;
     float dot = 0.0f;
-    if (j == keys - 1) {
-#pragma unroll 8
-      for (int e = 0; e < D; ++e) dot += head[e] * head[D + e];
-    } else {
-      const auto* row = reinterpret_cast<const uint4*>(kc + static_cast<std::int64_t>(j) * D);
-      uint4 u[D / 8];
+    if (r < cached) {
+      const float* q = head + 64 * key_part;
 #pragma unroll
-      for (int w = 0; w < D / 8; ++w) u[w] = row[w];
-#pragma unroll
-      for (int w = 0; w < D / 8; ++w) {
-        const std::uint32_t words[4] = {u[w].x, u[w].y, u[w].z, u[w].w};
+      for (int w = 0; w < 8; ++w) {
+        const std::uint32_t words[4] = {keys[w].x, keys[w].y, keys[w].z, keys[w].w};
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float2 f = unpack2(words[e], T{});
-          dot += head[8 * w + 2 * e] * f.x + head[8 * w + 2 * e + 1] * f.y;
+          dot += q[8 * w + 2 * e] * f.x + q[8 * w + 2 * e + 1] * f.y;
         }
       }
     }
+    if constexpr (kRowThreads == 2) dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+    if (r < cached) {
+      dot *= op.scale;
+      if (key_part == 0) scores[r] = dot;
+      best = fmaxf(best, dot);
+    }
+  }
+  load_cached_values<T, D>(vc, group, db, 0, cached, values);  // its latency passes during the reductions below
+  if (warp == 0) {  // the new key's score
+    float dot = 0.0f;
+#pragma unroll
+    for (int e = lane; e < D; e += 32) dot += head[e] * head[D + e];
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
     dot *= op.scale;
-    scores[j] = dot;
+    if (lane == 0) scores[cached] = dot;
     best = fmaxf(best, dot);
   }
-  best = block_max(best, red);
+  block_reduce<1>(&best, red, [](float a, float b) { return fmaxf(a, b); });
   float total = 0.0f;
-  for (int j = static_cast<int>(threadIdx.x); j < keys; j += kDsThreads) {
+  for (int j = tid; j <= cached; j += kDsThreads) {
     const float p = __expf(scores[j] - best);
     scores[j] = p;
     total += p;
   }
-  total = block_sum(total, red);  // its syncs order the scores' writes before the reads below
-  // The weighted values: thread t takes the 8 dimensions from 8 * (t % (D / 8)) of positions t / (D / 8), + kGroups,
-  // ... (one 16-byte load a row, eight rows' loads in flight); the threads of a warp with the same dimensions add
-  // up by shuffles, the warps in scratch; the new row's value (from head) is added last.
-  constexpr int kBlocksOfD = D / 8;
-  constexpr int kGroups = kDsThreads / kBlocksOfD;
-  const int db = static_cast<int>(threadIdx.x) % kBlocksOfD;
-  const int group = static_cast<int>(threadIdx.x) / kBlocksOfD;
-  const int cached = keys - 1;  // rows 0 .. keys - 2 from the cache
+  block_reduce<1>(&total, red, [](float a, float b) { return a + b; });  // its syncs order the scores' writes
+  // The weighted values: thread t takes the 8 dimensions from 8 * (t % kSlice) of rows t / kSlice, + kGroups,
+  // ...; the threads of a warp with the same dimensions add up by shuffles, the warps in scratch; the new row's
+  // value is added last.
   float acc[8] = {};
-  int j = group;
-  for (; j + 7 * kGroups < cached; j += 8 * kGroups) {
-    uint4 v[8];
+  for (int first = 0; first < cached; first += kPass) {
+    if (first > 0) load_cached_values<T, D>(vc, group, db, first, cached, values);
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
-      v[u] = *reinterpret_cast<const uint4*>(vc + static_cast<std::int64_t>(j + u * kGroups) * D + 8 * db);
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const float p = scores[j + u * kGroups];
-      const std::uint32_t words[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+      const int r = first + group + u * kGroups;
+      if (r >= cached) break;
+      const float p = scores[r];
+      const std::uint32_t words[4] = {values[u].x, values[u].y, values[u].z, values[u].w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float2 f = unpack2(words[e], T{});
@@ -400,30 +431,21 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
       }
     }
   }
-  for (; j < cached; j += kGroups) {
-    const float p = scores[j];
-    const uint4 v = *reinterpret_cast<const uint4*>(vc + static_cast<std::int64_t>(j) * D + 8 * db);
-    const std::uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 f = unpack2(words[e], T{});
-      acc[2 * e] += p * f.x;
-      acc[2 * e + 1] += p * f.y;
-    }
-  }
-#pragma unroll
-  for (int o = kBlocksOfD; o < 32; o *= 2) {
+  for (int o = kSlice; o < 32; o *= 2) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], o);
   }
-  if (lane < kBlocksOfD) {
+  if (lane < kSlice) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) scratch[warp * kDsMaxDim + 8 * db + e] = acc[e];
   }
   consumers_sync<kDsThreads>();
   const float last = scores[cached];
-  for (int e = static_cast<int>(threadIdx.x); e < D; e += kDsThreads) {
-    float o = last * head[2 * D + e];
+  for (int e = tid; e < D; e += kDsThreads) {
+    const T v = value_of<T>(tagged_wait1(tags + v_at + e, epoch));
+    vc[position * D + e] = v;
+    float o = last * to_float(v);
 #pragma unroll
     for (int w = 0; w < kDsWarps; ++w) o += scratch[w * kDsMaxDim + e];
     put<T>(tags, op.output, h * D + e, from_float<T>(o / total), epoch);
@@ -527,11 +549,12 @@ std::size_t dynamic_bytes(int stages) {
          static_cast<std::size_t>(stages) * kernels::kDsStageBytes + kDecodeStreamMaxK * 2;
 }
 
+// The most stages that fit beside the kernel's static shared memory; the kernel allowed their bytes.
 template <typename T>
-void launch_stream(const DecodeStreamParams& p, cudaStream_t stream) {
+int prepare_stream(int device) {
   auto* kernel = kernels::decode_stream_kernel<T>;
   int optin = 0;
-  GPUOPT_CHECK_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device));
+  GPUOPT_CHECK_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   cudaFuncAttributes attributes = {};
   GPUOPT_CHECK_CUDA(cudaFuncGetAttributes(&attributes, kernel));
   const auto room = static_cast<std::int64_t>(optin) - static_cast<std::int64_t>(attributes.sharedSizeBytes);
@@ -539,26 +562,31 @@ void launch_stream(const DecodeStreamParams& p, cudaStream_t stream) {
   while (static_cast<std::int64_t>(dynamic_bytes(most + 1)) <= room) ++most;
   GPUOPT_CHECK_VALUE(most >= 2, "decode_stream: shared memory holds fewer than two stages (", optin,
                      " bytes a block)");
-  const int stages = p.stages > 0 ? (p.stages < most ? p.stages : most) : most;
-  const std::size_t bytes = dynamic_bytes(stages);
+  const std::size_t bytes = dynamic_bytes(most);
   GPUOPT_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   int per_sm = 0;
   GPUOPT_CHECK_CUDA(
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (kernels::kDsWarps + 1) * 32, bytes));
   GPUOPT_CHECK(per_sm >= 1, "decode_stream: the kernel fits no block on an SM with ", bytes,
                " bytes of shared memory");
+  return most;
+}
+
+template <typename T>
+void launch_stream(const DecodeStreamParams& p, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(p.blocks));
   config.blockDim = dim3((kernels::kDsWarps + 1) * 32);
-  config.dynamicSmemBytes = bytes;
+  config.dynamicSmemBytes = dynamic_bytes(p.stages);
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeCooperative;
   attribute[0].val.cooperative = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, p.ops, p.n_ops, p.tags, p.launches, p.ids,
-                                                p.position, stages, p.vocab, p.max_position, p.trace);
+  const cudaError_t status = cudaLaunchKernelEx(&config, kernels::decode_stream_kernel<T>, p.ops, p.n_ops, p.tags,
+                                                p.launches, p.ids, p.position, p.stages, p.vocab, p.max_position,
+                                                p.trace);
   if (status != cudaSuccess) (void)cudaGetLastError();
   GPUOPT_CHECK(status == cudaSuccess, "decode_stream: cooperative launch failed: ", cudaGetErrorName(status), " (",
                cudaGetErrorString(status), ")");
@@ -572,14 +600,21 @@ int decode_stream_blocks(int device) {
   return sms;
 }
 
+int decode_stream_stages(ActivationType type, int device) {
+  GPUOPT_CHECK_VALUE(type == ActivationType::kFloat16 || type == ActivationType::kBFloat16,
+                     "decode_stream: needs float16 or bfloat16");
+  return type == ActivationType::kFloat16 ? prepare_stream<__half>(device) : prepare_stream<__nv_bfloat16>(device);
+}
+
 void decode_stream(const DecodeStreamParams& p, cudaStream_t stream) {
   GPUOPT_CHECK_VALUE(p.type == ActivationType::kFloat16 || p.type == ActivationType::kBFloat16,
                      "decode_stream: needs float16 or bfloat16");
   GPUOPT_CHECK_VALUE(hopper_code_runs(p.device),
                      "decode_stream: needs compute capability 9.0+ and this build's code for it");
   GPUOPT_CHECK_VALUE(p.ops != nullptr && p.n_ops >= 1 && p.tags != nullptr && p.launches != nullptr &&
-                         p.ids != nullptr && p.position != nullptr && p.blocks >= 1,
-                     "decode_stream: ops, tags, launches, ids and position must be set, with at least one op");
+                         p.ids != nullptr && p.position != nullptr && p.blocks >= 1 && p.stages >= 2,
+                     "decode_stream: ops, tags, launches, ids and position must be set, with at least one op, "
+                     "one block and two stages");
   if (p.type == ActivationType::kFloat16) {
     launch_stream<__half>(p, stream);
   } else {

@@ -153,6 +153,9 @@ void bind_llm(py::module_& m) {
            "current stream; trace: None or an int64 tensor [blocks, n_ops, 2] receiving each block's nanosecond "
            "timestamps per operation (its input in, the operation done)")
       .def_property_readonly("blocks", &torch_ext::DecodeProgram::blocks)
+      .def_property("stages", &torch_ext::DecodeProgram::stages, &torch_ext::DecodeProgram::set_stages,
+                    "the ring's stages each block streams its weights through: 0 before finish(), which sets the "
+                    "most its shared memory holds; settable after it to 2 .. that most, or 0 for the most")
       .def_property_readonly("device", &torch_ext::DecodeProgram::device)
       .def_property_readonly("n_ops", &torch_ext::DecodeProgram::n_ops)
       .def_property_readonly("finished", &torch_ext::DecodeProgram::finished)

@@ -248,10 +248,22 @@ void DecodeProgram::finish() {
   ops_device_ = host.to(options.dtype(at::kByte));
   tags_ = at::zeros({std::max<std::int64_t>(words_, 4)}, options.dtype(at::kInt));
   launches_ = at::zeros({1}, options.dtype(at::kLong));
+  blocks_ = cuda::decode_stream_blocks(static_cast<int>(device_));
+  most_stages_ = cuda::decode_stream_stages(activation_type(dtype_), static_cast<int>(device_));
+  stages_ = most_stages_;
   finished_ = true;
 }
 
-std::int64_t DecodeProgram::blocks() const { return cuda::decode_stream_blocks(static_cast<int>(device_)); }
+std::int64_t DecodeProgram::blocks() const {
+  return finished_ ? blocks_ : cuda::decode_stream_blocks(static_cast<int>(device_));
+}
+
+void DecodeProgram::set_stages(std::int64_t stages) {
+  TORCH_CHECK(finished_, "DecodeProgram.stages: call finish() first");
+  TORCH_CHECK_VALUE(stages == 0 || (stages >= 2 && stages <= most_stages_), "DecodeProgram.stages: must be 0 (the "
+                    "most) or 2 to ", most_stages_, " (the most a block's shared memory holds), got ", stages);
+  stages_ = stages == 0 ? most_stages_ : stages;
+}
 
 void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace) {
   TORCH_CHECK(finished_, "DecodeProgram.run: call finish() first");
@@ -274,7 +286,8 @@ void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const
   p.vocab = static_cast<int>(vocab_);
   p.max_position = static_cast<int>(max_position_);
   p.device = static_cast<int>(device_);
-  p.blocks = cuda::decode_stream_blocks(p.device);
+  p.blocks = static_cast<int>(blocks_);
+  p.stages = static_cast<int>(stages_);
   if (trace.has_value()) {
     TORCH_CHECK_TYPE(trace->is_cuda() && trace->device().index() == device_ && trace->scalar_type() == at::kLong &&
                          trace->is_contiguous(),
@@ -298,6 +311,7 @@ std::int64_t DecodeProgram::linear(std::int64_t, const std::vector<at::Tensor>&,
 std::int64_t DecodeProgram::attention(std::int64_t, const at::Tensor&, const at::Tensor&, double) { return -1; }
 void DecodeProgram::finish() {}
 std::int64_t DecodeProgram::blocks() const { return 0; }
+void DecodeProgram::set_stages(std::int64_t) {}
 void DecodeProgram::run(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&) {}
 
 #endif

@@ -44,6 +44,10 @@ class DecodeProgram {
   // each operation in, the operation done; a profile).
   void run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace);
   std::int64_t blocks() const;
+  // The ring's stages a block streams its weights through (0 before finish(), which sets the most that fit);
+  // settable after finish() to 2 .. the most, or 0 for the most. For tuning and benchmarks.
+  std::int64_t stages() const { return stages_; }
+  void set_stages(std::int64_t stages);
 
   std::int64_t device() const { return device_; }
   std::int64_t n_ops() const;
@@ -67,6 +71,9 @@ class DecodeProgram {
   std::int64_t vocab_ = -1;
   std::int64_t max_position_ = -1;
   std::int64_t weight_bytes_ = 0;
+  std::int64_t blocks_ = 0;       // set by finish()
+  std::int64_t stages_ = 0;       // set by finish(): the most; then set_stages
+  std::int64_t most_stages_ = 0;
   bool finished_ = false;
   std::vector<at::Tensor> keep_;  // every tensor an operation points into
 #ifdef GPUOPT_WITH_CUDA

@@ -307,11 +307,14 @@ struct DecodeStreamParams {
   int max_position = 0;                    // the position must be below it
   int device = 0;
   int blocks = 0;  // decode_stream_blocks(device): one an SM
-  int stages = 0;  // the ring's stages; 0: as many as fit
+  int stages = 0;  // the ring's stages: 2 .. decode_stream_stages(type, device)
   long long* trace = nullptr;  // null, or [blocks][n_ops][2] int64: each block's globaltimer (ns) when an
                                // operation's input was in and when it was done (a profile)
 };
 int decode_stream_blocks(int device);
+// The most ring stages a block of the kernel for `type` holds on `device` (its shared memory); it also lets the
+// kernel use that much, once for all later launches: call it before the first.
+int decode_stream_stages(ActivationType type, int device);
 void decode_stream(const DecodeStreamParams& p, cudaStream_t stream);
 
 // Whether decode_linear takes these arguments: fp16/bf16, 1 <= rows <= kDecodeLinearMaxRows, n >= 1,
