@@ -141,17 +141,23 @@ struct Segments {
   }
 };
 
-// The producer warp: every segment into the ring, in the consumers' order.
+// The producer warp: every segment into the ring, in the consumers' order, with at most `in_flight` stages
+// being copied at once (the ring's depth where it is 0 or more).
 template <typename T>
 __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* ring, std::uint64_t* full,
-                        std::uint64_t* empty, int stages) {
+                        std::uint64_t* empty, int stages, int in_flight) {
   const int lane = static_cast<int>(threadIdx.x % 32);
+  const auto ahead = static_cast<unsigned>(in_flight > 0 && in_flight < stages ? in_flight : stages);
   Segments<T> next{ops, n_ops};
   for (unsigned i = 0; next.advance(); ++i) {
     const unsigned stage = i % static_cast<unsigned>(stages);
     int len = 0;
     const T* src = next.row(lane < 16 ? lane : 0, len);
     if (lane == 0) {
+      if (i >= ahead) {  // stage i - ahead in: its slot cannot have been refilled, so its phase is the one waited
+        const unsigned done = i - ahead;
+        stage_wait(&full[done % static_cast<unsigned>(stages)], (done / static_cast<unsigned>(stages)) & 1u);
+      }
       stage_wait(&empty[stage], ((i / static_cast<unsigned>(stages)) & 1u) ^ 1u);
       stage_expect(&full[stage], 16u * static_cast<unsigned>(len) * sizeof(T));
     }
@@ -486,8 +492,8 @@ __device__ __forceinline__ void prefetch_heads(const DecodeStreamOp& op, long lo
 template <typename T>
 __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
     decode_stream_kernel(const DecodeStreamOp* ops, int n_ops, unsigned* tags, unsigned long long* launches,
-                         const long long* ids, const long long* positions, int stages, int vocab, int max_position,
-                         long long* trace) {
+                         const long long* ids, const long long* positions, int stages, int in_flight, int vocab,
+                         int max_position, long long* trace) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char dynamic[];
   __shared__ float scratch[kDsWarps * kDsMaxDim];  // the tiles' sums of each warp (two buffers); an attention's
@@ -510,7 +516,7 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
   }
   __syncthreads();
   if (warp == kDsWarps) {
-    produce<T>(ops, n_ops, ring, full, empty, stages);
+    produce<T>(ops, n_ops, ring, full, empty, stages, in_flight);
     return;
   }
   const unsigned epoch = epoch_shared;
@@ -585,8 +591,8 @@ void launch_stream(const DecodeStreamParams& p, cudaStream_t stream) {
   config.attrs = attribute;
   config.numAttrs = 1;
   const cudaError_t status = cudaLaunchKernelEx(&config, kernels::decode_stream_kernel<T>, p.ops, p.n_ops, p.tags,
-                                                p.launches, p.ids, p.position, p.stages, p.vocab, p.max_position,
-                                                p.trace);
+                                                p.launches, p.ids, p.position, p.stages, p.in_flight, p.vocab,
+                                                p.max_position, p.trace);
   if (status != cudaSuccess) (void)cudaGetLastError();
   GPUOPT_CHECK(status == cudaSuccess, "decode_stream: cooperative launch failed: ", cudaGetErrorName(status), " (",
                cudaGetErrorString(status), ")");
