@@ -129,10 +129,9 @@ def test_a_small_program_computes_its_linear_layer(opt125):
     p.finish()
     most = p.stages
     assert most >= 2
-    # the ring's depth and the copies in flight change when tiles arrive, not what they sum to
-    for stages, in_flight in ((most, 0), (2, 0), (3, 0), (most, 1), (most, 2), (3, 5)):
-        p.stages, p.in_flight = stages, in_flight
-        assert (p.stages, p.in_flight) == (stages, in_flight)
+    for stages in (most, 2, 3):  # the ring's depth changes when tiles arrive, not what they sum to
+        p.stages = stages
+        assert p.stages == stages
         for token, at in ((3, 0), (7, 5), (3, 9)):
             p.run(torch.tensor([token], device="cuda"), torch.tensor([at], device="cuda"))
             e = (table[token].float() + pos[at + 2].float()).half().float()
@@ -145,9 +144,6 @@ def test_a_small_program_computes_its_linear_layer(opt125):
             p.stages = bad
     p.stages = 0
     assert p.stages == most
-    for bad in (-1, 65):
-        with pytest.raises(ValueError, match=f"in_flight: must be 0 \\(the ring's stages\\) or 1 to 64, got {bad}"):
-            p.in_flight = bad
 
 
 def test_the_path_runs_half_precisions_only(opt125):

@@ -141,23 +141,17 @@ struct Segments {
   }
 };
 
-// The producer warp: every segment into the ring, in the consumers' order, with at most `in_flight` stages
-// being copied at once (the ring's depth where it is 0 or more).
+// The producer warp: every segment into the ring, in the consumers' order.
 template <typename T>
 __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* ring, std::uint64_t* full,
-                        std::uint64_t* empty, int stages, int in_flight) {
+                        std::uint64_t* empty, int stages) {
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const auto ahead = static_cast<unsigned>(in_flight > 0 && in_flight < stages ? in_flight : stages);
   Segments<T> next{ops, n_ops};
   for (unsigned i = 0; next.advance(); ++i) {
     const unsigned stage = i % static_cast<unsigned>(stages);
     int len = 0;
     const T* src = next.row(lane < 16 ? lane : 0, len);
     if (lane == 0) {
-      if (i >= ahead) {  // stage i - ahead in: its slot cannot have been refilled, so its phase is the one waited
-        const unsigned done = i - ahead;
-        stage_wait(&full[done % static_cast<unsigned>(stages)], (done / static_cast<unsigned>(stages)) & 1u);
-      }
       stage_wait(&empty[stage], ((i / static_cast<unsigned>(stages)) & 1u) ^ 1u);
       stage_expect(&full[stage], 16u * static_cast<unsigned>(len) * sizeof(T));
     }
@@ -169,12 +163,47 @@ __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* rin
   }
 }
 
-// Values [first, end) of an activation's words into xs (T), polled (the caller syncs).
+__device__ __forceinline__ uint2 pack_values(const uint4& w) {
+  return make_uint2((w.x & 0xffffu) | (w.y << 16), (w.z & 0xffffu) | (w.w << 16));
+}
+
+constexpr int kDsWordsPerThread = kDecodeStreamMaxK / 4 / kDsThreads;  // 16-byte words of an input a thread
+
+// An activation's k values asked for all at once, those already written into xs; returns the thread's words
+// still to come (bit e: its word threadIdx.x + e * kDsThreads), for take_values (the caller syncs).
 template <typename T>
-__device__ __forceinline__ void load_values(const unsigned* words, unsigned epoch, T* xs, int first, int end) {
-  for (int j = first / 4 + static_cast<int>(threadIdx.x); j < end / 4; j += kDsThreads) {
-    const uint4 w = tagged_wait4(words + 4 * j, epoch);
-    reinterpret_cast<uint2*>(xs)[j] = make_uint2((w.x & 0xffffu) | (w.y << 16), (w.z & 0xffffu) | (w.w << 16));
+__device__ __forceinline__ unsigned ask_values(const unsigned* words, unsigned epoch, T* xs, int k) {
+  uint4 w[kDsWordsPerThread] = {};
+#pragma unroll
+  for (int e = 0; e < kDsWordsPerThread; ++e) {
+    const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
+    if (j < k / 4) w[e] = tagged_load4(words + 4 * j);
+  }
+  unsigned pending = 0;
+#pragma unroll
+  for (int e = 0; e < kDsWordsPerThread; ++e) {
+    const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
+    if (j < k / 4) {
+      if (tagged4(w[e], epoch)) {
+        reinterpret_cast<uint2*>(xs)[j] = pack_values(w[e]);
+      } else {
+        pending |= 1u << e;
+      }
+    }
+  }
+  return pending;
+}
+
+// The values [first, end) still to come after ask_values, waited for into xs (the caller syncs).
+template <typename T>
+__device__ __forceinline__ void take_values(const unsigned* words, unsigned epoch, T* xs, int first, int end,
+                                            unsigned pending) {
+#pragma unroll
+  for (int e = 0; e < kDsWordsPerThread; ++e) {
+    const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
+    if ((pending >> e & 1u) != 0 && 4 * j >= first && 4 * j < end) {
+      reinterpret_cast<uint2*>(xs)[j] = pack_values(tagged_wait4(words + 4 * j, epoch));
+    }
   }
 }
 
@@ -193,7 +222,7 @@ __device__ void load_normed_input(const DecodeStreamOp& op, const unsigned* tags
     gv[e] = j < k ? to_float(__ldg(g + j)) : 0.0f;
     bv[e] = j < k && beta != nullptr ? to_float(__ldg(beta + j)) : 0.0f;
   }
-  load_values(tags + op.input, epoch, xs, 0, k);
+  take_values(tags + op.input, epoch, xs, 0, k, ask_values(tags + op.input, epoch, xs, k));
   consumers_sync<kDsThreads>();
   float xv[kPer];
   float sums[2] = {0.0f, 0.0f};
@@ -226,14 +255,17 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   const int t = lane % 4;
   const int k = op.k;
   if (static_cast<int>(blockIdx.x) * 16 >= op.n) return;
-  // Without a layer norm, the input is polled a segment at a time as the first tile needs it: the segments other
-  // blocks wrote first are summed while the last ones are written.
+  // Without a layer norm, the input is asked for whole and waited for a segment at a time as the first tile needs
+  // it: the segments other blocks wrote first are summed while the last ones are written.
   const int segments = (k + kDsSegment - 1) / kDsSegment;
   int ready = 0;
+  unsigned pending = 0;
   if (op.norm_weight != nullptr) {
     load_normed_input<T>(op, tags, epoch, xs, red);
     ready = segments;
     if (trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
+  } else {
+    pending = ask_values(tags + op.input, epoch, xs, k);
   }
   int buffer = 0;  // the tiles' sums alternate between two halves of scratch: one sync a tile
   for (int tile = static_cast<int>(blockIdx.x); tile * 16 < op.n; tile += blocks, buffer ^= 1) {
@@ -253,7 +285,7 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
     for (int seg = 0; seg * kDsSegment < k; ++seg, ++i) {
       const int len = min(kDsSegment, k - seg * kDsSegment);
       if (seg == ready) {
-        load_values(tags + op.input, epoch, xs, seg * kDsSegment, seg * kDsSegment + len);
+        take_values(tags + op.input, epoch, xs, seg * kDsSegment, seg * kDsSegment + len, pending);
         consumers_sync<kDsThreads>();
         if (++ready == segments && trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
       }
@@ -492,8 +524,8 @@ __device__ __forceinline__ void prefetch_heads(const DecodeStreamOp& op, long lo
 template <typename T>
 __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
     decode_stream_kernel(const DecodeStreamOp* ops, int n_ops, unsigned* tags, unsigned long long* launches,
-                         const long long* ids, const long long* positions, int stages, int in_flight, int vocab,
-                         int max_position, long long* trace) {
+                         const long long* ids, const long long* positions, int stages, int vocab, int max_position,
+                         long long* trace) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char dynamic[];
   __shared__ float scratch[kDsWarps * kDsMaxDim];  // the tiles' sums of each warp (two buffers); an attention's
@@ -516,7 +548,7 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
   }
   __syncthreads();
   if (warp == kDsWarps) {
-    produce<T>(ops, n_ops, ring, full, empty, stages, in_flight);
+    produce<T>(ops, n_ops, ring, full, empty, stages);
     return;
   }
   const unsigned epoch = epoch_shared;
@@ -591,7 +623,7 @@ void launch_stream(const DecodeStreamParams& p, cudaStream_t stream) {
   config.attrs = attribute;
   config.numAttrs = 1;
   const cudaError_t status = cudaLaunchKernelEx(&config, kernels::decode_stream_kernel<T>, p.ops, p.n_ops, p.tags,
-                                                p.launches, p.ids, p.position, p.stages, p.in_flight, p.vocab,
+                                                p.launches, p.ids, p.position, p.stages, p.vocab,
                                                 p.max_position, p.trace);
   if (status != cudaSuccess) (void)cudaGetLastError();
   GPUOPT_CHECK(status == cudaSuccess, "decode_stream: cooperative launch failed: ", cudaGetErrorName(status), " (",

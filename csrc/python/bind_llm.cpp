@@ -156,9 +156,6 @@ void bind_llm(py::module_& m) {
       .def_property("stages", &torch_ext::DecodeProgram::stages, &torch_ext::DecodeProgram::set_stages,
                     "the ring's stages each block streams its weights through: 0 before finish(), which sets the "
                     "most its shared memory holds; settable after it to 2 .. that most, or 0 for the most")
-      .def_property("in_flight", &torch_ext::DecodeProgram::in_flight, &torch_ext::DecodeProgram::set_in_flight,
-                    "the most stages a block's producer has being copied at once (0: all the ring's): the ring "
-                    "absorbs waits, the copies in flight set the queue every load and poll meets")
       .def_property_readonly("device", &torch_ext::DecodeProgram::device)
       .def_property_readonly("n_ops", &torch_ext::DecodeProgram::n_ops)
       .def_property_readonly("finished", &torch_ext::DecodeProgram::finished)

@@ -265,12 +265,6 @@ void DecodeProgram::set_stages(std::int64_t stages) {
   stages_ = stages == 0 ? most_stages_ : stages;
 }
 
-void DecodeProgram::set_in_flight(std::int64_t in_flight) {
-  TORCH_CHECK_VALUE(in_flight >= 0 && in_flight <= cuda::kDecodeStreamMaxInFlight, "DecodeProgram.in_flight: must "
-                    "be 0 (the ring's stages) or 1 to ", cuda::kDecodeStreamMaxInFlight, ", got ", in_flight);
-  in_flight_ = in_flight;
-}
-
 void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace) {
   TORCH_CHECK(finished_, "DecodeProgram.run: call finish() first");
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"ids", &ids}, {"position", &position}}) {
@@ -294,7 +288,6 @@ void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const
   p.device = static_cast<int>(device_);
   p.blocks = static_cast<int>(blocks_);
   p.stages = static_cast<int>(stages_);
-  p.in_flight = static_cast<int>(in_flight_);
   if (trace.has_value()) {
     TORCH_CHECK_TYPE(trace->is_cuda() && trace->device().index() == device_ && trace->scalar_type() == at::kLong &&
                          trace->is_contiguous(),
@@ -319,7 +312,6 @@ std::int64_t DecodeProgram::attention(std::int64_t, const at::Tensor&, const at:
 void DecodeProgram::finish() {}
 std::int64_t DecodeProgram::blocks() const { return 0; }
 void DecodeProgram::set_stages(std::int64_t) {}
-void DecodeProgram::set_in_flight(std::int64_t) {}
 void DecodeProgram::run(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&) {}
 
 #endif

@@ -48,10 +48,6 @@ class DecodeProgram {
   // settable after finish() to 2 .. the most, or 0 for the most. For tuning and benchmarks.
   std::int64_t stages() const { return stages_; }
   void set_stages(std::int64_t stages);
-  // The most stages a block's producer has being copied at once (0: all the ring's): the ring's depth absorbs
-  // waits, the copies in flight set HBM's queue, so the latency every load and poll meets. For tuning.
-  std::int64_t in_flight() const { return in_flight_; }
-  void set_in_flight(std::int64_t in_flight);
 
   std::int64_t device() const { return device_; }
   std::int64_t n_ops() const;
@@ -78,7 +74,6 @@ class DecodeProgram {
   std::int64_t blocks_ = 0;       // set by finish()
   std::int64_t stages_ = 0;       // set by finish(): the most; then set_stages
   std::int64_t most_stages_ = 0;
-  std::int64_t in_flight_ = 0;
   bool finished_ = false;
   std::vector<at::Tensor> keep_;  // every tensor an operation points into
 #ifdef GPUOPT_WITH_CUDA

@@ -267,7 +267,6 @@ constexpr int kDecodeStreamAttention = 2;  // out[h] = attention of head h over 
 constexpr int kDecodeStreamMaxParts = 3;
 constexpr int kDecodeStreamMaxK = 8192;    // a linear operation's input values
 constexpr int kDecodeStreamMaxLen = 4096;  // an attention's cache positions
-constexpr int kDecodeStreamMaxInFlight = 64;  // DecodeStreamParams::in_flight's bound (the stages bound it first)
 struct DecodeStreamOp {
   int kind = kDecodeStreamLinear;
   int n = 0;          // output values: linear, the parts' rows summed (a multiple of 16); embed, the hidden size
@@ -309,7 +308,6 @@ struct DecodeStreamParams {
   int device = 0;
   int blocks = 0;  // decode_stream_blocks(device): one an SM
   int stages = 0;  // the ring's stages: 2 .. decode_stream_stages(type, device)
-  int in_flight = 0;  // the most stages a block's producer copies at once: 1 .. stages (0: stages)
   long long* trace = nullptr;  // null, or [blocks][n_ops][2] int64: each block's globaltimer (ns) when an
                                // operation's input was in and when it was done (a profile)
 };
