@@ -123,12 +123,14 @@ def test_a_small_program_computes_its_linear_layer(opt125):
     y = p.linear(x, [w1[:64].contiguous(), w1[64:].contiguous()], [b1[:64].contiguous(), b1[64:].contiguous()],
                  norm_weight=g, norm_bias=b, eps=1e-5, residual=x, relu=True)
     p.linear(y, [w2], [None], output=False, plain=out)
-    assert p.stages == 0
+    assert p.stages == 0 and p.max_stages == 0
     with pytest.raises(RuntimeError, match="call finish"):
         p.stages = 2
     p.finish()
-    most = p.stages
-    assert most >= 2
+    default = p.stages
+    assert 2 <= default <= 5
+    most = p.max_stages
+    assert most >= default
     for stages in (most, 2, 3):  # the ring's depth changes when tiles arrive, not what they sum to
         p.stages = stages
         assert p.stages == stages
@@ -140,10 +142,11 @@ def test_a_small_program_computes_its_linear_layer(opt125):
             ref = y_ref @ w2.float().t()
             torch.testing.assert_close(out.float().view(-1), ref, rtol=2e-2, atol=2e-2)
     for bad in (1, most + 1, -1):
-        with pytest.raises(ValueError, match=f"stages: must be 0 \\(the most\\) or 2 to {most}.*got {bad}"):
+        with pytest.raises(ValueError, match=f"stages: must be 0 \\(the default, {default}\\) or 2 to {most} "
+                                             f".*got {bad}"):
             p.stages = bad
     p.stages = 0
-    assert p.stages == most
+    assert p.stages == default
 
 
 def test_the_path_runs_half_precisions_only(opt125):

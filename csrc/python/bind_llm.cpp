@@ -155,7 +155,10 @@ void bind_llm(py::module_& m) {
       .def_property_readonly("blocks", &torch_ext::DecodeProgram::blocks)
       .def_property("stages", &torch_ext::DecodeProgram::stages, &torch_ext::DecodeProgram::set_stages,
                     "the ring's stages each block streams its weights through: 0 before finish(), which sets the "
-                    "most its shared memory holds; settable after it to 2 .. that most, or 0 for the most")
+                    "default (5, or fewer where fewer fit); settable after it to 2 .. the most a block's shared "
+                    "memory holds, or 0 for the default")
+      .def_property_readonly("max_stages", &torch_ext::DecodeProgram::max_stages,
+                             "the most stages a block's shared memory holds (0 before finish())")
       .def_property_readonly("device", &torch_ext::DecodeProgram::device)
       .def_property_readonly("n_ops", &torch_ext::DecodeProgram::n_ops)
       .def_property_readonly("finished", &torch_ext::DecodeProgram::finished)

@@ -44,9 +44,10 @@ class DecodeProgram {
   // each operation in, the operation done; a profile).
   void run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace);
   std::int64_t blocks() const;
-  // The ring's stages a block streams its weights through (0 before finish(), which sets the most that fit);
-  // settable after finish() to 2 .. the most, or 0 for the most. For tuning and benchmarks.
+  // The ring's stages a block streams its weights through (0 before finish(), which sets the default: 5, or the
+  // most that fit if fewer); settable after finish() to 2 .. the most, or 0 for the default. For tuning.
   std::int64_t stages() const { return stages_; }
+  std::int64_t max_stages() const { return most_stages_; }  // the most a block's shared memory holds (finish())
   void set_stages(std::int64_t stages);
 
   std::int64_t device() const { return device_; }
@@ -72,7 +73,7 @@ class DecodeProgram {
   std::int64_t max_position_ = -1;
   std::int64_t weight_bytes_ = 0;
   std::int64_t blocks_ = 0;       // set by finish()
-  std::int64_t stages_ = 0;       // set by finish(): the most; then set_stages
+  std::int64_t stages_ = 0;       // set by finish(), then set_stages
   std::int64_t most_stages_ = 0;
   bool finished_ = false;
   std::vector<at::Tensor> keep_;  // every tensor an operation points into
