@@ -94,6 +94,13 @@ __device__ __forceinline__ void block_reduce(float* v, float* red, Op op) {
   consumers_sync<kDsThreads>();
 }
 
+// The block's first tile (linear) or head (attention) of `op`: tile or head t runs in block
+// (op.first_block + t) % grid.
+__device__ __forceinline__ int first_of(const DecodeStreamOp& op) {
+  const int grid = static_cast<int>(gridDim.x);
+  return (static_cast<int>(blockIdx.x) - op.first_block % grid + grid) % grid;
+}
+
 // The rows of tile `tile` (16 output rows from 16 * tile) in op's parts: the part and the first row in it.
 __device__ __forceinline__ int tile_part(const DecodeStreamOp& op, int tile, int& row) {
   row = tile * 16;
@@ -123,8 +130,8 @@ struct Segments {
       if (tile * 16 < ops[s].n) return true;
     }
     while (++s < n_ops) {
-      if (ops[s].kind == kDecodeStreamLinear && static_cast<int>(blockIdx.x) * 16 < ops[s].n) {
-        tile = static_cast<int>(blockIdx.x);
+      if (ops[s].kind == kDecodeStreamLinear && first_of(ops[s]) * 16 < ops[s].n) {
+        tile = first_of(ops[s]);
         seg = 0;
         return true;
       }
@@ -254,7 +261,8 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   const int g = lane / 4;
   const int t = lane % 4;
   const int k = op.k;
-  if (static_cast<int>(blockIdx.x) * 16 >= op.n) return;
+  const int first_tile = first_of(op);
+  if (first_tile * 16 >= op.n) return;
   // Without a layer norm, the input is asked for whole and waited for a segment at a time as the first tile needs
   // it: the segments other blocks wrote first are summed while the last ones are written.
   const int segments = (k + kDsSegment - 1) / kDsSegment;
@@ -268,7 +276,7 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
     pending = ask_values(tags + op.input, epoch, xs, k);
   }
   int buffer = 0;  // the tiles' sums alternate between two halves of scratch: one sync a tile
-  for (int tile = static_cast<int>(blockIdx.x); tile * 16 < op.n; tile += blocks, buffer ^= 1) {
+  for (int tile = first_tile; tile * 16 < op.n; tile += blocks, buffer ^= 1) {
     // The epilogue's bias and residual, asked for now: their latency passes during the tile's MMAs.
     const int c = static_cast<int>(threadIdx.x);
     const int n = tile * 16 + c;
@@ -496,7 +504,7 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
 template <typename T, int D>
 __device__ void run_attention(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, long long position,
                               float* scores, float* scratch, float* red, float* head, long long* trace) {
-  for (int h = static_cast<int>(blockIdx.x); h < op.heads; h += static_cast<int>(gridDim.x)) {
+  for (int h = first_of(op); h < op.heads; h += static_cast<int>(gridDim.x)) {
     attend_head<T, D>(op, h, tags, epoch, position, scores, scratch, red, head, trace);
   }
 }
@@ -507,7 +515,7 @@ __device__ __forceinline__ void prefetch_heads(const DecodeStreamOp& op, long lo
   if (position <= 0) return;
   const std::int64_t row = static_cast<std::int64_t>(op.head_dim) * element;
   const auto bytes = static_cast<unsigned>(position * row);
-  for (int h = static_cast<int>(blockIdx.x); h < op.heads; h += static_cast<int>(gridDim.x)) {
+  for (int h = first_of(op); h < op.heads; h += static_cast<int>(gridDim.x)) {
     const std::int64_t at = static_cast<std::int64_t>(h) * op.max_len * row;
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(static_cast<const char*>(op.k_cache) + at),
                  "r"(bytes)

@@ -245,13 +245,10 @@ void DecodeProgram::finish() {
                     "step's token) and a positions table or an attention (the step's position bound)");
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   const auto options = at::TensorOptions().device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_)));
-  const auto bytes = static_cast<std::int64_t>(ops_.size() * sizeof(cuda::DecodeStreamOp));
-  at::Tensor host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
-  std::memcpy(host.data_ptr(), ops_.data(), static_cast<std::size_t>(bytes));
-  ops_device_ = host.to(options.dtype(at::kByte));
   tags_ = at::zeros({std::max<std::int64_t>(words_, 4)}, options.dtype(at::kInt));
   launches_ = at::zeros({1}, options.dtype(at::kLong));
   blocks_ = cuda::decode_stream_blocks(static_cast<int>(device_));
+  upload();
   most_stages_ = cuda::decode_stream_stages(activation_type(dtype_), static_cast<int>(device_));
   stages_ = std::min(kDefaultStages, most_stages_);
   finished_ = true;
@@ -259,6 +256,32 @@ void DecodeProgram::finish() {
 
 std::int64_t DecodeProgram::blocks() const {
   return finished_ ? blocks_ : cuda::decode_stream_blocks(static_cast<int>(device_));
+}
+
+void DecodeProgram::upload() {
+  // Tiles and heads dealt on from where the operation before stopped: a block with fewer of one operation's
+  // tiles takes the first of the next one's, so the ring it filled meanwhile holds them.
+  std::int64_t next = 0;
+  for (auto& o : ops_) {
+    o.first_block = rotation_ ? static_cast<int>(next) : 0;
+    if (o.kind == cuda::kDecodeStreamLinear) next = (next + o.n / 16) % blocks_;
+    if (o.kind == cuda::kDecodeStreamAttention) next = (next + o.heads) % blocks_;
+  }
+  const auto bytes = static_cast<std::int64_t>(ops_.size() * sizeof(cuda::DecodeStreamOp));
+  at::Tensor host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
+  std::memcpy(host.data_ptr(), ops_.data(), static_cast<std::size_t>(bytes));
+  if (ops_device_.defined()) {  // in place: a captured graph holds its address
+    ops_device_.copy_(host);
+  } else {
+    ops_device_ = host.to(at::TensorOptions().device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_)))
+                              .dtype(at::kByte));
+  }
+}
+
+void DecodeProgram::set_rotation(bool rotation) {
+  TORCH_CHECK(finished_, "DecodeProgram.rotation: call finish() first");
+  rotation_ = rotation;
+  upload();
 }
 
 void DecodeProgram::set_stages(std::int64_t stages) {
@@ -316,6 +339,8 @@ std::int64_t DecodeProgram::attention(std::int64_t, const at::Tensor&, const at:
 void DecodeProgram::finish() {}
 std::int64_t DecodeProgram::blocks() const { return 0; }
 void DecodeProgram::set_stages(std::int64_t) {}
+void DecodeProgram::upload() {}
+void DecodeProgram::set_rotation(bool) {}
 void DecodeProgram::run(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&) {}
 
 #endif

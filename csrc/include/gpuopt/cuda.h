@@ -294,6 +294,7 @@ struct DecodeStreamOp {
   int head_dim = 0;  // 64 or 128
   int max_len = 0;
   float scale = 1.0f;
+  int first_block = 0;  // linear: tile t runs in block (first_block + t) % blocks; attention: head h likewise
 };
 struct DecodeStreamParams {
   ActivationType type = ActivationType::kFloat16;
