@@ -3,6 +3,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -271,6 +272,7 @@ void DecodeProgram::upload() {
   at::Tensor host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
   std::memcpy(host.data_ptr(), ops_.data(), static_cast<std::size_t>(bytes));
   if (ops_device_.defined()) {  // in place: a captured graph holds its address
+    const c10::InferenceMode inference;  // the tensor may have been made in inference mode
     ops_device_.copy_(host);
   } else {
     ops_device_ = host.to(at::TensorOptions().device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_)))
