@@ -13,15 +13,16 @@
 // The epoch: every block adds one to a launch counter at its start; count / blocks + 1 (mod 65535) is the same
 // for all blocks of a launch and differs from the last launch's (launches on one stream do not overlap).
 //
-// A linear operation: block b takes tiles b, b + grid, ... of 16 output rows; its input (k values, at most
-// kDecodeStreamMaxK) is polled into shared memory, layer-normed there if asked; each tile is summed by 16 warps with
-// tensor-core MMAs (warp w takes the 64-value chunks w, w + 16, ... as decode_linear's kernel does) from the
-// ring's stages of 16 rows x 1024 values; bias, ReLU and residual are added in T's precision, as the model's
-// own modules round.
+// A linear operation: block b takes tiles t, t + grid, ... of 16 output rows, t = (b - op.first_block) mod grid
+// (the host deals each operation's tiles on from where the one before stopped). Its input (k values, at most
+// kDecodeStreamMaxK) is polled into shared memory: with a layer norm, whole and normed there; without, asked for
+// whole and waited for a segment at a time. Each tile is summed by 16 warps with tensor-core MMAs (warp w takes
+// the 64-value chunks w, w + 16, ... as decode_linear's kernel does) from the ring's stages of 16 rows x 1024
+// values; bias, ReLU and residual are added in T's precision, as the model's own modules round.
 //
-// An attention operation (batch 1): block b takes heads b, b + grid, ...: it polls the head's query, key and value (the input
-// is the fused q/k/v output: the heads' queries, then keys, then values), writes the key and value into the
-// cache at the step's position, and attends to positions 0 .. position in float32.
+// An attention operation (batch 1): block b takes heads h, h + grid, ... (h as t above). It polls the head's
+// query and key (the input is the fused q/k/v output: the heads' queries, then keys, then values), writes the key
+// into the cache at the step's position, attends to positions 0 .. position in float32, and polls the value last.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -500,7 +501,7 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
   if (trace != nullptr && threadIdx.x == 0) trace[1] = now_ns();
 }
 
-// Heads blockIdx.x, + grid, ... (one a block where there are no more heads than blocks).
+// The block's heads (first_of(op), + grid, ...: one a block where there are no more heads than blocks).
 template <typename T, int D>
 __device__ void run_attention(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, long long position,
                               float* scores, float* scratch, float* red, float* head, long long* trace) {

@@ -48,8 +48,6 @@ class DecodeProgram {
   // most that fit if fewer); settable after finish() to 2 .. the most, or 0 for the default. For tuning.
   std::int64_t stages() const { return stages_; }
   std::int64_t max_stages() const { return most_stages_; }  // the most a block's shared memory holds (finish())
-  bool rotation() const { return rotation_; }
-  void set_rotation(bool rotation);
   void set_stages(std::int64_t stages);
 
   std::int64_t device() const { return device_; }
@@ -61,7 +59,6 @@ class DecodeProgram {
   std::int64_t weight_bytes() const { return weight_bytes_; }
 
  private:
-  void upload();
   std::int64_t add_activation(std::int64_t size);
   void check_open(const char* op) const;
   std::int64_t activation_size(const char* op, const char* name, std::int64_t id) const;
@@ -78,7 +75,6 @@ class DecodeProgram {
   std::int64_t blocks_ = 0;       // set by finish()
   std::int64_t stages_ = 0;       // set by finish(), then set_stages
   std::int64_t most_stages_ = 0;
-  bool rotation_ = true;
   bool finished_ = false;
   std::vector<at::Tensor> keep_;  // every tensor an operation points into
 #ifdef GPUOPT_WITH_CUDA
