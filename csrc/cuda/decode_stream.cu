@@ -22,7 +22,8 @@
 //
 // An attention operation (batch 1): block b takes heads h, h + grid, ... (h as t above). It polls the head's
 // query and key (the input is the fused q/k/v output: the heads' queries, then keys, then values), writes the key
-// into the cache at the step's position, attends to positions 0 .. position in float32, and polls the value last.
+// into the cache at the step's position, attends to positions 0 .. position in float32, and polls the value last
+// (writing it into the cache too). The embedding's values are written by every block, 16 a block.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -114,7 +115,8 @@ __device__ __forceinline__ int tile_part(const DecodeStreamOp& op, int tile, int
 }
 
 // The block's weight segments (16 rows x up to 1024 values of one tile), in the consumers' order: linear
-// operations in program order, the block's tiles b, b + grid, ... of each, a tile's K in 1024-value steps.
+// operations in program order, the block's tiles first_of(op), + grid, ... of each, a tile's K in 1024-value
+// steps.
 template <typename T>
 struct Segments {
   const DecodeStreamOp* ops;
@@ -131,8 +133,9 @@ struct Segments {
       if (tile * 16 < ops[s].n) return true;
     }
     while (++s < n_ops) {
-      if (ops[s].kind == kDecodeStreamLinear && first_of(ops[s]) * 16 < ops[s].n) {
-        tile = first_of(ops[s]);
+      const int first = first_of(ops[s]);
+      if (ops[s].kind == kDecodeStreamLinear && first * 16 < ops[s].n) {
+        tile = first;
         seg = 0;
         return true;
       }
@@ -176,6 +179,8 @@ __device__ __forceinline__ uint2 pack_values(const uint4& w) {
 }
 
 constexpr int kDsWordsPerThread = kDecodeStreamMaxK / 4 / kDsThreads;  // 16-byte words of an input a thread
+static_assert(kDsWordsPerThread * 4 * kDsThreads == kDecodeStreamMaxK && kDsWordsPerThread <= 32,
+              "an input's words are dealt evenly, a thread's pending ones fit a 32-bit mask");
 
 // An activation's k values asked for all at once, those already written into xs; returns the thread's words
 // still to come (bit e: its word threadIdx.x + e * kDsThreads), for take_values (the caller syncs).
@@ -539,7 +544,7 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
   extern __shared__ __align__(128) unsigned char dynamic[];
   __shared__ float scratch[kDsWarps * kDsMaxDim];  // the tiles' sums of each warp (two buffers); an attention's
   __shared__ float red[2 * kDsWarps];
-  __shared__ float head[3 * kDsMaxDim];
+  __shared__ float head[2 * kDsMaxDim];  // an attention's query and key
   __shared__ unsigned epoch_shared;
   auto* full = reinterpret_cast<std::uint64_t*>(dynamic);
   std::uint64_t* empty = full + stages;
@@ -636,7 +641,8 @@ void launch_stream(const DecodeStreamParams& p, cudaStream_t stream) {
                                                 p.max_position, p.trace);
   if (status != cudaSuccess) (void)cudaGetLastError();
   GPUOPT_CHECK(status == cudaSuccess, "decode_stream: cooperative launch failed: ", cudaGetErrorName(status), " (",
-               cudaGetErrorString(status), ")");
+               cudaGetErrorString(status), "); stages (", p.stages, ") must be at most decode_stream_stages(), ",
+               "called before the first launch");
 }
 
 }  // namespace

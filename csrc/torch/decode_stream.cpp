@@ -245,13 +245,14 @@ void DecodeProgram::finish() {
   TORCH_CHECK_VALUE(vocab_ > 0 && max_position_ > 0, "DecodeProgram.finish: the program needs an embedding (the "
                     "step's token) and a positions table or an attention (the step's position bound)");
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
+  const std::int64_t most = cuda::decode_stream_stages(activation_type(dtype_), static_cast<int>(device_));
   const auto options = at::TensorOptions().device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_)));
   tags_ = at::zeros({std::max<std::int64_t>(words_, 4)}, options.dtype(at::kInt));
   launches_ = at::zeros({1}, options.dtype(at::kLong));
   blocks_ = cuda::decode_stream_blocks(static_cast<int>(device_));
   // Tiles and heads dealt on from where the operation before stopped: a block with fewer of one operation's
   // tiles takes the first of the next one's, which its ring fetched meanwhile. On the H200, OPT-1.3B's step at
-  // position 300 took 969 us so against 991 us with every operation's tile 0 in block 0 (interleaved).
+  // position 300 took 969 us so, against 991 us with every operation's tile 0 in block 0 (interleaved).
   std::int64_t next = 0;
   for (auto& o : ops_) {
     o.first_block = static_cast<int>(next);
@@ -262,7 +263,7 @@ void DecodeProgram::finish() {
   at::Tensor host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte));
   std::memcpy(host.data_ptr(), ops_.data(), static_cast<std::size_t>(bytes));
   ops_device_ = host.to(options.dtype(at::kByte));
-  most_stages_ = cuda::decode_stream_stages(activation_type(dtype_), static_cast<int>(device_));
+  most_stages_ = most;
   stages_ = std::min(kDefaultStages, most_stages_);
   finished_ = true;
 }
