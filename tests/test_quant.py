@@ -220,7 +220,9 @@ def test_the_row_wise_probe_reports_what_the_matmul_raises(monkeypatch):
 def test_the_row_wise_probe_raises_what_says_nothing_about_fp8(monkeypatch):
     # Out of memory, or a CUDA error left by earlier work: raised, and not kept as the device's answer.
     monkeypatch.setattr(quant_linear, "_ROWWISE", {})
-    for error in (torch.OutOfMemoryError("CUDA out of memory"), RuntimeError("CUDA error: an illegal memory access")):
+    # a CUDA error is torch.AcceleratorError from torch 2.8 on, a RuntimeError known by its text before
+    cuda_error = getattr(torch, "AcceleratorError", RuntimeError)("CUDA error: an illegal memory access")
+    for error in (torch.OutOfMemoryError("CUDA out of memory"), cuda_error):
         def fail(*args, error=error, **kwargs):
             raise error
 
@@ -228,6 +230,23 @@ def test_the_row_wise_probe_raises_what_says_nothing_about_fp8(monkeypatch):
         with pytest.raises(type(error), match=str(error)):
             quant_linear._rowwise_refusal("cpu", None)
     assert quant_linear._ROWWISE == {}
+
+
+def test_the_row_wise_probe_keeps_other_errors_as_the_devices_answer(monkeypatch):
+    # With torch's CUDA error type there, a RuntimeError is this torch's answer about fp8, whatever its text;
+    # before it (torch < 2.8), the text tells a CUDA error apart.
+    monkeypatch.setattr(quant_linear, "_ROWWISE", {})
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("CUDA error: not supported for this scaling (a message naming CUDA)")
+
+    monkeypatch.setattr(torch, "_scaled_mm", refuse)
+    if getattr(torch, "AcceleratorError", None) is None:
+        with pytest.raises(RuntimeError, match="CUDA error"):
+            quant_linear._rowwise_refusal("cpu", None)
+    else:
+        assert quant_linear._rowwise_refusal("cpu", None) == ("RuntimeError: CUDA error: not supported for this "
+                                                              "scaling (a message naming CUDA)")
 
 
 @needs_cpu_fp8

@@ -334,6 +334,12 @@ def fp8_refusal(device: torch.device) -> str | None:
 # (device type, index, with a bias) -> what the row-wise probe raised, or None: only answers about this torch and
 # device (no out-of-memory, no CUDA error left by earlier work, which say nothing about fp8 and may pass).
 _ROWWISE: dict[tuple[str, int | None, bool], str | None] = {}
+# A CUDA error's type (torch 2.8 on); before it, CUDA errors are RuntimeErrors known by their text.
+_CUDA_ERROR: type[Exception] | None = getattr(torch, "AcceleratorError", None)
+
+
+def _is_cuda_error(exc: Exception) -> bool:
+    return isinstance(exc, _CUDA_ERROR) if _CUDA_ERROR is not None else "CUDA error" in str(exc)
 
 
 def _rowwise_refusal(device_type: str, index: int | None, bias: bool = False) -> str | None:
@@ -354,7 +360,7 @@ def _rowwise_refusal(device_type: str, index: int | None, bias: bool = False) ->
     except torch.OutOfMemoryError:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever this torch says, it is the reason
-        if "CUDA error" in str(exc):
+        if _is_cuda_error(exc):
             raise
         why = f"{type(exc).__name__}: {exc}"
     _ROWWISE[key] = why
