@@ -131,9 +131,11 @@ def test_a_small_program_computes_its_linear_layer(opt125):
     assert 2 <= default <= 5
     most = p.max_stages
     assert most >= default
-    for stages in (most, 2, 3):  # the ring's depth changes when tiles arrive, not what they sum to
-        p.stages = stages
-        assert p.stages == stages
+    assert p.lookahead == 0
+    # the ring's depth and the L2 lookahead change when tiles arrive, not what they sum to
+    for stages, lookahead in ((most, 0), (2, 0), (3, 0), (2, 5), (3, 64)):
+        p.stages, p.lookahead = stages, lookahead
+        assert (p.stages, p.lookahead) == (stages, lookahead)
         for token, at in ((3, 0), (7, 5), (3, 9)):
             p.run(torch.tensor([token], device="cuda"), torch.tensor([at], device="cuda"))
             e = (table[token].float() + pos[at + 2].float()).half().float()
@@ -147,6 +149,10 @@ def test_a_small_program_computes_its_linear_layer(opt125):
             p.stages = bad
     p.stages = 0
     assert p.stages == default
+    for bad in (-1, 65):
+        with pytest.raises(ValueError, match=f"lookahead: must be 0 to 64 .*got {bad}"):
+            p.lookahead = bad
+    assert p.lookahead == 64
 
 
 def test_the_path_runs_half_precisions_only(opt125):

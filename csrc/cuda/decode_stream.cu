@@ -152,13 +152,29 @@ struct Segments {
   }
 };
 
-// The producer warp: every segment into the ring, in the consumers' order.
+// The producer warp: every segment into the ring, in the consumers' order. With a lookahead, the `lookahead`
+// segments after the ring's are asked into L2 before the producer waits for a free stage, so HBM goes on
+// streaming while the consumers wait for an operation's input with the ring full.
 template <typename T>
 __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* ring, std::uint64_t* full,
-                        std::uint64_t* empty, int stages) {
+                        std::uint64_t* empty, int stages, int lookahead) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   Segments<T> next{ops, n_ops};
+  Segments<T> ahead{ops, n_ops};
+  unsigned asked = 0;  // segments asked into L2 so far
+  bool more = lookahead > 0;
   for (unsigned i = 0; next.advance(); ++i) {
+    while (more && asked < i + static_cast<unsigned>(lookahead)) {
+      more = ahead.advance();
+      if (more && lane < 16) {
+        int len = 0;
+        const T* row = ahead.row(lane, len);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row),
+                     "r"(static_cast<unsigned>(len) * static_cast<unsigned>(sizeof(T)))
+                     : "memory");
+      }
+      ++asked;
+    }
     const unsigned stage = i % static_cast<unsigned>(stages);
     int len = 0;
     const T* src = next.row(lane < 16 ? lane : 0, len);
@@ -538,8 +554,8 @@ __device__ __forceinline__ void prefetch_heads(const DecodeStreamOp& op, long lo
 template <typename T>
 __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
     decode_stream_kernel(const DecodeStreamOp* ops, int n_ops, unsigned* tags, unsigned long long* launches,
-                         const long long* ids, const long long* positions, int stages, int vocab, int max_position,
-                         long long* trace) {
+                         const long long* ids, const long long* positions, int stages, int lookahead, int vocab,
+                         int max_position, long long* trace) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char dynamic[];
   __shared__ float scratch[kDsWarps * kDsMaxDim];  // the tiles' sums of each warp (two buffers); an attention's
@@ -562,7 +578,7 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
   }
   __syncthreads();
   if (warp == kDsWarps) {
-    produce<T>(ops, n_ops, ring, full, empty, stages);
+    produce<T>(ops, n_ops, ring, full, empty, stages, lookahead);
     return;
   }
   const unsigned epoch = epoch_shared;
@@ -637,7 +653,7 @@ void launch_stream(const DecodeStreamParams& p, cudaStream_t stream) {
   config.attrs = attribute;
   config.numAttrs = 1;
   const cudaError_t status = cudaLaunchKernelEx(&config, kernels::decode_stream_kernel<T>, p.ops, p.n_ops, p.tags,
-                                                p.launches, p.ids, p.position, p.stages, p.vocab,
+                                                p.launches, p.ids, p.position, p.stages, p.lookahead, p.vocab,
                                                 p.max_position, p.trace);
   if (status != cudaSuccess) (void)cudaGetLastError();
   GPUOPT_CHECK(status == cudaSuccess, "decode_stream: cooperative launch failed: ", cudaGetErrorName(status), " (",
@@ -668,6 +684,7 @@ void decode_stream(const DecodeStreamParams& p, cudaStream_t stream) {
                          p.ids != nullptr && p.position != nullptr && p.blocks >= 1 && p.stages >= 2,
                      "decode_stream: ops, tags, launches, ids and position must be set, with at least one op, "
                      "one block and two stages");
+  GPUOPT_CHECK_VALUE(p.lookahead >= 0, "decode_stream: lookahead must be >= 0, got ", p.lookahead);
   if (p.type == ActivationType::kFloat16) {
     launch_stream<__half>(p, stream);
   } else {
