@@ -191,6 +191,30 @@ __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* rin
   }
 }
 
+__shared__ unsigned ds_mode;  // EXPERIMENT: 1 no waits, 2 backoff
+__device__ __forceinline__ uint4 ds_wait4(const unsigned* p, unsigned epoch) {
+  uint4 w = tagged_load4(p);
+  if (ds_mode == 1 || tagged4(w, epoch)) return w;
+  const long long start = clock64();
+  do {
+    if (clock64() - start > kStreamSpinLimit) __trap();
+    if (ds_mode == 2) __nanosleep(100);
+    w = tagged_load4(p);
+  } while (!tagged4(w, epoch));
+  return w;
+}
+__device__ __forceinline__ unsigned ds_wait1(const unsigned* p, unsigned epoch) {
+  unsigned w = tagged_load1(p);
+  if (ds_mode == 1 || (w >> 16) == epoch) return w;
+  const long long start = clock64();
+  do {
+    if (clock64() - start > kStreamSpinLimit) __trap();
+    if (ds_mode == 2) __nanosleep(100);
+    w = tagged_load1(p);
+  } while ((w >> 16) != epoch);
+  return w;
+}
+
 __device__ __forceinline__ uint2 pack_values(const uint4& w) {
   return make_uint2((w.x & 0xffffu) | (w.y << 16), (w.z & 0xffffu) | (w.w << 16));
 }
@@ -214,7 +238,7 @@ __device__ __forceinline__ unsigned ask_values(const unsigned* words, unsigned e
   for (int e = 0; e < kDsWordsPerThread; ++e) {
     const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
     if (j < k / 4) {
-      if (tagged4(w[e], epoch)) {
+      if (ds_mode == 1 || tagged4(w[e], epoch)) {
         reinterpret_cast<uint2*>(xs)[j] = pack_values(w[e]);
       } else {
         pending |= 1u << e;
@@ -232,7 +256,7 @@ __device__ __forceinline__ void take_values(const unsigned* words, unsigned epoc
   for (int e = 0; e < kDsWordsPerThread; ++e) {
     const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
     if ((pending >> e & 1u) != 0 && 4 * j >= first && 4 * j < end) {
-      reinterpret_cast<uint2*>(xs)[j] = pack_values(tagged_wait4(words + 4 * j, epoch));
+      reinterpret_cast<uint2*>(xs)[j] = pack_values(ds_wait4(words + 4 * j, epoch));
     }
   }
 }
@@ -348,7 +372,7 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       T y = from_float<T>(sum + bias);
       if (op.relu) y = from_float<T>(fmaxf(to_float(y), 0.0f));
       if (op.residual >= 0) {
-        if ((residual >> 16) != epoch) residual = tagged_wait1(tags + op.residual + n, epoch);
+        if ((residual >> 16) != epoch) residual = ds_wait1(tags + op.residual + n, epoch);
         y = from_float<T>(to_float(y) + to_float(value_of<T>(residual)));
       }
       if (op.plain != nullptr) static_cast<T*>(op.plain)[n] = y;
@@ -430,7 +454,7 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
   uint4 values[8] = {};
   load_keys<T, D>(kc, key_row, key_part, 0, cached, keys);
   for (int j = tid; j < 2 * D; j += kDsThreads) {
-    const T v = value_of<T>(tagged_wait1(tags + (j < D ? q_at + j : k_at + j - D), epoch));
+    const T v = value_of<T>(ds_wait1(tags + (j < D ? q_at + j : k_at + j - D), epoch));
     head[j] = to_float(v);
     if (j >= D) kc[position * D + j - D] = v;
   }
@@ -512,7 +536,7 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
   consumers_sync<kDsThreads>();
   const float last = scores[cached];
   for (int e = tid; e < D; e += kDsThreads) {
-    const T v = value_of<T>(tagged_wait1(tags + v_at + e, epoch));
+    const T v = value_of<T>(ds_wait1(tags + v_at + e, epoch));
     vc[position * D + e] = v;
     float o = last * to_float(v);
 #pragma unroll
@@ -574,12 +598,13 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
       stage_init(&empty[j], kDsWarps);
     }
     stage_init_fence();
+    ds_mode = static_cast<unsigned>(lookahead / 1000);
     const unsigned long long count = atomicAdd(launches, 1ull);
     epoch_shared = static_cast<unsigned>((count / gridDim.x) % 65535ull) + 1u;
   }
   __syncthreads();
   if (warp == kDsWarps) {
-    produce<T>(ops, n_ops, ring, full, empty, stages, lookahead);
+    produce<T>(ops, n_ops, ring, full, empty, stages, lookahead % 1000);
     return;
   }
   const unsigned epoch = epoch_shared;

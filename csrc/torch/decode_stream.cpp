@@ -281,7 +281,7 @@ void DecodeProgram::set_stages(std::int64_t stages) {
 }
 
 void DecodeProgram::set_lookahead(std::int64_t lookahead) {
-  TORCH_CHECK_VALUE(lookahead >= 0 && lookahead <= kMaxLookahead, "DecodeProgram.lookahead: must be 0 to ",
+  TORCH_CHECK_VALUE(lookahead >= 0 && lookahead % 1000 <= kMaxLookahead, "DecodeProgram.lookahead: must be 0 to ",
                     kMaxLookahead, " (weight segments asked into L2 beyond the ring's), got ", lookahead);
   lookahead_ = lookahead;
 }
