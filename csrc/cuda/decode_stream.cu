@@ -194,22 +194,22 @@ __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* rin
 __shared__ unsigned ds_mode;  // EXPERIMENT: 1 no waits, 2 backoff
 __device__ __forceinline__ uint4 ds_wait4(const unsigned* p, unsigned epoch) {
   uint4 w = tagged_load4(p);
-  if (ds_mode == 1 || tagged4(w, epoch)) return w;
+  if ((ds_mode & 1) || tagged4(w, epoch)) return w;
   const long long start = clock64();
   do {
     if (clock64() - start > kStreamSpinLimit) __trap();
-    if (ds_mode == 2) __nanosleep(100);
+    if (ds_mode & 2) __nanosleep(100);
     w = tagged_load4(p);
   } while (!tagged4(w, epoch));
   return w;
 }
 __device__ __forceinline__ unsigned ds_wait1(const unsigned* p, unsigned epoch) {
   unsigned w = tagged_load1(p);
-  if (ds_mode == 1 || (w >> 16) == epoch) return w;
+  if ((ds_mode & 1) || (w >> 16) == epoch) return w;
   const long long start = clock64();
   do {
     if (clock64() - start > kStreamSpinLimit) __trap();
-    if (ds_mode == 2) __nanosleep(100);
+    if (ds_mode & 2) __nanosleep(100);
     w = tagged_load1(p);
   } while ((w >> 16) != epoch);
   return w;
@@ -238,7 +238,7 @@ __device__ __forceinline__ unsigned ask_values(const unsigned* words, unsigned e
   for (int e = 0; e < kDsWordsPerThread; ++e) {
     const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
     if (j < k / 4) {
-      if (ds_mode == 1 || tagged4(w[e], epoch)) {
+      if ((ds_mode & 1) || tagged4(w[e], epoch)) {
         reinterpret_cast<uint2*>(xs)[j] = pack_values(w[e]);
       } else {
         pending |= 1u << e;
@@ -316,7 +316,7 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   int ready = 0;
   unsigned pending = 0;
   if (op.norm_weight != nullptr) {
-    load_normed_input<T>(op, tags, epoch, xs, red);
+    if (!(ds_mode & 4)) load_normed_input<T>(op, tags, epoch, xs, red);
     ready = segments;
     if (trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
   } else {
@@ -329,7 +329,7 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
     const int n = tile * 16 + c;
     float bias = 0.0f;
     unsigned residual = 0;
-    if (c < 16) {
+    if (c < 16 && !(ds_mode & 8)) {
       int row = 0;
       const int part = tile_part(op, tile, row);
       const auto* b = static_cast<const T*>(op.bias[part]);
@@ -346,7 +346,7 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       }
       const unsigned stage = i % static_cast<unsigned>(stages);
       stage_wait(&full[stage], (i / static_cast<unsigned>(stages)) & 1u);
-      if (warp * kDsChunk < len) {
+      if (warp * kDsChunk < len && !(ds_mode & 32)) {
         const unsigned char* st = ring + static_cast<std::size_t>(stage) * kDsStageBytes;
         const int col = (warp * kDsChunk + 8 * kDsVec * t) * static_cast<int>(sizeof(T));
         const auto* wl = reinterpret_cast<const uint4*>(st + g * kDsRowBytes + col);
@@ -371,7 +371,7 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       for (int w = 0; w < kDsWarps; ++w) sum += sums[w * 16 + c];
       T y = from_float<T>(sum + bias);
       if (op.relu) y = from_float<T>(fmaxf(to_float(y), 0.0f));
-      if (op.residual >= 0) {
+      if (op.residual >= 0 && !(ds_mode & 8)) {
         if ((residual >> 16) != epoch) residual = ds_wait1(tags + op.residual + n, epoch);
         y = from_float<T>(to_float(y) + to_float(value_of<T>(residual)));
       }
@@ -625,6 +625,7 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
     } else if (op.kind == kDecodeStreamEmbed) {
       run_embed<T>(op, tags, epoch, id, position);
       if (row != nullptr && threadIdx.x == 0) row[0] = row[1] = now_ns();
+    } else if (ds_mode & 16) {
     } else if (op.head_dim == 64) {
       run_attention<T, 64>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row);
     } else {
