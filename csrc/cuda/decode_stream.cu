@@ -223,10 +223,34 @@ constexpr int kDsWordsPerThread = kDecodeStreamMaxK / 4 / kDsThreads;  // 16-byt
 static_assert(kDsWordsPerThread * 4 * kDsThreads == kDecodeStreamMaxK && kDsWordsPerThread <= 32,
               "an input's words are dealt evenly, a thread's pending ones fit a 32-bit mask");
 
-// An activation's k values asked for all at once, those already written into xs; returns the thread's words
-// still to come (bit e: its word threadIdx.x + e * kDsThreads), for take_values (the caller syncs).
+// A word of 4 input values into xs's form: with a layer norm (g: its weights for the 4 values), their sum and
+// sum of squares added to stats in float32 and the values multiplied by the weights (rounded to T).
 template <typename T>
-__device__ __forceinline__ unsigned ask_values(const unsigned* words, unsigned epoch, T* xs, int k) {
+__device__ __forceinline__ uint2 take_word(const uint4& w, const T* g, float* stats) {
+  if (g == nullptr) return pack_values(w);
+  const unsigned words[4] = {w.x, w.y, w.z, w.w};
+  const uint2 gw = __ldg(reinterpret_cast<const uint2*>(g));
+  const unsigned gs[2] = {gw.x, gw.y};
+  unsigned out[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float a = to_float(value_of<T>(words[2 * h]));
+    const float b = to_float(value_of<T>(words[2 * h + 1]));
+    stats[0] += a + b;
+    stats[1] += a * a + b * b;
+    const float2 scale = unpack2(gs[h], T{});
+    out[h] = static_cast<unsigned>(bits_of(from_float<T>(a * scale.x))) |
+             (static_cast<unsigned>(bits_of(from_float<T>(b * scale.y))) << 16);
+  }
+  return make_uint2(out[0], out[1]);
+}
+
+// An activation's k values asked for all at once, those already written into xs (through take_word: g, the
+// norm's weights, or null); returns the thread's words still to come (bit e: its word threadIdx.x + e *
+// kDsThreads), for take_values (the caller syncs).
+template <typename T>
+__device__ __forceinline__ unsigned ask_values(const unsigned* words, unsigned epoch, T* xs, int k, const T* g,
+                                               float* stats) {
   uint4 w[kDsWordsPerThread] = {};
 #pragma unroll
   for (int e = 0; e < kDsWordsPerThread; ++e) {
@@ -239,7 +263,7 @@ __device__ __forceinline__ unsigned ask_values(const unsigned* words, unsigned e
     const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
     if (j < k / 4) {
       if ((ds_mode & 1) || tagged4(w[e], epoch)) {
-        reinterpret_cast<uint2*>(xs)[j] = pack_values(w[e]);
+        reinterpret_cast<uint2*>(xs)[j] = take_word<T>(w[e], g != nullptr ? g + 4 * j : nullptr, stats);
       } else {
         pending |= 1u << e;
       }
@@ -251,53 +275,39 @@ __device__ __forceinline__ unsigned ask_values(const unsigned* words, unsigned e
 // The values [first, end) still to come after ask_values, waited for into xs (the caller syncs).
 template <typename T>
 __device__ __forceinline__ void take_values(const unsigned* words, unsigned epoch, T* xs, int first, int end,
-                                            unsigned pending) {
+                                            unsigned pending, const T* g, float* stats) {
 #pragma unroll
   for (int e = 0; e < kDsWordsPerThread; ++e) {
     const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
     if ((pending >> e & 1u) != 0 && 4 * j >= first && 4 * j < end) {
-      reinterpret_cast<uint2*>(xs)[j] = pack_values(ds_wait4(words + 4 * j, epoch));
+      reinterpret_cast<uint2*>(xs)[j] =
+          take_word<T>(ds_wait4(words + 4 * j, epoch), g != nullptr ? g + 4 * j : nullptr, stats);
     }
   }
 }
 
-// The input of a linear operation with a layer norm into xs (T [k]), polled, then normed in place. The norm's
-// weights are loaded first, so their latency passes while the input is polled.
-template <typename T>
-__device__ void load_normed_input(const DecodeStreamOp& op, const unsigned* tags, unsigned epoch, T* xs, float* red) {
-  constexpr int kPer = kDecodeStreamMaxK / kDsThreads;
-  const int k = op.k;
-  const auto* g = static_cast<const T*>(op.norm_weight);
-  const auto* beta = static_cast<const T*>(op.norm_bias);
-  float gv[kPer], bv[kPer];
-#pragma unroll
-  for (int e = 0; e < kPer; ++e) {
-    const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
-    gv[e] = j < k ? to_float(__ldg(g + j)) : 0.0f;
-    bv[e] = j < k && beta != nullptr ? to_float(__ldg(beta + j)) : 0.0f;
-  }
-  take_values(tags + op.input, epoch, xs, 0, k, ask_values(tags + op.input, epoch, xs, k));
-  consumers_sync<kDsThreads>();
-  float xv[kPer];
-  float sums[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int e = 0; e < kPer; ++e) {
-    const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
-    xv[e] = j < k ? to_float(xs[j]) : 0.0f;
-    sums[0] += xv[e];
-    sums[1] += xv[e] * xv[e];
-  }
-  block_reduce<2>(sums, red, [](float a, float b) { return a + b; });
-  const float mean = sums[0] / static_cast<float>(k);
-  const float rstd = rsqrtf(fmaxf(sums[1] / static_cast<float>(k) - mean * mean, 0.0f) + op.eps);
-#pragma unroll
-  for (int e = 0; e < kPer; ++e) {
-    const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
-    if (j < k) xs[j] = from_float<T>((xv[e] - mean) * rstd * gv[e] + bv[e]);
-  }
-  consumers_sync<kDsThreads>();
+// What output row n's epilogue adds (c < 16: the tile's row c), asked for a tile ahead: the shift, the norm's
+// sum and the residual's word (its tag checked when it is added).
+struct Epilogue {
+  float shift = 0.0f;
+  float norm_sum = 0.0f;
+  unsigned residual = 0;
+};
+
+__device__ __forceinline__ Epilogue ask_epilogue(const DecodeStreamOp& op, const unsigned* tags, int n) {
+  Epilogue e;
+  if (ds_mode & 8) return e;
+  if (op.shift != nullptr) e.shift = __ldg(op.shift + n);
+  if (op.norm_sum != nullptr) e.norm_sum = __ldg(op.norm_sum + n);
+  if (op.residual >= 0) e.residual = tagged_load1(tags + op.residual + n);
+  return e;
 }
 
+// A linear operation's tiles in this block. The input is asked for whole and waited for a segment at a time as
+// the first tile needs it: the segments other blocks wrote first are summed while the last ones are written.
+// With a layer norm, the values are multiplied by the norm's weights as they come, and their mean and variance
+// are taken once all are in; the tiles' sums are corrected in the epilogue (DecodeStreamOp::norm_sum), so the
+// norm never holds up the MMAs.
 template <typename T>
 __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch,
                            float* red, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages,
@@ -308,39 +318,26 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   const int g = lane / 4;
   const int t = lane % 4;
   const int k = op.k;
+  const int c = static_cast<int>(threadIdx.x);
   const int first_tile = first_of(op);
   if (first_tile * 16 >= op.n) return;
-  // Without a layer norm, the input is asked for whole and waited for a segment at a time as the first tile needs
-  // it: the segments other blocks wrote first are summed while the last ones are written.
+  const auto* gamma = static_cast<const T*>(op.norm_weight);
   const int segments = (k + kDsSegment - 1) / kDsSegment;
+  Epilogue now;
+  if (c < 16) now = ask_epilogue(op, tags, first_tile * 16 + c);
+  float stats[2] = {0.0f, 0.0f};  // the norm's sum and sum of squares: this thread's, then the block's
   int ready = 0;
-  unsigned pending = 0;
-  if (op.norm_weight != nullptr) {
-    if (!(ds_mode & 4)) load_normed_input<T>(op, tags, epoch, xs, red);
-    ready = segments;
-    if (trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
-  } else {
-    pending = ask_values(tags + op.input, epoch, xs, k);
-  }
+  const unsigned pending = ask_values(tags + op.input, epoch, xs, k, gamma, stats);
   int buffer = 0;  // the tiles' sums alternate between two halves of scratch: one sync a tile
   for (int tile = first_tile; tile * 16 < op.n; tile += blocks, buffer ^= 1) {
-    // The epilogue's bias and residual, asked for now: their latency passes during the tile's MMAs.
-    const int c = static_cast<int>(threadIdx.x);
     const int n = tile * 16 + c;
-    float bias = 0.0f;
-    unsigned residual = 0;
-    if (c < 16 && !(ds_mode & 8)) {
-      int row = 0;
-      const int part = tile_part(op, tile, row);
-      const auto* b = static_cast<const T*>(op.bias[part]);
-      bias = b != nullptr ? to_float(__ldg(b + row + c)) : 0.0f;
-      if (op.residual >= 0) residual = tagged_load1(tags + op.residual + n);
-    }
+    Epilogue next;
+    if (c < 16 && n + 16 * blocks < op.n) next = ask_epilogue(op, tags, n + 16 * blocks);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int seg = 0; seg * kDsSegment < k; ++seg, ++i) {
       const int len = min(kDsSegment, k - seg * kDsSegment);
       if (seg == ready) {
-        take_values(tags + op.input, epoch, xs, seg * kDsSegment, seg * kDsSegment + len, pending);
+        take_values(tags + op.input, epoch, xs, seg * kDsSegment, seg * kDsSegment + len, pending, gamma, stats);
         consumers_sync<kDsThreads>();
         if (++ready == segments && trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
       }
@@ -358,6 +355,12 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       __syncwarp();
       if (lane == 0) stage_arrive(&empty[stage]);
     }
+    if (gamma != nullptr && tile == first_tile) {  // every value is in: the norm's mean and 1 / deviation
+      block_reduce<2>(stats, red, [](float a, float b) { return a + b; });
+      const float mean = stats[0] / static_cast<float>(k);
+      stats[0] = mean;
+      stats[1] = rsqrtf(fmaxf(stats[1] / static_cast<float>(k) - mean * mean, 0.0f) + op.eps);
+    }
     // D: lane (g, t) holds output rows g and g + 8 for x rows 2t and 2t + 1: x row 0 is t == 0's.
     float* sums = scratch + buffer * kDsWarps * 16;
     if (t == 0) {
@@ -369,15 +372,17 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       float sum = 0.0f;
 #pragma unroll
       for (int w = 0; w < kDsWarps; ++w) sum += sums[w * 16 + c];
-      T y = from_float<T>(sum + bias);
+      if (gamma != nullptr) sum = stats[1] * (sum - stats[0] * now.norm_sum);
+      T y = from_float<T>(sum + now.shift);
       if (op.relu) y = from_float<T>(fmaxf(to_float(y), 0.0f));
       if (op.residual >= 0 && !(ds_mode & 8)) {
-        if ((residual >> 16) != epoch) residual = ds_wait1(tags + op.residual + n, epoch);
-        y = from_float<T>(to_float(y) + to_float(value_of<T>(residual)));
+        if ((now.residual >> 16) != epoch) now.residual = ds_wait1(tags + op.residual + n, epoch);
+        y = from_float<T>(to_float(y) + to_float(value_of<T>(now.residual)));
       }
       if (op.plain != nullptr) static_cast<T*>(op.plain)[n] = y;
       if (op.output >= 0) put<T>(tags, op.output, n, y, epoch);
     }
+    now = next;
   }
   consumers_sync<kDsThreads>();  // scratch and xs free for the next operation
   if (trace != nullptr && threadIdx.x == 0) trace[1] = now_ns();

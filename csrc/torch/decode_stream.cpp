@@ -147,7 +147,6 @@ std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Ten
       check_tensor(op, "bias", *biases[p]);
       TORCH_CHECK_VALUE(biases[p]->numel() == w.size(0), "DecodeProgram.linear: bias ", p, " must have ",
                         w.size(0), " values, got ", biases[p]->numel());
-      o.bias[p] = biases[p]->const_data_ptr();
     }
     n += w.size(0);
   }
@@ -163,7 +162,6 @@ std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Ten
       check_tensor(op, "norm_bias", *norm_bias);
       TORCH_CHECK_VALUE(norm_bias->numel() == k, "DecodeProgram.linear: norm_bias must have ", k, " values, got ",
                         norm_bias->numel());
-      o.norm_bias = norm_bias->const_data_ptr();
     }
   } else {
     TORCH_CHECK_VALUE(!norm_bias.has_value(), "DecodeProgram.linear: norm_bias needs norm_weight");
@@ -186,10 +184,37 @@ std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Ten
   for (std::size_t p = 0; p < weights.size(); ++p) {
     keep_.push_back(weights[p]);
     weight_bytes_ += weights[p].numel() * weights[p].element_size();
-    if (biases[p].has_value()) keep_.push_back(*biases[p]);
   }
-  for (const auto* t : {&norm_weight, &norm_bias, &plain}) {
+  for (const auto* t : {&norm_weight, &plain}) {
     if (t->has_value()) keep_.push_back(**t);
+  }
+  // The epilogue's float32 rows: shift = bias (+ weight @ norm_bias) and norm_sum = weight @ norm_weight, summed
+  // in float32 from the weights as they are now (a norm's or a weight's later change needs a new program).
+  const bool has_bias = std::any_of(biases.begin(), biases.end(), [](const auto& b) { return b.has_value(); });
+  if (norm_weight.has_value() || has_bias) {
+    const auto f32 = weights[0].options().dtype(at::kFloat);
+    at::Tensor shift = at::zeros({n}, f32);
+    at::Tensor norm_sum = norm_weight.has_value() ? at::empty({n}, f32) : at::Tensor();
+    std::int64_t row = 0;
+    for (std::size_t p = 0; p < weights.size(); ++p) {
+      const std::int64_t rows = weights[p].size(0);
+      if (biases[p].has_value()) shift.narrow(0, row, rows).add_(biases[p]->view({-1}).to(at::kFloat));
+      constexpr std::int64_t kChunk = 4096;  // rows converted to float32 at a time
+      for (std::int64_t r = 0; norm_weight.has_value() && r < rows; r += kChunk) {
+        const at::Tensor w = weights[p].narrow(0, r, std::min(kChunk, rows - r)).to(at::kFloat);
+        norm_sum.narrow(0, row + r, w.size(0)).copy_(w.mul(norm_weight->view({1, -1}).to(at::kFloat)).sum(1));
+        if (norm_bias.has_value()) {
+          shift.narrow(0, row + r, w.size(0)).add_(w.mul(norm_bias->view({1, -1}).to(at::kFloat)).sum(1));
+        }
+      }
+      row += rows;
+    }
+    o.shift = shift.const_data_ptr<float>();
+    keep_.push_back(shift);
+    if (norm_sum.defined()) {
+      o.norm_sum = norm_sum.const_data_ptr<float>();
+      keep_.push_back(norm_sum);
+    }
   }
   std::int64_t id = -1;
   if (output) {

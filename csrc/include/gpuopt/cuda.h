@@ -280,9 +280,13 @@ struct DecodeStreamOp {
   int parts = 1;      // linear: the weight's row blocks (q, k and v in one operation without a copy)
   int part_rows[kDecodeStreamMaxParts] = {};             // multiples of 16
   const void* weight[kDecodeStreamMaxParts] = {};        // [part_rows, k], contiguous, 16-byte aligned
-  const void* bias[kDecodeStreamMaxParts] = {};          // [part_rows] or null
-  const void* norm_weight = nullptr;  // linear: a layer norm of the input first ([k]), or null
-  const void* norm_bias = nullptr;    // [k] or null
+  // linear: added to output row r before the ReLU: the bias, and with a layer norm weight @ norm_bias too
+  // (float32 [n]), or null
+  const float* shift = nullptr;
+  // linear: a layer norm of the input first, folded into the weights (norm_weight [k] of T; norm_sum: weight @
+  // norm_weight, float32 [n]): out = rstd * (weight @ (norm_weight * in) - mean * norm_sum) + shift. Or null.
+  const void* norm_weight = nullptr;
+  const float* norm_sum = nullptr;
   float eps = 1e-5f;
   void* plain = nullptr;              // linear: the output also written as T [n] (the logits), or null
   const void* table = nullptr;        // embed: [vocab, n]
