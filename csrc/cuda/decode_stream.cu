@@ -73,6 +73,7 @@ __device__ __forceinline__ void put(unsigned* tags, int offset, int index, T v, 
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__shared__ unsigned ds_mode;  // EXPERIMENT: 1 no waits, 2 backoff
 // v[0 .. N) combined by `op` over the consumer threads (all get the results); `red` holds N * kDsWarps floats.
 template <int N, typename Op>
 __device__ __forceinline__ void block_reduce(float* v, float* red, Op op) {
@@ -185,13 +186,23 @@ __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* rin
     }
     __syncwarp();
     if (lane < 16) {
-      stage_copy(ring + static_cast<std::size_t>(stage) * kDsStageBytes + lane * kDsRowBytes, src,
-                 static_cast<unsigned>(len) * sizeof(T), &full[stage]);
+      if (ds_mode & 64) {
+        std::uint64_t policy;
+        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
+            "%4;" ::"r"(smem(ring + static_cast<std::size_t>(stage) * kDsStageBytes + lane * kDsRowBytes)),
+            "l"(src), "r"(static_cast<unsigned>(len) * static_cast<unsigned>(sizeof(T))), "r"(smem(&full[stage])),
+            "l"(policy)
+            : "memory");
+      } else {
+        stage_copy(ring + static_cast<std::size_t>(stage) * kDsStageBytes + lane * kDsRowBytes, src,
+                   static_cast<unsigned>(len) * sizeof(T), &full[stage]);
+      }
     }
   }
 }
 
-__shared__ unsigned ds_mode;  // EXPERIMENT: 1 no waits, 2 backoff
 __device__ __forceinline__ uint4 ds_wait4(const unsigned* p, unsigned epoch) {
   uint4 w = tagged_load4(p);
   if ((ds_mode & 1) || tagged4(w, epoch)) return w;
