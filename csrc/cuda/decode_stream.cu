@@ -15,10 +15,13 @@
 //
 // A linear operation: block b takes tiles t, t + grid, ... of 16 output rows, t = (b - op.first_block) mod grid
 // (the host deals each operation's tiles on from where the one before stopped). Its input (k values, at most
-// kDecodeStreamMaxK) is polled into shared memory: with a layer norm, whole and normed there; without, asked for
-// whole and waited for a segment at a time. Each tile is summed by 16 warps with tensor-core MMAs (warp w takes
-// the 64-value chunks w, w + 16, ... as decode_linear's kernel does) from the ring's stages of 16 rows x 1024
-// values; bias, ReLU and residual are added in T's precision, as the model's own modules round.
+// kDecodeStreamMaxK) is asked for whole and waited for a segment at a time into shared memory. Each tile is
+// summed by 16 warps with tensor-core MMAs (warp w takes the 64-value chunks w, w + 16, ... as decode_linear's
+// kernel does) from the ring's stages of 16 rows x 1024 values. A layer norm before is folded as
+// linear_epilogue.cuh folds it, with its scale on the input instead of in a copy of the weight: the values are
+// multiplied by the norm's weights as they come in, and the sums corrected in the epilogue with the mean and
+// deviation (taken once all are in) and weight @ norm_weight. The shift (bias, and weight @ norm_bias), the ReLU
+// and the residual are added in T's precision, as the model's own modules round.
 //
 // An attention operation (batch 1): block b takes heads h, h + grid, ... (h as t above). It polls the head's
 // query and key (the input is the fused q/k/v output: the heads' queries, then keys, then values), writes the key
@@ -73,7 +76,6 @@ __device__ __forceinline__ void put(unsigned* tags, int offset, int index, T v, 
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__shared__ unsigned ds_mode;  // EXPERIMENT: 1 no waits, 2 backoff
 // v[0 .. N) combined by `op` over the consumer threads (all get the results); `red` holds N * kDsWarps floats.
 template <int N, typename Op>
 __device__ __forceinline__ void block_reduce(float* v, float* red, Op op) {
@@ -153,30 +155,13 @@ struct Segments {
   }
 };
 
-// The producer warp: every segment into the ring, in the consumers' order. With a lookahead, the `lookahead`
-// segments after the ring's are asked into L2 before the producer waits for a free stage, so HBM goes on
-// streaming while the consumers wait for an operation's input with the ring full.
+// The producer warp: every segment into the ring, in the consumers' order.
 template <typename T>
 __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* ring, std::uint64_t* full,
-                        std::uint64_t* empty, int stages, int lookahead) {
+                        std::uint64_t* empty, int stages) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   Segments<T> next{ops, n_ops};
-  Segments<T> ahead{ops, n_ops};
-  unsigned asked = 0;  // segments asked into L2 so far
-  bool more = lookahead > 0;
   for (unsigned i = 0; next.advance(); ++i) {
-    while (more && asked < i + static_cast<unsigned>(lookahead)) {
-      more = ahead.advance();
-      if (more) {  // 128-byte lines, 16 rows x 2 x 8 a lane (a bulk prefetch here cost 40%: it holds up the copies)
-        int len = 0;
-        const auto* row = reinterpret_cast<const char*>(ahead.row(lane / 2, len));
-        const int bytes = len * static_cast<int>(sizeof(T));
-        for (int at = (lane % 2) * 128; at < bytes; at += 256) {
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(row + at) : "memory");
-        }
-      }
-      ++asked;
-    }
     const unsigned stage = i % static_cast<unsigned>(stages);
     int len = 0;
     const T* src = next.row(lane < 16 ? lane : 0, len);
@@ -186,44 +171,10 @@ __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* rin
     }
     __syncwarp();
     if (lane < 16) {
-      if (ds_mode & 64) {
-        std::uint64_t policy;
-        asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-        asm volatile(
-            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
-            "%4;" ::"r"(smem(ring + static_cast<std::size_t>(stage) * kDsStageBytes + lane * kDsRowBytes)),
-            "l"(src), "r"(static_cast<unsigned>(len) * static_cast<unsigned>(sizeof(T))), "r"(smem(&full[stage])),
-            "l"(policy)
-            : "memory");
-      } else {
-        stage_copy(ring + static_cast<std::size_t>(stage) * kDsStageBytes + lane * kDsRowBytes, src,
-                   static_cast<unsigned>(len) * sizeof(T), &full[stage]);
-      }
+      stage_copy(ring + static_cast<std::size_t>(stage) * kDsStageBytes + lane * kDsRowBytes, src,
+                 static_cast<unsigned>(len) * sizeof(T), &full[stage]);
     }
   }
-}
-
-__device__ __forceinline__ uint4 ds_wait4(const unsigned* p, unsigned epoch) {
-  uint4 w = tagged_load4(p);
-  if ((ds_mode & 1) || tagged4(w, epoch)) return w;
-  const long long start = clock64();
-  do {
-    if (clock64() - start > kStreamSpinLimit) __trap();
-    if (ds_mode & 2) __nanosleep(100);
-    w = tagged_load4(p);
-  } while (!tagged4(w, epoch));
-  return w;
-}
-__device__ __forceinline__ unsigned ds_wait1(const unsigned* p, unsigned epoch) {
-  unsigned w = tagged_load1(p);
-  if ((ds_mode & 1) || (w >> 16) == epoch) return w;
-  const long long start = clock64();
-  do {
-    if (clock64() - start > kStreamSpinLimit) __trap();
-    if (ds_mode & 2) __nanosleep(100);
-    w = tagged_load1(p);
-  } while ((w >> 16) != epoch);
-  return w;
 }
 
 __device__ __forceinline__ uint2 pack_values(const uint4& w) {
@@ -273,7 +224,7 @@ __device__ __forceinline__ unsigned ask_values(const unsigned* words, unsigned e
   for (int e = 0; e < kDsWordsPerThread; ++e) {
     const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
     if (j < k / 4) {
-      if ((ds_mode & 1) || tagged4(w[e], epoch)) {
+      if (tagged4(w[e], epoch)) {
         reinterpret_cast<uint2*>(xs)[j] = take_word<T>(w[e], g != nullptr ? g + 4 * j : nullptr, stats);
       } else {
         pending |= 1u << e;
@@ -292,7 +243,7 @@ __device__ __forceinline__ void take_values(const unsigned* words, unsigned epoc
     const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
     if ((pending >> e & 1u) != 0 && 4 * j >= first && 4 * j < end) {
       reinterpret_cast<uint2*>(xs)[j] =
-          take_word<T>(ds_wait4(words + 4 * j, epoch), g != nullptr ? g + 4 * j : nullptr, stats);
+          take_word<T>(tagged_wait4(words + 4 * j, epoch), g != nullptr ? g + 4 * j : nullptr, stats);
     }
   }
 }
@@ -307,7 +258,6 @@ struct Epilogue {
 
 __device__ __forceinline__ Epilogue ask_epilogue(const DecodeStreamOp& op, const unsigned* tags, int n) {
   Epilogue e;
-  if (ds_mode & 8) return e;
   if (op.shift != nullptr) e.shift = __ldg(op.shift + n);
   if (op.norm_sum != nullptr) e.norm_sum = __ldg(op.norm_sum + n);
   if (op.residual >= 0) e.residual = tagged_load1(tags + op.residual + n);
@@ -354,7 +304,7 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       }
       const unsigned stage = i % static_cast<unsigned>(stages);
       stage_wait(&full[stage], (i / static_cast<unsigned>(stages)) & 1u);
-      if (warp * kDsChunk < len && !(ds_mode & 32)) {
+      if (warp * kDsChunk < len) {
         const unsigned char* st = ring + static_cast<std::size_t>(stage) * kDsStageBytes;
         const int col = (warp * kDsChunk + 8 * kDsVec * t) * static_cast<int>(sizeof(T));
         const auto* wl = reinterpret_cast<const uint4*>(st + g * kDsRowBytes + col);
@@ -386,8 +336,8 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       if (gamma != nullptr) sum = stats[1] * (sum - stats[0] * now.norm_sum);
       T y = from_float<T>(sum + now.shift);
       if (op.relu) y = from_float<T>(fmaxf(to_float(y), 0.0f));
-      if (op.residual >= 0 && !(ds_mode & 8)) {
-        if ((now.residual >> 16) != epoch) now.residual = ds_wait1(tags + op.residual + n, epoch);
+      if (op.residual >= 0) {
+        if ((now.residual >> 16) != epoch) now.residual = tagged_wait1(tags + op.residual + n, epoch);
         y = from_float<T>(to_float(y) + to_float(value_of<T>(now.residual)));
       }
       if (op.plain != nullptr) static_cast<T*>(op.plain)[n] = y;
@@ -470,7 +420,7 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
   uint4 values[8] = {};
   load_keys<T, D>(kc, key_row, key_part, 0, cached, keys);
   for (int j = tid; j < 2 * D; j += kDsThreads) {
-    const T v = value_of<T>(ds_wait1(tags + (j < D ? q_at + j : k_at + j - D), epoch));
+    const T v = value_of<T>(tagged_wait1(tags + (j < D ? q_at + j : k_at + j - D), epoch));
     head[j] = to_float(v);
     if (j >= D) kc[position * D + j - D] = v;
   }
@@ -552,7 +502,7 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
   consumers_sync<kDsThreads>();
   const float last = scores[cached];
   for (int e = tid; e < D; e += kDsThreads) {
-    const T v = value_of<T>(ds_wait1(tags + v_at + e, epoch));
+    const T v = value_of<T>(tagged_wait1(tags + v_at + e, epoch));
     vc[position * D + e] = v;
     float o = last * to_float(v);
 #pragma unroll
@@ -595,8 +545,8 @@ __device__ __forceinline__ void prefetch_heads(const DecodeStreamOp& op, long lo
 template <typename T>
 __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
     decode_stream_kernel(const DecodeStreamOp* ops, int n_ops, unsigned* tags, unsigned long long* launches,
-                         const long long* ids, const long long* positions, int stages, int lookahead, int vocab,
-                         int max_position, long long* trace) {
+                         const long long* ids, const long long* positions, int stages, int vocab, int max_position,
+                         long long* trace) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char dynamic[];
   __shared__ float scratch[kDsWarps * kDsMaxDim];  // the tiles' sums of each warp (two buffers); an attention's
@@ -614,13 +564,12 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
       stage_init(&empty[j], kDsWarps);
     }
     stage_init_fence();
-    ds_mode = static_cast<unsigned>(lookahead / 1000);
     const unsigned long long count = atomicAdd(launches, 1ull);
     epoch_shared = static_cast<unsigned>((count / gridDim.x) % 65535ull) + 1u;
   }
   __syncthreads();
   if (warp == kDsWarps) {
-    produce<T>(ops, n_ops, ring, full, empty, stages, lookahead % 1000);
+    produce<T>(ops, n_ops, ring, full, empty, stages);
     return;
   }
   const unsigned epoch = epoch_shared;
@@ -641,7 +590,6 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
     } else if (op.kind == kDecodeStreamEmbed) {
       run_embed<T>(op, tags, epoch, id, position);
       if (row != nullptr && threadIdx.x == 0) row[0] = row[1] = now_ns();
-    } else if (ds_mode & 16) {
     } else if (op.head_dim == 64) {
       run_attention<T, 64>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row);
     } else {
@@ -696,7 +644,7 @@ void launch_stream(const DecodeStreamParams& p, cudaStream_t stream) {
   config.attrs = attribute;
   config.numAttrs = 1;
   const cudaError_t status = cudaLaunchKernelEx(&config, kernels::decode_stream_kernel<T>, p.ops, p.n_ops, p.tags,
-                                                p.launches, p.ids, p.position, p.stages, p.lookahead, p.vocab,
+                                                p.launches, p.ids, p.position, p.stages, p.vocab,
                                                 p.max_position, p.trace);
   if (status != cudaSuccess) (void)cudaGetLastError();
   GPUOPT_CHECK(status == cudaSuccess, "decode_stream: cooperative launch failed: ", cudaGetErrorName(status), " (",
@@ -727,7 +675,6 @@ void decode_stream(const DecodeStreamParams& p, cudaStream_t stream) {
                          p.ids != nullptr && p.position != nullptr && p.blocks >= 1 && p.stages >= 2,
                      "decode_stream: ops, tags, launches, ids and position must be set, with at least one op, "
                      "one block and two stages");
-  GPUOPT_CHECK_VALUE(p.lookahead >= 0, "decode_stream: lookahead must be >= 0, got ", p.lookahead);
   if (p.type == ActivationType::kFloat16) {
     launch_stream<__half>(p, stream);
   } else {

@@ -157,9 +157,6 @@ void bind_llm(py::module_& m) {
                     "the ring's stages each block streams its weights through: 0 before finish(), which sets the "
                     "default (5, or fewer where fewer fit); settable after it to 2 .. the most a block's shared "
                     "memory holds, or 0 for the default")
-      .def_property("lookahead", &torch_ext::DecodeProgram::lookahead, &torch_ext::DecodeProgram::set_lookahead,
-                    "weight segments (16 rows x 1024 values) each block asks into L2 beyond its ring's, so HBM "
-                    "streams on while the ring is full: 0 (none) to 64")
       .def_property_readonly("max_stages", &torch_ext::DecodeProgram::max_stages,
                              "the most stages a block's shared memory holds (0 before finish())")
       .def_property_readonly("device", &torch_ext::DecodeProgram::device)

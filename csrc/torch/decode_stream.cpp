@@ -305,12 +305,6 @@ void DecodeProgram::set_stages(std::int64_t stages) {
   stages_ = stages == 0 ? std::min(kDefaultStages, most_stages_) : stages;
 }
 
-void DecodeProgram::set_lookahead(std::int64_t lookahead) {
-  TORCH_CHECK_VALUE(lookahead >= 0 && lookahead % 1000 <= kMaxLookahead, "DecodeProgram.lookahead: must be 0 to ",
-                    kMaxLookahead, " (weight segments asked into L2 beyond the ring's), got ", lookahead);
-  lookahead_ = lookahead;
-}
-
 void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace) {
   TORCH_CHECK(finished_, "DecodeProgram.run: call finish() first");
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"ids", &ids}, {"position", &position}}) {
@@ -334,7 +328,6 @@ void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const
   p.device = static_cast<int>(device_);
   p.blocks = static_cast<int>(blocks_);
   p.stages = static_cast<int>(stages_);
-  p.lookahead = static_cast<int>(lookahead_);
   if (trace.has_value()) {
     TORCH_CHECK_TYPE(trace->is_cuda() && trace->device().index() == device_ && trace->scalar_type() == at::kLong &&
                          trace->is_contiguous(),
@@ -359,7 +352,6 @@ std::int64_t DecodeProgram::attention(std::int64_t, const at::Tensor&, const at:
 void DecodeProgram::finish() {}
 std::int64_t DecodeProgram::blocks() const { return 0; }
 void DecodeProgram::set_stages(std::int64_t) {}
-void DecodeProgram::set_lookahead(std::int64_t) {}
 void DecodeProgram::run(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&) {}
 
 #endif

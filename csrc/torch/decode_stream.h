@@ -49,11 +49,6 @@ class DecodeProgram {
   std::int64_t stages() const { return stages_; }
   std::int64_t max_stages() const { return most_stages_; }  // the most a block's shared memory holds (finish())
   void set_stages(std::int64_t stages);
-  // Weight segments (16 rows x 1024 values) each block asks into L2 beyond its ring's, so HBM streams on while
-  // the ring is full: 0 (none) to kMaxLookahead. For tuning.
-  std::int64_t lookahead() const { return lookahead_; }
-  void set_lookahead(std::int64_t lookahead);
-  static constexpr std::int64_t kMaxLookahead = 64;
 
   std::int64_t device() const { return device_; }
   std::int64_t n_ops() const;
@@ -80,7 +75,6 @@ class DecodeProgram {
   std::int64_t blocks_ = 0;       // set by finish()
   std::int64_t stages_ = 0;       // set by finish(), then set_stages
   std::int64_t most_stages_ = 0;
-  std::int64_t lookahead_ = 0;
   bool finished_ = false;
   std::vector<at::Tensor> keep_;  // every tensor an operation points into
 #ifdef GPUOPT_WITH_CUDA

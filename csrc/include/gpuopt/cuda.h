@@ -313,7 +313,6 @@ struct DecodeStreamParams {
   int device = 0;
   int blocks = 0;  // decode_stream_blocks(device): one an SM
   int stages = 0;  // the ring's stages: 2 .. decode_stream_stages(type, device)
-  int lookahead = 0;  // weight segments asked into L2 beyond the ring's (0: none)
   long long* trace = nullptr;  // null, or [blocks][n_ops][2] int64: each block's globaltimer (ns) when an
                                // operation's input was in and when it was done (a profile)
 };
