@@ -29,7 +29,9 @@ class DecodeProgram {
                      std::int64_t position_offset);
   // out = relu?(layer_norm?(in) @ cat(weights).T + cat(biases)) + residual?; weights [rows_p, K] (1 to 3
   // parts); `plain`, if given, [1, N] or [N] of the program's dtype, receives the output too; output=false
-  // writes no activation (returns -1; `plain` then required).
+  // writes no activation (returns -1; `plain` then required). The layer norm is folded into the product: the
+  // biases, weights @ norm_weight and weights @ norm_bias are taken here in float32, so a later change to a
+  // bias, a norm or a weight of a normed operation needs a new program.
   std::int64_t linear(std::int64_t input, const std::vector<at::Tensor>& weights,
                       const std::vector<std::optional<at::Tensor>>& biases,
                       const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
