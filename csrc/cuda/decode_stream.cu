@@ -20,8 +20,11 @@
 // kernel does) from the ring's stages of 16 rows x 1024 values. A layer norm before is folded as
 // linear_epilogue.cuh folds it, with its scale on the input instead of in a copy of the weight: the values are
 // multiplied by the norm's weights as they come in, and the sums corrected in the epilogue with the mean and
-// deviation (taken once all are in) and weight @ norm_weight. The shift (bias, and weight @ norm_bias), the ReLU
-// and the residual are added in T's precision, as the model's own modules round.
+// deviation (taken once all are in) and weight @ norm_weight: norm_weight * in is rounded to T where the model
+// rounds the normed values, so the rounding error grows with the input's mean over its deviation (about 6 times
+// the model's at a mean of 6 deviations; OPT's parity is unchanged). The shift (bias, and weight @ norm_bias) is
+// added to the float32 sum and the result rounded to T; the ReLU and the residual follow in T's precision, as
+// the model's own modules round.
 //
 // An attention operation (batch 1): block b takes heads h, h + grid, ... (h as t above). It polls the head's
 // query and key (the input is the fused q/k/v output: the heads' queries, then keys, then values), writes the key
@@ -186,7 +189,7 @@ static_assert(kDsWordsPerThread * 4 * kDsThreads == kDecodeStreamMaxK && kDsWord
               "an input's words are dealt evenly, a thread's pending ones fit a 32-bit mask");
 
 // A word of 4 input values into xs's form: with a layer norm (g: its weights for the 4 values), their sum and
-// sum of squares added to stats in float32 and the values multiplied by the weights (rounded to T).
+// sum of squares written to stats in float32 and the values multiplied by the weights (rounded to T).
 template <typename T>
 __device__ __forceinline__ uint2 take_word(const uint4& w, const T* g, float* stats) {
   if (g == nullptr) return pack_values(w);
@@ -207,12 +210,16 @@ __device__ __forceinline__ uint2 take_word(const uint4& w, const T* g, float* st
   return make_uint2(out[0], out[1]);
 }
 
+// An input's statistics for a layer norm: each of the thread's words' sum and sum of squares, kept apart so
+// that they are added in the words' order, whatever order they came in (the same bits every run).
+using WordStats = float[kDsWordsPerThread][2];
+
 // An activation's k values asked for all at once, those already written into xs (through take_word: g, the
 // norm's weights, or null); returns the thread's words still to come (bit e: its word threadIdx.x + e *
-// kDsThreads), for take_values (the caller syncs).
+// kDsThreads), for take_values (the caller syncs). The norm's weights of those are asked into L1 meanwhile.
 template <typename T>
 __device__ __forceinline__ unsigned ask_values(const unsigned* words, unsigned epoch, T* xs, int k, const T* g,
-                                               float* stats) {
+                                               WordStats& stats) {
   uint4 w[kDsWordsPerThread] = {};
 #pragma unroll
   for (int e = 0; e < kDsWordsPerThread; ++e) {
@@ -225,9 +232,10 @@ __device__ __forceinline__ unsigned ask_values(const unsigned* words, unsigned e
     const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
     if (j < k / 4) {
       if (tagged4(w[e], epoch)) {
-        reinterpret_cast<uint2*>(xs)[j] = take_word<T>(w[e], g != nullptr ? g + 4 * j : nullptr, stats);
+        reinterpret_cast<uint2*>(xs)[j] = take_word<T>(w[e], g != nullptr ? g + 4 * j : nullptr, stats[e]);
       } else {
         pending |= 1u << e;
+        if (g != nullptr) asm volatile("prefetch.global.L1 [%0];" ::"l"(g + 4 * j));
       }
     }
   }
@@ -237,13 +245,13 @@ __device__ __forceinline__ unsigned ask_values(const unsigned* words, unsigned e
 // The values [first, end) still to come after ask_values, waited for into xs (the caller syncs).
 template <typename T>
 __device__ __forceinline__ void take_values(const unsigned* words, unsigned epoch, T* xs, int first, int end,
-                                            unsigned pending, const T* g, float* stats) {
+                                            unsigned pending, const T* g, WordStats& stats) {
 #pragma unroll
   for (int e = 0; e < kDsWordsPerThread; ++e) {
     const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
     if ((pending >> e & 1u) != 0 && 4 * j >= first && 4 * j < end) {
       reinterpret_cast<uint2*>(xs)[j] =
-          take_word<T>(tagged_wait4(words + 4 * j, epoch), g != nullptr ? g + 4 * j : nullptr, stats);
+          take_word<T>(tagged_wait4(words + 4 * j, epoch), g != nullptr ? g + 4 * j : nullptr, stats[e]);
     }
   }
 }
@@ -286,7 +294,8 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   const int segments = (k + kDsSegment - 1) / kDsSegment;
   Epilogue now;
   if (c < 16) now = ask_epilogue(op, tags, first_tile * 16 + c);
-  float stats[2] = {0.0f, 0.0f};  // the norm's sum and sum of squares: this thread's, then the block's
+  WordStats stats = {};           // the norm's sums of this thread's words
+  float norm[2] = {0.0f, 0.0f};   // then the block's sum and sum of squares, then the mean and 1 / deviation
   int ready = 0;
   const unsigned pending = ask_values(tags + op.input, epoch, xs, k, gamma, stats);
   int buffer = 0;  // the tiles' sums alternate between two halves of scratch: one sync a tile
@@ -317,10 +326,15 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       if (lane == 0) stage_arrive(&empty[stage]);
     }
     if (gamma != nullptr && tile == first_tile) {  // every value is in: the norm's mean and 1 / deviation
-      block_reduce<2>(stats, red, [](float a, float b) { return a + b; });
-      const float mean = stats[0] / static_cast<float>(k);
-      stats[0] = mean;
-      stats[1] = rsqrtf(fmaxf(stats[1] / static_cast<float>(k) - mean * mean, 0.0f) + op.eps);
+#pragma unroll
+      for (int e = 0; e < kDsWordsPerThread; ++e) {
+        norm[0] += stats[e][0];
+        norm[1] += stats[e][1];
+      }
+      block_reduce<2>(norm, red, [](float a, float b) { return a + b; });
+      const float mean = norm[0] / static_cast<float>(k);
+      norm[0] = mean;
+      norm[1] = rsqrtf(fmaxf(norm[1] / static_cast<float>(k) - mean * mean, 0.0f) + op.eps);
     }
     // D: lane (g, t) holds output rows g and g + 8 for x rows 2t and 2t + 1: x row 0 is t == 0's.
     float* sums = scratch + buffer * kDsWarps * 16;
@@ -333,7 +347,7 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       float sum = 0.0f;
 #pragma unroll
       for (int w = 0; w < kDsWarps; ++w) sum += sums[w * 16 + c];
-      if (gamma != nullptr) sum = stats[1] * (sum - stats[0] * now.norm_sum);
+      if (gamma != nullptr) sum = norm[1] * (sum - norm[0] * now.norm_sum);
       T y = from_float<T>(sum + now.shift);
       if (op.relu) y = from_float<T>(fmaxf(to_float(y), 0.0f));
       if (op.residual >= 0) {

@@ -142,9 +142,10 @@ void bind_llm(py::module_& m) {
            py::arg("plain") = py::none(),
            "out = relu?(layer_norm?(input) @ cat(weights).T + cat(biases)) + residual?, rounded to the program's "
            "dtype after the product, the ReLU and the residual as the model's modules round; the norm is folded "
-           "into the product (the biases and the weights' products with the norm's weight and bias taken now, in "
-           "float32: a later change to them needs a new program); weights: 1 to 3 row blocks [N_p, K]; plain: a "
-           "tensor receiving the output too; output=False: no activation (returns -1)")
+           "into the product: norm_weight * input is rounded where the model rounds the normed values, and the "
+           "biases and the weights' products with the norm's weight and bias are taken now, in float32 (a later "
+           "change to them needs a new program); weights: 1 to 3 row blocks [N_p, K]; plain: a tensor receiving "
+           "the output too; output=False: no activation (returns -1)")
       .def("attention", &torch_ext::DecodeProgram::attention, py::arg("input"), py::arg("k_cache"),
            py::arg("v_cache"), py::arg("scale"),
            "one token's attention over caches [1, H, L, D] at the step's position (written there first); input: "

@@ -1,5 +1,6 @@
 #include "decode_stream.h"
 
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
@@ -180,7 +181,37 @@ std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Ten
     o.plain = plain->data_ptr();
   }
   TORCH_CHECK_VALUE(output || plain.has_value(), "DecodeProgram.linear: an operation without output needs plain");
-  // Everything checked: the tensors the operation points into are kept from here on.
+  // The epilogue's float32 rows, taken from the weights, biases and norm as they are now (a later change to them
+  // needs a new program), on the current stream, before anything is kept (a failure here leaves the program as
+  // it was): shift = bias (+ weight @ norm_bias) and norm_sum = weight @ norm_weight.
+  at::Tensor shift, norm_sum;
+  const bool has_bias = std::any_of(biases.begin(), biases.end(), [](const auto& b) { return b.has_value(); });
+  if (norm_weight.has_value() || has_bias) {
+    const at::NoGradGuard no_grad;  // parameters in, plain rows out: no graph holding the float32 chunks
+    const auto f32 = weights[0].options().dtype(at::kFloat);
+    shift = at::zeros({n}, f32);
+    at::Tensor gamma, beta;
+    if (norm_weight.has_value()) {
+      norm_sum = at::empty({n}, f32);
+      gamma = norm_weight->view({1, -1}).to(at::kFloat);
+      if (norm_bias.has_value()) beta = norm_bias->view({1, -1}).to(at::kFloat);
+    }
+    std::int64_t row = 0;
+    for (std::size_t p = 0; p < weights.size(); ++p) {
+      const std::int64_t rows = weights[p].size(0);
+      if (biases[p].has_value()) shift.narrow(0, row, rows).add_(biases[p]->view({-1}).to(at::kFloat));
+      constexpr std::int64_t kChunk = 4096;  // rows converted to float32 at a time
+      for (std::int64_t r = 0; gamma.defined() && r < rows; r += kChunk) {
+        const at::Tensor w = weights[p].narrow(0, r, std::min(kChunk, rows - r)).to(at::kFloat);
+        norm_sum.narrow(0, row + r, w.size(0)).copy_(w.mul(gamma).sum(1));
+        if (beta.defined()) shift.narrow(0, row + r, w.size(0)).add_(w.mul(beta).sum(1));
+      }
+      row += rows;
+    }
+    o.shift = shift.const_data_ptr<float>();
+    if (norm_sum.defined()) o.norm_sum = norm_sum.const_data_ptr<float>();
+  }
+  // Everything checked and computed: the tensors the operation points into are kept from here on.
   for (std::size_t p = 0; p < weights.size(); ++p) {
     keep_.push_back(weights[p]);
     weight_bytes_ += weights[p].numel() * weights[p].element_size();
@@ -188,33 +219,8 @@ std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Ten
   for (const auto* t : {&norm_weight, &plain}) {
     if (t->has_value()) keep_.push_back(**t);
   }
-  // The epilogue's float32 rows: shift = bias (+ weight @ norm_bias) and norm_sum = weight @ norm_weight, summed
-  // in float32 from the weights as they are now (a norm's or a weight's later change needs a new program).
-  const bool has_bias = std::any_of(biases.begin(), biases.end(), [](const auto& b) { return b.has_value(); });
-  if (norm_weight.has_value() || has_bias) {
-    const auto f32 = weights[0].options().dtype(at::kFloat);
-    at::Tensor shift = at::zeros({n}, f32);
-    at::Tensor norm_sum = norm_weight.has_value() ? at::empty({n}, f32) : at::Tensor();
-    std::int64_t row = 0;
-    for (std::size_t p = 0; p < weights.size(); ++p) {
-      const std::int64_t rows = weights[p].size(0);
-      if (biases[p].has_value()) shift.narrow(0, row, rows).add_(biases[p]->view({-1}).to(at::kFloat));
-      constexpr std::int64_t kChunk = 4096;  // rows converted to float32 at a time
-      for (std::int64_t r = 0; norm_weight.has_value() && r < rows; r += kChunk) {
-        const at::Tensor w = weights[p].narrow(0, r, std::min(kChunk, rows - r)).to(at::kFloat);
-        norm_sum.narrow(0, row + r, w.size(0)).copy_(w.mul(norm_weight->view({1, -1}).to(at::kFloat)).sum(1));
-        if (norm_bias.has_value()) {
-          shift.narrow(0, row + r, w.size(0)).add_(w.mul(norm_bias->view({1, -1}).to(at::kFloat)).sum(1));
-        }
-      }
-      row += rows;
-    }
-    o.shift = shift.const_data_ptr<float>();
-    keep_.push_back(shift);
-    if (norm_sum.defined()) {
-      o.norm_sum = norm_sum.const_data_ptr<float>();
-      keep_.push_back(norm_sum);
-    }
+  for (const auto& t : {shift, norm_sum}) {
+    if (t.defined()) keep_.push_back(t);
   }
   std::int64_t id = -1;
   if (output) {

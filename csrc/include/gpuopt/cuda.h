@@ -283,8 +283,9 @@ struct DecodeStreamOp {
   // linear: added to output row r before the ReLU: the bias, and with a layer norm weight @ norm_bias too
   // (float32 [n]), or null
   const float* shift = nullptr;
-  // linear: a layer norm of the input first, folded into the weights (norm_weight [k] of T; norm_sum: weight @
-  // norm_weight, float32 [n]): out = rstd * (weight @ (norm_weight * in) - mean * norm_sum) + shift. Or null.
+  // linear: a layer norm of the input first, folded into the product with its scale on the input (norm_weight
+  // [k] of T): out = rstd * (weight @ (norm_weight * in) - mean * norm_sum) + shift, norm_sum = weight @
+  // norm_weight (float32 [n], required with norm_weight). Both null: no norm.
   const void* norm_weight = nullptr;
   const float* norm_sum = nullptr;
   float eps = 1e-5f;
