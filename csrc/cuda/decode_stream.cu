@@ -235,7 +235,7 @@ __device__ __forceinline__ unsigned ask_values(const unsigned* words, unsigned e
         reinterpret_cast<uint2*>(xs)[j] = take_word<T>(w[e], g != nullptr ? g + 4 * j : nullptr, stats[e]);
       } else {
         pending |= 1u << e;
-        if (g != nullptr) asm volatile("prefetch.global.L1 [%0];" ::"l"(g + 4 * j));
+        if (g != nullptr) prefetch_l1(g + 4 * j);
       }
     }
   }

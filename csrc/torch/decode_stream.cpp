@@ -295,9 +295,11 @@ void DecodeProgram::finish() {
   std::memcpy(host.data_ptr(), ops_.data(), static_cast<std::size_t>(bytes));
   ops_device_ = host.to(options.dtype(at::kByte));
   most_stages_ = most;
-  stages_ = std::min(kDefaultStages, most_stages_);
+  stages_ = default_stages();
   finished_ = true;
 }
+
+std::int64_t DecodeProgram::default_stages() const { return std::min(kDefaultStages, most_stages_); }
 
 std::int64_t DecodeProgram::blocks() const {
   return finished_ ? blocks_ : cuda::decode_stream_blocks(static_cast<int>(device_));
@@ -306,9 +308,9 @@ std::int64_t DecodeProgram::blocks() const {
 void DecodeProgram::set_stages(std::int64_t stages) {
   TORCH_CHECK(finished_, "DecodeProgram.stages: call finish() first");
   TORCH_CHECK_VALUE(stages == 0 || (stages >= 2 && stages <= most_stages_), "DecodeProgram.stages: must be 0 (the "
-                    "default, ", std::min(kDefaultStages, most_stages_), ") or 2 to ", most_stages_,
+                    "default, ", default_stages(), ") or 2 to ", most_stages_,
                     " (the most a block's shared memory holds), got ", stages);
-  stages_ = stages == 0 ? std::min(kDefaultStages, most_stages_) : stages;
+  stages_ = stages == 0 ? default_stages() : stages;
 }
 
 void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace) {

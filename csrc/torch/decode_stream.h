@@ -64,6 +64,7 @@ class DecodeProgram {
   std::int64_t add_activation(std::int64_t size);
   void check_open(const char* op) const;
   std::int64_t activation_size(const char* op, const char* name, std::int64_t id) const;
+  std::int64_t default_stages() const;  // kDefaultStages, or the most that fit if fewer (finish())
   void check_tensor(const char* op, const char* name, const at::Tensor& t) const;
 
   std::int64_t device_;

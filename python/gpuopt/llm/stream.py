@@ -8,12 +8,12 @@ producer warp in each block streams the block's weight tiles through shared memo
 wait for an operation's input. Every output is written as words tagged with the launch, which the operations
 reading it poll: there is no grid barrier and no memory fence between operations (csrc/cuda/decode_stream.cu).
 
-It reads the model's own weights where they are (none is copied; each layer norm is folded into the matrix
-product after it, with float32 rows -- the biases, and the weights' products with the norm's weight and bias --
-taken when the step is built, so a later change to the model needs a new step): OPT's pre-norm architecture (``facebook/opt-*``
-except 350m, whose norms come after), batch 1, float16 or bfloat16, head size 64 or 128, hidden and FFN sizes
-multiples of 64 up to 8192, a cache of at most 4096 positions (and the model's own limit, 2048 for OPT);
-compute capability 9.0+ on a CUDA device.
+It reads the model's own weights where they are; none is copied. Each layer norm is folded into the matrix
+product after it, with float32 rows (the biases, and the weights' products with the norm's weight and bias)
+taken when the step is built, so a later change to the model needs a new step. It takes OPT's pre-norm
+architecture (``facebook/opt-*`` except 350m, whose norms come after), batch 1, float16 or bfloat16, head size
+64 or 128, hidden and FFN sizes multiples of 64 up to 8192, a cache of at most 4096 positions (and the model's
+own limit, 2048 for OPT); compute capability 9.0+ on a CUDA device.
 """
 
 from __future__ import annotations
