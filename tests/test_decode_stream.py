@@ -80,3 +80,30 @@ def test_a_quantized_or_fused_layer_is_named(opt125):
         assert "layer 0's fc1 is a Sequential" in stream.unsupported(opt125, 1, torch.float16, 64)
     finally:
         layer.fc1 = before
+
+
+def test_an_int8_weight_only_model_is_taken_and_a_mix_is_named(opt125):
+    """int8 weight-only layers as quantize_int8_weight_only makes them (the LM head included) are taken; one
+    layer of another kind among them, or one with an activation moved into it, is named."""
+    import copy
+
+    from gpuopt.quant import Int8WeightOnlyLinear, quantize_int8_weight_only
+
+    model = quantize_int8_weight_only(copy.deepcopy(opt125), torch.float16)
+    assert isinstance(model.lm_head, Int8WeightOnlyLinear)
+    assert stream.unsupported(model, 1, torch.float16, 256) is None
+    layer = model.model.decoder.layers[1]
+    before = layer.fc2
+    layer.fc2 = torch.nn.Linear(before.in_features, before.out_features)
+    try:
+        why = stream.unsupported(model, 1, torch.float16, 256)
+        assert "layer 1's fc2 is a Linear where layer 0's q_proj is a Int8WeightOnlyLinear" in why
+    finally:
+        layer.fc2 = before
+    layer.fc1.activation = "relu"
+    try:
+        assert "layer 1's fc1 has activation 'relu'" in stream.unsupported(model, 1, torch.float16, 256)
+    finally:
+        layer.fc1.activation = "none"
+    model.lm_head = torch.nn.Linear(8, 8)
+    assert "lm_head is a Linear" in stream.unsupported(model, 1, torch.float16, 256)

@@ -1,5 +1,5 @@
 """The static-megakernel path on a GPU (compute capability 9.0+): its persistent step gives the eager static
-step's logits and tokens, keeps parity with the fp32 reference in fp16 and bf16, replays from a captured graph,
+step's logits and tokens, keeps parity with the fp32 reference in fp16, bf16 and int8wo, replays from a captured graph,
 and gpuopt._C.DecodeProgram refuses what its kernel does not take, naming the argument."""
 
 from __future__ import annotations
@@ -27,21 +27,25 @@ def opt125():
     return Models("opt-125m", "cuda", seed=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_the_persistent_step_gives_the_eager_steps_logits_and_tokens(opt125, dtype):
+@pytest.mark.parametrize(("precision", "tol"), [("fp16", 8e-3), ("bf16", 3e-2), ("int8wo", 8e-3)])
+def test_the_persistent_step_gives_the_eager_steps_logits_and_tokens(opt125, precision, tol):
+    """The same model's eager static step against the persistent one; int8wo: the same int8 weights and scales
+    in both (gpuopt's int8 weight-only kernel in the eager step), so the fp16 tolerance."""
     prompt = opt125.prompt(1, 40)
     n = 24
-    model = opt125.candidate("fp16" if dtype == torch.float16 else "bf16", fused=False, fold=False)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    model = opt125.candidate(precision, fused=False, fold=False)
     eager = Decoder(model, "static", prompt, n, gpuopt._C.StepClock(0, n), dtype)
     mega = Decoder(model, "static-megakernel", prompt, n, gpuopt._C.StepClock(0, n), dtype)
     try:
         assert mega.loop is not None and mega._program is not None
+        assert mega._program.int8_weights == (precision == "int8wo")
         ref_tokens, ref_logits = eager.forced_logits(None, n)
         tokens, logits = mega.forced_logits(ref_tokens, n)
         # Every step fed the eager step's token: logits within half precision's rounding of the same math.
         scale = ref_logits.abs().amax(-1, keepdim=True)
         err = ((logits - ref_logits).abs() / scale).amax().item()
-        assert err < (8e-3 if dtype == torch.float16 else 3e-2), err
+        assert err < tol, err
         agree = (tokens == ref_tokens).float().mean().item()
         assert agree >= 0.9, (tokens, ref_tokens)
         mega.loop.run()  # the C++ loop over the captured graphs, twice: the same tokens
@@ -55,7 +59,7 @@ def test_the_persistent_step_gives_the_eager_steps_logits_and_tokens(opt125, dty
         mega.close()
 
 
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "int8wo"])
 def test_the_path_keeps_parity_with_the_fp32_reference(opt125, precision):
     r = measure_decode(opt125, path="static-megakernel", precision=precision, prompt_len=32, new_tokens=24,
                        parity_tokens=16, max_time_s=0.3)
@@ -185,9 +189,66 @@ def test_a_normed_operation_with_more_tiles_than_blocks_and_a_partial_segment(op
         torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
 
 
-def test_the_path_runs_half_precisions_only(opt125):
-    with pytest.raises(ValueError, match="fp16 and bf16 only, got precision 'int8wo'"):
-        measure_decode(opt125, path="static-megakernel", precision="int8wo", prompt_len=8, new_tokens=4)
+def test_the_path_runs_half_precisions_and_int8_only(opt125):
+    with pytest.raises(ValueError, match="runs fp16, bf16 and int8wo, got precision 'fp32'"):
+        measure_decode(opt125, path="static-megakernel", precision="fp32", prompt_len=8, new_tokens=4)
+
+
+def _int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w's int8 rows and per-row scales (as gpuopt.quant's weight-only layers take them)."""
+    scales = (w.float().abs().amax(1) / 127).clamp_min(1e-12)
+    return torch.round(w.float() / scales[:, None]).clamp(-127, 127).to(torch.int8), scales
+
+
+@pytest.mark.parametrize("h", [torch.float16, torch.bfloat16])
+def test_a_small_program_with_int8_weights_computes_its_linear_layers(opt125, h):
+    """embed -> an int8 linear of two parts with a layer norm, biases, a ReLU and a residual over K = 1344 (a
+    segment of 1024 and one of 320) -> an int8 linear with 3 more tiles than blocks into a plain output, at
+    the default stages, the most and 2, against the dequantized weights in float32 rounded where the model
+    rounds; the input's mean about twice its deviation. And the program's refusals of int8 weights."""
+    torch.manual_seed(4)
+    tol = 2e-2 if h == torch.float16 else 8e-2
+    k = 1344
+    p = _C.DecodeProgram(0, h)
+    n = 16 * (p.blocks + 3)
+    table = (torch.randn(10, k, device="cuda") + 3).to(h)
+    pos = torch.randn(12, k, dtype=h, device="cuda")
+    g, b = torch.rand(k, dtype=h, device="cuda") + 0.5, torch.randn(k, dtype=h, device="cuda")
+    qa, sa = _int8(torch.randn(k - 48, k, device="cuda") / k ** 0.5)
+    qb, sb = _int8(torch.randn(48, k, device="cuda") / k ** 0.5)
+    ba, bb = torch.randn(k - 48, dtype=h, device="cuda"), torch.randn(48, dtype=h, device="cuda")
+    q2, s2 = _int8(torch.randn(n, k, device="cuda") / k ** 0.5)
+    out = torch.zeros(n, dtype=h, device="cuda")
+    x = p.embed(table, pos, 2)
+    with pytest.raises(ValueError, match=r"int8 weights need scales, one float tensor .* \(1\), got None"):
+        p.linear(x, [q2], [None])
+    with pytest.raises(ValueError, match="scales 0 must have 16 values"):
+        p.linear(x, [q2[:16]], [None], scales=[s2])
+    with pytest.raises(ValueError, match="scales apply to int8 weights only"):
+        p.linear(x, [torch.zeros(16, k, dtype=h, device="cuda")], [None], scales=[s2[:16]])
+    with pytest.raises(TypeError, match="weight 1 must be int8"):
+        p.linear(x, [qa, torch.zeros(48, k, dtype=h, device="cuda")], [None, None], scales=[sa, sb])
+    y = p.linear(x, [qa, qb], [ba, bb], norm_weight=g, norm_bias=b, eps=1e-5, residual=x, relu=True,
+                 scales=[sa.to(h), sb])  # scales of any floating type
+    with pytest.raises(ValueError, match="weights must all be int8 or all"):
+        p.linear(y, [torch.zeros(16, k, dtype=h, device="cuda")], [None])
+    p.linear(y, [q2], [None], output=False, plain=out, scales=[s2])
+    p.finish()
+    assert p.int8_weights and p.weight_bytes == (k + n) * k
+    default, most = p.stages, p.max_stages
+    assert default == min(10, most) and most >= 2 * 5
+    w1 = torch.cat([qa.float() * sa.to(h).float()[:, None], qb.float() * sb[:, None]])
+    w2 = q2.float() * s2[:, None]
+    bias = torch.cat([ba, bb]).float()
+    for stages in (default, most, 2):
+        p.stages = stages
+        for token, at in ((3, 0), (7, 5)):
+            p.run(torch.tensor([token], device="cuda"), torch.tensor([at], device="cuda"))
+            e = (table[token].float() + pos[at + 2].float()).to(h).float()
+            ln = torch.nn.functional.layer_norm(e, (k,), g.float(), b.float(), 1e-5).to(h).float()
+            y_ref = (torch.relu((ln @ w1.t() + bias).to(h).float()) + e).to(h).float()
+            ref = y_ref @ w2.t()
+            torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

@@ -50,9 +50,14 @@ constexpr int kDsWarps = 16;  // consumer warps; the producer is one more
 constexpr int kDsVec = 2;  // 16-byte words of a row per lane and chunk (a chunk: 64 values)
 constexpr int kDsChunk = kDsVec * kLinearChunk;
 constexpr int kDsSegment = kDsWarps * kDsChunk;  // a stage's values of a row: 1024
-constexpr int kDsPad = 16;                       // bytes after each row: row g's words start 4 banks after row g-1's
-constexpr int kDsRowBytes = kDsSegment * 2 + kDsPad;
-constexpr int kDsStageBytes = 16 * kDsRowBytes;
+// A stage's row of weights of type W (T, or int8 with a scale per row) and the bytes after it: a lane (g, t) of
+// the MMAs reads 16 bytes at 16 t * sizeof(W) of rows g and g + 8, so row g starts 16 bytes (T: lanes t cover 128
+// bytes) or 64 bytes (int8: 64) after row g - 1 modulo 128: the 8 lanes of a 16-byte load's phase hit 8
+// different 4-bank groups.
+template <typename W>
+constexpr int kDsRowBytes = kDsSegment * static_cast<int>(sizeof(W)) + (sizeof(W) == 1 ? 64 : 16);
+template <typename W>
+constexpr int kDsStageBytes = 16 * kDsRowBytes<W>;
 [[maybe_unused]] constexpr int kDsMaxDim = 128;  // head size
 
 static_assert(kDecodeStreamMaxLen * sizeof(float) <= kDecodeStreamMaxK * 2,
@@ -120,10 +125,10 @@ __device__ __forceinline__ int tile_part(const DecodeStreamOp& op, int tile, int
   return part;
 }
 
-// The block's weight segments (16 rows x up to 1024 values of one tile), in the consumers' order: linear
-// operations in program order, the block's tiles first_of(op), + grid, ... of each, a tile's K in 1024-value
-// steps.
-template <typename T>
+// The block's weight segments (16 rows x up to 1024 values of one tile; W: the weights' type), in the
+// consumers' order: linear operations in program order, the block's tiles first_of(op), + grid, ... of each, a
+// tile's K in 1024-value steps.
+template <typename W>
 struct Segments {
   const DecodeStreamOp* ops;
   int n_ops;
@@ -149,33 +154,33 @@ struct Segments {
     return false;
   }
   // Row r of the segment and its values.
-  __device__ const T* row(int r, int& len) const {
+  __device__ const W* row(int r, int& len) const {
     const DecodeStreamOp& op = ops[s];
     int first = 0;
     const int part = tile_part(op, tile, first);
     len = min(kDsSegment, op.k - seg * kDsSegment);
-    return static_cast<const T*>(op.weight[part]) + static_cast<std::int64_t>(first + r) * op.k + seg * kDsSegment;
+    return static_cast<const W*>(op.weight[part]) + static_cast<std::int64_t>(first + r) * op.k + seg * kDsSegment;
   }
 };
 
 // The producer warp: every segment into the ring, in the consumers' order.
-template <typename T>
+template <typename W>
 __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* ring, std::uint64_t* full,
                         std::uint64_t* empty, int stages) {
   const int lane = static_cast<int>(threadIdx.x % 32);
-  Segments<T> next{ops, n_ops};
+  Segments<W> next{ops, n_ops};
   for (unsigned i = 0; next.advance(); ++i) {
     const unsigned stage = i % static_cast<unsigned>(stages);
     int len = 0;
-    const T* src = next.row(lane < 16 ? lane : 0, len);
+    const W* src = next.row(lane < 16 ? lane : 0, len);
     if (lane == 0) {
       stage_wait(&empty[stage], ((i / static_cast<unsigned>(stages)) & 1u) ^ 1u);
-      stage_expect(&full[stage], 16u * static_cast<unsigned>(len) * sizeof(T));
+      stage_expect(&full[stage], 16u * static_cast<unsigned>(len) * sizeof(W));
     }
     __syncwarp();
     if (lane < 16) {
-      stage_copy(ring + static_cast<std::size_t>(stage) * kDsStageBytes + lane * kDsRowBytes, src,
-                 static_cast<unsigned>(len) * sizeof(T), &full[stage]);
+      stage_copy(ring + static_cast<std::size_t>(stage) * kDsStageBytes<W> + lane * kDsRowBytes<W>, src,
+                 static_cast<unsigned>(len) * sizeof(W), &full[stage]);
     }
   }
 }
@@ -256,9 +261,10 @@ __device__ __forceinline__ void take_values(const unsigned* words, unsigned epoc
   }
 }
 
-// What output row n's epilogue adds (c < 16: the tile's row c), asked for a tile ahead: the shift, the norm's
-// sum and the residual's word (its tag checked when it is added).
+// What output row n's epilogue takes (c < 16: the tile's row c), asked for a tile ahead: the int8 weights'
+// scale, the shift, the norm's sum and the residual's word (its tag checked when it is added).
 struct Epilogue {
+  float scale = 1.0f;
   float shift = 0.0f;
   float norm_sum = 0.0f;
   unsigned residual = 0;
@@ -266,6 +272,7 @@ struct Epilogue {
 
 __device__ __forceinline__ Epilogue ask_epilogue(const DecodeStreamOp& op, const unsigned* tags, int n) {
   Epilogue e;
+  if (op.weight_scale != nullptr) e.scale = __ldg(op.weight_scale + n);
   if (op.shift != nullptr) e.shift = __ldg(op.shift + n);
   if (op.norm_sum != nullptr) e.norm_sum = __ldg(op.norm_sum + n);
   if (op.residual >= 0) e.residual = tagged_load1(tags + op.residual + n);
@@ -276,8 +283,9 @@ __device__ __forceinline__ Epilogue ask_epilogue(const DecodeStreamOp& op, const
 // the first tile needs it: the segments other blocks wrote first are summed while the last ones are written.
 // With a layer norm, the values are multiplied by the norm's weights as they come, and their mean and variance
 // are taken once all are in; the tiles' sums are corrected in the epilogue (DecodeStreamOp::norm_sum), so the
-// norm never holds up the MMAs.
-template <typename T>
+// norm never holds up the MMAs. W: the weights' type, T or int8 (a lane's 16-byte word of a row is then 16
+// values, widened to T exactly for the MMAs, and the sums are multiplied by the row's scale in the epilogue).
+template <typename T, typename W>
 __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch,
                            float* red, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages,
                            unsigned& i, long long* trace) {
@@ -314,13 +322,19 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       const unsigned stage = i % static_cast<unsigned>(stages);
       stage_wait(&full[stage], (i / static_cast<unsigned>(stages)) & 1u);
       if (warp * kDsChunk < len) {
-        const unsigned char* st = ring + static_cast<std::size_t>(stage) * kDsStageBytes;
-        const int col = (warp * kDsChunk + 8 * kDsVec * t) * static_cast<int>(sizeof(T));
-        const auto* wl = reinterpret_cast<const uint4*>(st + g * kDsRowBytes + col);
-        const auto* wh = reinterpret_cast<const uint4*>(st + (g + 8) * kDsRowBytes + col);
+        const unsigned char* st = ring + static_cast<std::size_t>(stage) * kDsStageBytes<W>;
+        const int col = (warp * kDsChunk + 8 * kDsVec * t) * static_cast<int>(sizeof(W));
+        const auto* wl = reinterpret_cast<const uint4*>(st + g * kDsRowBytes<W> + col);
+        const auto* wh = reinterpret_cast<const uint4*>(st + (g + 8) * kDsRowBytes<W> + col);
         const auto* xv = reinterpret_cast<const uint4*>(xs + seg * kDsSegment + warp * kDsChunk + 8 * kDsVec * t);
+        if constexpr (sizeof(W) == 1) {  // the lane's 16 values of each row in one word, as int8_linear_mma's
+          static_assert(kDsVec == 2, "a lane's 16 int8 values pair with its two words of x");
+          const uint4 x2[1][2] = {{xv[0], xv[1]}};
+          int8_mma_chunk<T, 1>(wl[0], wh[0], x2, reinterpret_cast<float(&)[1][4]>(acc));
+        } else {
 #pragma unroll
-        for (int v = 0; v < kDsVec; ++v) linear_mma_words<T>(wl[v], wh[v], xv[v], acc);
+          for (int v = 0; v < kDsVec; ++v) linear_mma_words<T>(wl[v], wh[v], xv[v], acc);
+        }
       }
       __syncwarp();
       if (lane == 0) stage_arrive(&empty[stage]);
@@ -347,6 +361,7 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       float sum = 0.0f;
 #pragma unroll
       for (int w = 0; w < kDsWarps; ++w) sum += sums[w * 16 + c];
+      sum *= now.scale;
       if (gamma != nullptr) sum = norm[1] * (sum - norm[0] * now.norm_sum);
       T y = from_float<T>(sum + now.shift);
       if (op.relu) y = from_float<T>(fmaxf(to_float(y), 0.0f));
@@ -555,8 +570,9 @@ __device__ __forceinline__ void prefetch_heads(const DecodeStreamOp& op, long lo
 #endif
 
 // Dynamic shared memory: `stages` full and `stages` empty mbarriers (a 128-byte line or more), the ring (stages x
-// kDsStageBytes), then the input (kDecodeStreamMaxK values of T; an attention's scores there as floats).
-template <typename T>
+// kDsStageBytes<W>), then the input (kDecodeStreamMaxK values of T; an attention's scores there as floats). T:
+// the activations' type; W: the weights' (T, or int8 with per-row scales).
+template <typename T, typename W>
 __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
     decode_stream_kernel(const DecodeStreamOp* ops, int n_ops, unsigned* tags, unsigned long long* launches,
                          const long long* ids, const long long* positions, int stages, int vocab, int max_position,
@@ -570,7 +586,7 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
   auto* full = reinterpret_cast<std::uint64_t*>(dynamic);
   std::uint64_t* empty = full + stages;
   unsigned char* ring = dynamic + ((2 * stages * 8 + 127) / 128) * 128;
-  T* xs = reinterpret_cast<T*>(ring + static_cast<std::size_t>(stages) * kDsStageBytes);
+  T* xs = reinterpret_cast<T*>(ring + static_cast<std::size_t>(stages) * kDsStageBytes<W>);
   const int warp = static_cast<int>(threadIdx.x / 32);
   if (threadIdx.x == 0) {
     for (int j = 0; j < stages; ++j) {
@@ -583,7 +599,7 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
   }
   __syncthreads();
   if (warp == kDsWarps) {
-    produce<T>(ops, n_ops, ring, full, empty, stages);
+    produce<W>(ops, n_ops, ring, full, empty, stages);
     return;
   }
   const unsigned epoch = epoch_shared;
@@ -600,7 +616,7 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
       if (s + 1 < n_ops && ops[s + 1].kind == kDecodeStreamAttention && threadIdx.x == 0) {
         prefetch_heads(ops[s + 1], position, static_cast<int>(sizeof(T)));
       }
-      run_linear<T>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, i, row);
+      run_linear<T, W>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, i, row);
     } else if (op.kind == kDecodeStreamEmbed) {
       run_embed<T>(op, tags, epoch, id, position);
       if (row != nullptr && threadIdx.x == 0) row[0] = row[1] = now_ns();
@@ -617,25 +633,26 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
 
 namespace {
 
+template <typename W>
 std::size_t dynamic_bytes(int stages) {
   return static_cast<std::size_t>((2 * stages * 8 + 127) / 128 * 128) +
-         static_cast<std::size_t>(stages) * kernels::kDsStageBytes + kDecodeStreamMaxK * 2;
+         static_cast<std::size_t>(stages) * kernels::kDsStageBytes<W> + kDecodeStreamMaxK * 2;
 }
 
 // The most stages that fit beside the kernel's static shared memory; the kernel allowed their bytes.
-template <typename T>
+template <typename T, typename W>
 int prepare_stream(int device) {
-  auto* kernel = kernels::decode_stream_kernel<T>;
+  auto* kernel = kernels::decode_stream_kernel<T, W>;
   int optin = 0;
   GPUOPT_CHECK_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   cudaFuncAttributes attributes = {};
   GPUOPT_CHECK_CUDA(cudaFuncGetAttributes(&attributes, kernel));
   const auto room = static_cast<std::int64_t>(optin) - static_cast<std::int64_t>(attributes.sharedSizeBytes);
   int most = 0;
-  while (static_cast<std::int64_t>(dynamic_bytes(most + 1)) <= room) ++most;
+  while (static_cast<std::int64_t>(dynamic_bytes<W>(most + 1)) <= room) ++most;
   GPUOPT_CHECK_VALUE(most >= 2, "decode_stream: shared memory holds fewer than two stages (", optin,
                      " bytes a block)");
-  const std::size_t bytes = dynamic_bytes(most);
+  const std::size_t bytes = dynamic_bytes<W>(most);
   GPUOPT_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   int per_sm = 0;
   GPUOPT_CHECK_CUDA(
@@ -645,19 +662,19 @@ int prepare_stream(int device) {
   return most;
 }
 
-template <typename T>
+template <typename T, typename W>
 void launch_stream(const DecodeStreamParams& p, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(p.blocks));
   config.blockDim = dim3((kernels::kDsWarps + 1) * 32);
-  config.dynamicSmemBytes = dynamic_bytes(p.stages);
+  config.dynamicSmemBytes = dynamic_bytes<W>(p.stages);
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeCooperative;
   attribute[0].val.cooperative = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  const cudaError_t status = cudaLaunchKernelEx(&config, kernels::decode_stream_kernel<T>, p.ops, p.n_ops, p.tags,
+  const cudaError_t status = cudaLaunchKernelEx(&config, kernels::decode_stream_kernel<T, W>, p.ops, p.n_ops, p.tags,
                                                 p.launches, p.ids, p.position, p.stages, p.vocab,
                                                 p.max_position, p.trace);
   if (status != cudaSuccess) (void)cudaGetLastError();
@@ -674,10 +691,15 @@ int decode_stream_blocks(int device) {
   return sms;
 }
 
-int decode_stream_stages(ActivationType type, int device) {
+int decode_stream_stages(ActivationType type, int device, bool int8_weights) {
   GPUOPT_CHECK_VALUE(type == ActivationType::kFloat16 || type == ActivationType::kBFloat16,
                      "decode_stream: needs float16 or bfloat16");
-  return type == ActivationType::kFloat16 ? prepare_stream<__half>(device) : prepare_stream<__nv_bfloat16>(device);
+  if (int8_weights) {
+    return type == ActivationType::kFloat16 ? prepare_stream<__half, std::int8_t>(device)
+                                            : prepare_stream<__nv_bfloat16, std::int8_t>(device);
+  }
+  return type == ActivationType::kFloat16 ? prepare_stream<__half, __half>(device)
+                                          : prepare_stream<__nv_bfloat16, __nv_bfloat16>(device);
 }
 
 void decode_stream(const DecodeStreamParams& p, cudaStream_t stream) {
@@ -690,9 +712,15 @@ void decode_stream(const DecodeStreamParams& p, cudaStream_t stream) {
                      "decode_stream: ops, tags, launches, ids and position must be set, with at least one op, "
                      "one block and two stages");
   if (p.type == ActivationType::kFloat16) {
-    launch_stream<__half>(p, stream);
+    if (p.int8_weights) {
+      launch_stream<__half, std::int8_t>(p, stream);
+    } else {
+      launch_stream<__half, __half>(p, stream);
+    }
+  } else if (p.int8_weights) {
+    launch_stream<__nv_bfloat16, std::int8_t>(p, stream);
   } else {
-    launch_stream<__nv_bfloat16>(p, stream);
+    launch_stream<__nv_bfloat16, __nv_bfloat16>(p, stream);
   }
 }
 

@@ -139,13 +139,14 @@ void bind_llm(py::module_& m) {
       .def("linear", &torch_ext::DecodeProgram::linear, py::arg("input"), py::arg("weights"), py::arg("biases"),
            py::arg("norm_weight") = py::none(), py::arg("norm_bias") = py::none(), py::arg("eps") = 1e-5,
            py::arg("residual") = py::none(), py::arg("relu") = false, py::arg("output") = true,
-           py::arg("plain") = py::none(),
+           py::arg("plain") = py::none(), py::arg("scales") = py::none(),
            "out = relu?(layer_norm?(input) @ cat(weights).T + cat(biases)) + residual?, rounded to the program's "
            "dtype after the product, the ReLU and the residual as the model's modules round; the norm is folded "
            "into the product: norm_weight * input is rounded where the model rounds the normed values, and the "
            "biases and the weights' products with the norm's weight and bias are taken now, in float32 (a later "
-           "change to them needs a new program); weights: 1 to 3 row blocks [N_p, K]; plain: a tensor receiving "
-           "the output too; output=False: no activation (returns -1)")
+           "change to them needs a new program); weights: 1 to 3 row blocks [N_p, K], of the program's dtype or "
+           "int8 with scales (one tensor of per-row scales per weight; a program's weights are all int8 or none "
+           "is); plain: a tensor receiving the output too; output=False: no activation (returns -1)")
       .def("attention", &torch_ext::DecodeProgram::attention, py::arg("input"), py::arg("k_cache"),
            py::arg("v_cache"), py::arg("scale"),
            "one token's attention over caches [1, H, L, D] at the step's position (written there first); input: "
@@ -158,7 +159,7 @@ void bind_llm(py::module_& m) {
       .def_property_readonly("blocks", &torch_ext::DecodeProgram::blocks)
       .def_property("stages", &torch_ext::DecodeProgram::stages, &torch_ext::DecodeProgram::set_stages,
                     "the ring's stages each block streams its weights through: 0 before finish(), which sets the "
-                    "default (5, or fewer where fewer fit); settable after it to 2 .. the most a block's shared "
+                    "default (5, 10 with int8 weights, or fewer where fewer fit); settable after it to 2 .. the most a block's shared "
                     "memory holds, or 0 for the default")
       .def_property_readonly("max_stages", &torch_ext::DecodeProgram::max_stages,
                              "the most stages a block's shared memory holds (0 before finish())")
@@ -168,7 +169,9 @@ void bind_llm(py::module_& m) {
       .def_property_readonly("words", &torch_ext::DecodeProgram::words)
       .def_property_readonly("max_position", &torch_ext::DecodeProgram::max_position)
       .def_property_readonly("vocab", &torch_ext::DecodeProgram::vocab)
-      .def_property_readonly("weight_bytes", &torch_ext::DecodeProgram::weight_bytes);
+      .def_property_readonly("weight_bytes", &torch_ext::DecodeProgram::weight_bytes)
+      .def_property_readonly("int8_weights", &torch_ext::DecodeProgram::int8_weights,
+                             "whether the linear operations' weights are int8 (with per-row scales)");
 
   m.def(
       "decode_linear_layout",

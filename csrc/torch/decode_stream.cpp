@@ -1,6 +1,7 @@
 #include "decode_stream.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "device.h"
@@ -26,6 +28,8 @@ constexpr std::int64_t kAlignWords = 32;  // each activation's words start on a 
 // 1013-1023 us with 6 (the most that fit) and 1005-1022 with 3 (three interleaved sweeps, 2026-11-29); with the
 // tiles dealt on (finish()), 969 us with 5 and 968 with 4.
 constexpr std::int64_t kDefaultStages = 5;
+// With int8 weights a stage holds half the bytes: the default keeps about as many bytes in flight.
+constexpr std::int64_t kDefaultInt8Stages = 10;
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.const_data_ptr()) % 16 == 0; }
 
@@ -46,11 +50,13 @@ void DecodeProgram::check_open(const char* op) const {
   TORCH_CHECK(!finished_, "DecodeProgram.", op, ": the program is finished; build a new one to change it");
 }
 
-void DecodeProgram::check_tensor(const char* op, const char* name, const at::Tensor& t) const {
+void DecodeProgram::check_tensor(const char* op, const char* name, const at::Tensor& t,
+                                 std::optional<c10::ScalarType> dtype) const {
   TORCH_CHECK_TYPE(t.is_cuda() && t.device().index() == device_, "DecodeProgram.", op, ": ", name,
                    " must be on cuda:", device_, ", got ", t.device());
-  TORCH_CHECK_TYPE(t.scalar_type() == dtype_, "DecodeProgram.", op, ": ", name, " must be ", dtype_name(dtype_),
-                   " (the program's dtype), got ", dtype_name(t.scalar_type()));
+  TORCH_CHECK_TYPE(t.scalar_type() == dtype.value_or(dtype_), "DecodeProgram.", op, ": ", name, " must be ",
+                   dtype_name(dtype.value_or(dtype_)), dtype.has_value() ? "" : " (the program's dtype)", ", got ",
+                   dtype_name(t.scalar_type()));
   TORCH_CHECK_TYPE(t.is_contiguous() && aligned16(t), "DecodeProgram.", op, ": ", name,
                    " must be contiguous and 16-byte aligned");
 }
@@ -119,7 +125,8 @@ std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Ten
                                    const std::optional<at::Tensor>& norm_weight,
                                    const std::optional<at::Tensor>& norm_bias, double eps,
                                    std::optional<std::int64_t> residual, bool relu, bool output,
-                                   const std::optional<at::Tensor>& plain) {
+                                   const std::optional<at::Tensor>& plain,
+                                   const std::optional<std::vector<at::Tensor>>& scales) {
   constexpr const char* op = "linear";
   check_open(op);
   const std::int64_t k = activation_size(op, "input", input);
@@ -130,6 +137,21 @@ std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Ten
                     "per weight (", weights.size(), "), got ", biases.size());
   TORCH_CHECK_VALUE(k >= 64 && k % 64 == 0 && k <= cuda::kDecodeStreamMaxK, "DecodeProgram.linear: the input's "
                     "size (K=", k, ") must be a positive multiple of 64 up to ", cuda::kDecodeStreamMaxK);
+  // int8 weights (every operation's, with per-row scales) or every one of the program's dtype: one ring layout.
+  const bool int8 = weights[0].scalar_type() == at::kChar;
+  if (int8) {
+    TORCH_CHECK_VALUE(scales.has_value() && scales->size() == weights.size(), "DecodeProgram.linear: int8 weights "
+                      "need scales, one float tensor of per-row scales per weight (", weights.size(), "), got ",
+                      scales.has_value() ? std::to_string(scales->size()) : std::string("None"));
+  } else {
+    TORCH_CHECK_VALUE(!scales.has_value(), "DecodeProgram.linear: scales apply to int8 weights only, got weights "
+                      "of ", dtype_name(weights[0].scalar_type()));
+  }
+  const int kind = int8 ? 2 : 1;
+  TORCH_CHECK_VALUE(weight_kind_ == 0 || weight_kind_ == kind, "DecodeProgram.linear: a program's weights must "
+                    "all be int8 or all ", dtype_name(dtype_), "; the operations before had ",
+                    weight_kind_ == 2 ? "int8" : dtype_name(dtype_), " weights, got ",
+                    dtype_name(weights[0].scalar_type()));
   cuda::DecodeStreamOp o;
   o.kind = cuda::kDecodeStreamLinear;
   o.k = static_cast<int>(k);
@@ -138,7 +160,19 @@ std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Ten
   std::int64_t n = 0;
   for (std::size_t p = 0; p < weights.size(); ++p) {
     const at::Tensor& w = weights[p];
-    check_tensor(op, "weight", w);
+    if (int8) {
+      TORCH_CHECK_TYPE(w.scalar_type() == at::kChar, "DecodeProgram.linear: weight ", p, " must be int8 as weight 0 "
+                       "is, got ", dtype_name(w.scalar_type()));
+      check_tensor(op, "weight", w, at::kChar);
+      const at::Tensor& sc = (*scales)[p];
+      TORCH_CHECK_TYPE(sc.is_cuda() && sc.device().index() == device_ && at::isFloatingType(sc.scalar_type()),
+                       "DecodeProgram.linear: scales ", p, " must be a floating-point tensor on cuda:", device_,
+                       ", got ", dtype_name(sc.scalar_type()), " on ", sc.device());
+      TORCH_CHECK_VALUE(sc.numel() == w.size(0), "DecodeProgram.linear: scales ", p, " must have ", w.size(0),
+                        " values (one per row of weight ", p, "), got ", sc.numel());
+    } else {
+      check_tensor(op, "weight", w);
+    }
     TORCH_CHECK_VALUE(w.dim() == 2 && w.size(1) == k && w.size(0) >= 16 && w.size(0) % 16 == 0,
                       "DecodeProgram.linear: weight ", p, " must be [N, ", k, "] (K the input's size) with N a "
                       "multiple of 16, got ", w.sizes());
@@ -184,7 +218,12 @@ std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Ten
   // The epilogue's float32 rows, taken from the weights, biases and norm as they are now (a later change to them
   // needs a new program), on the current stream, before anything is kept (a failure here leaves the program as
   // it was): shift = bias (+ weight @ norm_bias) and norm_sum = weight @ norm_weight.
-  at::Tensor shift, norm_sum;
+  at::Tensor shift, norm_sum, row_scale;
+  if (int8) {  // the scales in float32, in one row
+    std::vector<at::Tensor> rows;
+    for (const auto& sc : *scales) rows.push_back(sc.detach().reshape({-1}).to(at::kFloat));
+    row_scale = at::cat(rows);
+  }
   const bool has_bias = std::any_of(biases.begin(), biases.end(), [](const auto& b) { return b.has_value(); });
   if (norm_weight.has_value() || has_bias) {
     const at::NoGradGuard no_grad;  // parameters in, plain rows out: no graph holding the float32 chunks
@@ -202,7 +241,8 @@ std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Ten
       if (biases[p].has_value()) shift.narrow(0, row, rows).add_(biases[p]->view({-1}).to(at::kFloat));
       constexpr std::int64_t kChunk = 4096;  // rows converted to float32 at a time
       for (std::int64_t r = 0; gamma.defined() && r < rows; r += kChunk) {
-        const at::Tensor w = weights[p].narrow(0, r, std::min(kChunk, rows - r)).to(at::kFloat);
+        at::Tensor w = weights[p].narrow(0, r, std::min(kChunk, rows - r)).to(at::kFloat);
+        if (int8) w.mul_(row_scale.narrow(0, row + r, w.size(0)).unsqueeze(1));  // the weights as the sums see them
         norm_sum.narrow(0, row + r, w.size(0)).copy_(w.mul(gamma).sum(1));
         if (beta.defined()) shift.narrow(0, row + r, w.size(0)).add_(w.mul(beta).sum(1));
       }
@@ -211,6 +251,7 @@ std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Ten
     o.shift = shift.const_data_ptr<float>();
     if (norm_sum.defined()) o.norm_sum = norm_sum.const_data_ptr<float>();
   }
+  if (int8) o.weight_scale = row_scale.const_data_ptr<float>();
   // Everything checked and computed: the tensors the operation points into are kept from here on.
   for (std::size_t p = 0; p < weights.size(); ++p) {
     keep_.push_back(weights[p]);
@@ -219,9 +260,10 @@ std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Ten
   for (const auto* t : {&norm_weight, &plain}) {
     if (t->has_value()) keep_.push_back(**t);
   }
-  for (const auto& t : {shift, norm_sum}) {
+  for (const auto& t : {shift, norm_sum, row_scale}) {
     if (t.defined()) keep_.push_back(t);
   }
+  weight_kind_ = kind;
   std::int64_t id = -1;
   if (output) {
     id = add_activation(n);
@@ -276,7 +318,8 @@ void DecodeProgram::finish() {
   TORCH_CHECK_VALUE(vocab_ > 0 && max_position_ > 0, "DecodeProgram.finish: the program needs an embedding (the "
                     "step's token) and a positions table or an attention (the step's position bound)");
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-  const std::int64_t most = cuda::decode_stream_stages(activation_type(dtype_), static_cast<int>(device_));
+  const std::int64_t most =
+      cuda::decode_stream_stages(activation_type(dtype_), static_cast<int>(device_), int8_weights());
   const auto options = at::TensorOptions().device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_)));
   tags_ = at::zeros({std::max<std::int64_t>(words_, 4)}, options.dtype(at::kInt));
   launches_ = at::zeros({1}, options.dtype(at::kLong));
@@ -299,7 +342,9 @@ void DecodeProgram::finish() {
   finished_ = true;
 }
 
-std::int64_t DecodeProgram::default_stages() const { return std::min(kDefaultStages, most_stages_); }
+std::int64_t DecodeProgram::default_stages() const {
+  return std::min(int8_weights() ? kDefaultInt8Stages : kDefaultStages, most_stages_);
+}
 
 std::int64_t DecodeProgram::blocks() const {
   return finished_ ? blocks_ : cuda::decode_stream_blocks(static_cast<int>(device_));
@@ -325,6 +370,7 @@ void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   cuda::DecodeStreamParams p;
   p.type = activation_type(dtype_);
+  p.int8_weights = int8_weights();
   p.ops = reinterpret_cast<const cuda::DecodeStreamOp*>(ops_device_.const_data_ptr());
   p.n_ops = static_cast<int>(ops_.size());
   p.tags = static_cast<unsigned*>(tags_.data_ptr());
@@ -353,7 +399,7 @@ std::int64_t DecodeProgram::embed(const at::Tensor&, const std::optional<at::Ten
 std::int64_t DecodeProgram::linear(std::int64_t, const std::vector<at::Tensor>&,
                                    const std::vector<std::optional<at::Tensor>>&, const std::optional<at::Tensor>&,
                                    const std::optional<at::Tensor>&, double, std::optional<std::int64_t>, bool, bool,
-                                   const std::optional<at::Tensor>&) {
+                                   const std::optional<at::Tensor>&, const std::optional<std::vector<at::Tensor>>&) {
   return -1;
 }
 std::int64_t DecodeProgram::attention(std::int64_t, const at::Tensor&, const at::Tensor&, double) { return -1; }

@@ -31,12 +31,15 @@ class DecodeProgram {
   // parts); `plain`, if given, [1, N] or [N] of the program's dtype, receives the output too; output=false
   // writes no activation (returns -1; `plain` then required). The layer norm is folded into the product: the
   // biases, weights @ norm_weight and weights @ norm_bias are taken here in float32, so a later change to a
-  // bias, a norm or a weight of a normed operation needs a new program.
+  // bias, a norm or a weight of a normed operation needs a new program. Weights may be int8 with `scales` (one
+  // floating-point tensor of per-row scales per weight: weight_p = int8_p * scales_p[:, None]); a program's
+  // weights are all int8 or all of its dtype.
   std::int64_t linear(std::int64_t input, const std::vector<at::Tensor>& weights,
                       const std::vector<std::optional<at::Tensor>>& biases,
                       const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,
                       double eps, std::optional<std::int64_t> residual, bool relu, bool output,
-                      const std::optional<at::Tensor>& plain);
+                      const std::optional<at::Tensor>& plain,
+                      const std::optional<std::vector<at::Tensor>>& scales = std::nullopt);
   // One query token's attention, head by head, over caches [1, H, L, D] (or [H, L, D]) written at the step's
   // position: input is a fused q/k/v activation of 3 * H * D values (queries, keys, values).
   std::int64_t attention(std::int64_t input, const at::Tensor& k_cache, const at::Tensor& v_cache, double scale);
@@ -46,8 +49,9 @@ class DecodeProgram {
   // each operation in, the operation done; a profile).
   void run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace);
   std::int64_t blocks() const;
-  // The ring's stages a block streams its weights through (0 before finish(), which sets the default: 5, or the
-  // most that fit if fewer); settable after finish() to 2 .. the most, or 0 for the default. For tuning.
+  // The ring's stages a block streams its weights through (0 before finish(), which sets the default: 5, 10 with
+  // int8 weights, or the most that fit if fewer); settable after finish() to 2 .. the most, or 0 for the
+  // default. For tuning.
   std::int64_t stages() const { return stages_; }
   std::int64_t max_stages() const { return most_stages_; }  // the most a block's shared memory holds (finish())
   void set_stages(std::int64_t stages);
@@ -59,13 +63,16 @@ class DecodeProgram {
   std::int64_t max_position() const { return max_position_; }
   std::int64_t vocab() const { return vocab_; }
   std::int64_t weight_bytes() const { return weight_bytes_; }
+  bool int8_weights() const { return weight_kind_ == 2; }
 
  private:
   std::int64_t add_activation(std::int64_t size);
   void check_open(const char* op) const;
   std::int64_t activation_size(const char* op, const char* name, std::int64_t id) const;
   std::int64_t default_stages() const;  // kDefaultStages, or the most that fit if fewer (finish())
-  void check_tensor(const char* op, const char* name, const at::Tensor& t) const;
+  // On the program's device, contiguous, 16-byte aligned, of `dtype` (default: the program's).
+  void check_tensor(const char* op, const char* name, const at::Tensor& t,
+                    std::optional<c10::ScalarType> dtype = std::nullopt) const;
 
   std::int64_t device_;
   c10::ScalarType dtype_;
@@ -75,6 +82,7 @@ class DecodeProgram {
   std::int64_t vocab_ = -1;
   std::int64_t max_position_ = -1;
   std::int64_t weight_bytes_ = 0;
+  int weight_kind_ = 0;  // the linear operations' weights: 0 none yet, 1 the program's dtype, 2 int8
   std::int64_t blocks_ = 0;       // set by finish()
   std::int64_t stages_ = 0;       // set by finish(), then set_stages
   std::int64_t most_stages_ = 0;

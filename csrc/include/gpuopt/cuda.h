@@ -279,7 +279,11 @@ struct DecodeStreamOp {
   int relu = 0;       // linear: a ReLU after the bias
   int parts = 1;      // linear: the weight's row blocks (q, k and v in one operation without a copy)
   int part_rows[kDecodeStreamMaxParts] = {};             // multiples of 16
-  const void* weight[kDecodeStreamMaxParts] = {};        // [part_rows, k], contiguous, 16-byte aligned
+  const void* weight[kDecodeStreamMaxParts] = {};        // [part_rows, k], contiguous, 16-byte aligned: of T,
+                                                         // or int8 in a program of int8 weights
+  // linear, int8 weights: each output row's sum times its scale (float32 [n]) before the norm's correction and
+  // the shift; null for weights of T
+  const float* weight_scale = nullptr;
   // linear: added to output row r before the ReLU: the bias, and with a layer norm weight @ norm_bias too
   // (float32 [n]), or null
   const float* shift = nullptr;
@@ -303,6 +307,7 @@ struct DecodeStreamOp {
 };
 struct DecodeStreamParams {
   ActivationType type = ActivationType::kFloat16;
+  bool int8_weights = false;  // every linear operation's weights int8 (with scales), or all of `type`
   const DecodeStreamOp* ops = nullptr;  // device memory
   int n_ops = 0;
   unsigned* tags = nullptr;                // the activations' words, zero before the first launch
@@ -313,14 +318,14 @@ struct DecodeStreamParams {
   int max_position = 0;                    // the position must be below it
   int device = 0;
   int blocks = 0;  // decode_stream_blocks(device): one an SM
-  int stages = 0;  // the ring's stages: 2 .. decode_stream_stages(type, device)
+  int stages = 0;  // the ring's stages: 2 .. decode_stream_stages(type, device, int8_weights)
   long long* trace = nullptr;  // null, or [blocks][n_ops][2] int64: each block's globaltimer (ns) when an
                                // operation's input was in and when it was done (a profile)
 };
 int decode_stream_blocks(int device);
-// The most ring stages a block of the kernel for `type` holds on `device` (its shared memory); it also lets the
-// kernel use that much, once for all later launches: call it before the first.
-int decode_stream_stages(ActivationType type, int device);
+// The most ring stages a block of the kernel for `type` (and int8 or `type` weights) holds on `device` (its shared
+// memory); it also lets the kernel use that much, once for all later launches: call it before the first.
+int decode_stream_stages(ActivationType type, int device, bool int8_weights = false);
 void decode_stream(const DecodeStreamParams& p, cudaStream_t stream);
 
 // Whether decode_linear takes these arguments: fp16/bf16, 1 <= rows <= kDecodeLinearMaxRows, n >= 1,

@@ -324,8 +324,8 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
     if path != "hf-generate" and not supports_static_cache(models.reference):
         raise ValueError(f"path {path!r} needs a static KV cache, which {models.name} "
                          f"({type(models.reference).__name__}) does not support; use 'hf-generate'")
-    if path == "static-megakernel" and precision not in ("fp16", "bf16"):
-        raise ValueError(f"path 'static-megakernel' runs fp16 and bf16 only, got precision {precision!r}")
+    if path == "static-megakernel" and precision not in ("fp16", "bf16", "int8wo"):
+        raise ValueError(f"path 'static-megakernel' runs fp16, bf16 and int8wo, got precision {precision!r}")
     if path == "static-megakernel":
         why = _stream.unsupported(models.reference, batch_size, _DTYPES[precision], prompt_len + new_tokens)
         if why is not None:

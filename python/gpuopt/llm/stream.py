@@ -8,10 +8,13 @@ producer warp in each block streams the block's weight tiles through shared memo
 wait for an operation's input. Every output is written as words tagged with the launch, which the operations
 reading it poll: there is no grid barrier and no memory fence between operations (csrc/cuda/decode_stream.cu).
 
-It reads the model's own weights where they are; none is copied. Each layer norm is folded into the matrix
+It reads the model's own weights where they are; none is copied. They are the model's dtype, or int8 with a scale
+per output row where every linear layer is a :class:`gpuopt.quant.Int8WeightOnlyLinear` (precision ``int8wo``):
+a stage of the ring then holds half the bytes, each 16-byte word 16 weights widened to fp16/bf16 exactly for the
+tensor cores, and the sums scaled in the epilogue. Each layer norm is folded into the matrix
 product after it, with float32 rows (the biases, and the weights' products with the norm's weight and bias)
 taken when the step is built, so a later change to the model needs a new step. It takes OPT's pre-norm
-architecture (``facebook/opt-*`` except 350m, whose norms come after), batch 1, float16 or bfloat16, head size
+architecture (``facebook/opt-*`` except 350m, whose norms come after), batch 1, float16 or bfloat16 activations, head size
 64 or 128, hidden and FFN sizes multiples of 64 up to 8192, a cache of at most 4096 positions (and the model's
 own limit, 2048 for OPT); compute capability 9.0+ on a CUDA device.
 """
@@ -64,13 +67,36 @@ def unsupported(model: torch.nn.Module, batch_size: int, dtype: torch.dtype, max
         return f"vocab_size must be a multiple of 16, got {config.vocab_size}"
     if max_len > MAX_LEN:
         return f"prompt plus new tokens must be at most {MAX_LEN}, got {max_len}"
+    return _linears_unsupported(model)
+
+
+def _linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    decoder = model.model.decoder
+    named = []
     for i, layer in enumerate(decoder.layers):
         attn = layer.self_attn
-        for name, module in (("q_proj", attn.q_proj), ("k_proj", attn.k_proj), ("v_proj", attn.v_proj),
-                             ("out_proj", attn.out_proj), ("fc1", layer.fc1), ("fc2", layer.fc2)):
-            if type(module) is not torch.nn.Linear:
-                return (f"layer {i}'s {name} is a {type(module).__name__}; it reads plain nn.Linear layers "
-                        "(no quantized or fused ones)")
+        named += [(f"layer {i}'s {name}", module) for name, module in (
+            ("q_proj", attn.q_proj), ("k_proj", attn.k_proj), ("v_proj", attn.v_proj), ("out_proj", attn.out_proj),
+            ("fc1", layer.fc1), ("fc2", layer.fc2))]
+    return named + [("lm_head", model.lm_head)]
+
+
+def _linears_unsupported(model: torch.nn.Module) -> str | None:
+    """Why the linear layers cannot run in the kernel: each a plain ``nn.Linear``, or each an int8 weight-only
+    layer as :func:`gpuopt.quant.quantize_int8_weight_only` makes it (no activation or norm folded in)."""
+    from ..quant import Int8WeightOnlyLinear
+
+    named = _linears(model)
+    int8 = type(named[0][1]) is Int8WeightOnlyLinear
+    kind = Int8WeightOnlyLinear if int8 else torch.nn.Linear
+    for name, module in named:
+        if type(module) is not kind:
+            return (f"{name} is a {type(module).__name__} where {named[0][0]} is a {kind.__name__}; it reads "
+                    "plain nn.Linear layers, or int8 weight-only ones (gpuopt.quant.quantize_int8_weight_only), "
+                    "all of one kind (no fused ones)")
+        if int8 and (module.activation != "none" or module.folded_norm != "none"):
+            return (f"{name} has activation {module.activation!r} and folded_norm {module.folded_norm!r}; it reads "
+                    "int8 layers as quantize_int8_weight_only makes them ('none' and 'none')")
     return None
 
 
@@ -86,23 +112,30 @@ def build(model: torch.nn.Module, cache: Any, logits: torch.Tensor) -> Any:
     if not layers or not all(hasattr(layer, "keys") for layer in layers):
         raise ValueError("path 'static-megakernel' needs a transformers static cache with per-layer keys and "
                          "values (transformers >= 4.56)")
+    why = _linears_unsupported(model)
+    if why is not None:
+        raise ValueError(f"path 'static-megakernel' cannot run {type(model).__name__}: {why}")
+    int8 = hasattr(model.lm_head, "scales")  # every linear layer int8 weight-only
+
+    def linear(x: int, modules: list[torch.nn.Module], **kw: Any) -> int:
+        scales = [m.scales for m in modules] if int8 else None
+        return program.linear(x, [m.weight for m in modules], [getattr(m, "bias", None) for m in modules],
+                              scales=scales, **kw)
+
     embed = decoder.embed_positions
     h = program.embed(decoder.embed_tokens.weight, embed.weight, getattr(embed, "offset", 2))
     for i, layer in enumerate(decoder.layers):
         attn = layer.self_attn
         norm = layer.self_attn_layer_norm
-        qkv = program.linear(h, [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight],
-                             [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias],
-                             norm_weight=norm.weight, norm_bias=norm.bias, eps=norm.eps)
+        qkv = linear(h, [attn.q_proj, attn.k_proj, attn.v_proj], norm_weight=norm.weight, norm_bias=norm.bias,
+                     eps=norm.eps)
         att = program.attention(qkv, layers[i].keys, layers[i].values, attn.scaling)
-        mid = program.linear(att, [attn.out_proj.weight], [attn.out_proj.bias], residual=h)
+        mid = linear(att, [attn.out_proj], residual=h)
         norm = layer.final_layer_norm
-        f = program.linear(mid, [layer.fc1.weight], [layer.fc1.bias], norm_weight=norm.weight,
-                           norm_bias=norm.bias, eps=norm.eps, relu=True)
-        h = program.linear(f, [layer.fc2.weight], [layer.fc2.bias], residual=mid)
+        f = linear(mid, [layer.fc1], norm_weight=norm.weight, norm_bias=norm.bias, eps=norm.eps, relu=True)
+        h = linear(f, [layer.fc2], residual=mid)
     norm = decoder.final_layer_norm
-    bias = getattr(model.lm_head, "bias", None)
-    program.linear(h, [model.lm_head.weight], [bias], norm_weight=norm.weight, norm_bias=norm.bias, eps=norm.eps,
-                   output=False, plain=logits)
+    linear(h, [model.lm_head], norm_weight=norm.weight, norm_bias=norm.bias, eps=norm.eps, output=False,
+           plain=logits)
     program.finish()
     return program
