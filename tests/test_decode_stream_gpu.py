@@ -236,7 +236,7 @@ def test_a_small_program_with_int8_weights_computes_its_linear_layers(opt125, h)
     p.finish()
     assert p.int8_weights and p.weight_bytes == (k + n) * k
     default, most = p.stages, p.max_stages
-    assert default == min(10, most) and most >= 2 * 5
+    assert default == min(5, most)
     w1 = torch.cat([qa.float() * sa.to(h).float()[:, None], qb.float() * sb[:, None]])
     w2 = q2.float() * s2[:, None]
     bias = torch.cat([ba, bb]).float()

@@ -49,13 +49,18 @@ constexpr int kDsWarps = 16;  // consumer warps; the producer is one more
 [[maybe_unused]] constexpr int kDsThreads = kDsWarps * 32;
 constexpr int kDsVec = 2;  // 16-byte words of a row per lane and chunk (a chunk: 64 values)
 constexpr int kDsChunk = kDsVec * kLinearChunk;
-constexpr int kDsSegment = kDsWarps * kDsChunk;  // a stage's values of a row: 1024
+constexpr int kDsSegment = kDsWarps * kDsChunk;  // a stage's values of a row of T: 1024
+// A stage's values of a row of W: 2048 bytes (1024 of T, or 2048 int8 values, a warp taking chunks w and w + 16):
+// the same bytes a bulk copy, whose count (not the bytes) set the int8 ring's pace at 1024 values (on the H200,
+// OPT-1.3B's int8 step took 812 us against fp16's 885, both LM heads 52 us).
+template <typename W>
+constexpr int kDsSegmentOf = kDsSegment * 2 / static_cast<int>(sizeof(W));
 // A stage's row of weights of type W (T, or int8 with a scale per row) and the bytes after it: a lane (g, t) of
 // the MMAs reads 16 bytes at 16 t * sizeof(W) of rows g and g + 8, so row g starts 16 bytes (T: lanes t cover 128
 // bytes) or 64 bytes (int8: 64) after row g - 1 modulo 128: the 8 lanes of a 16-byte load's phase hit 8
 // different 4-bank groups.
 template <typename W>
-constexpr int kDsRowBytes = kDsSegment * static_cast<int>(sizeof(W)) + (sizeof(W) == 1 ? 64 : 16);
+constexpr int kDsRowBytes = kDsSegmentOf<W> * static_cast<int>(sizeof(W)) + (sizeof(W) == 1 ? 64 : 16);
 template <typename W>
 constexpr int kDsStageBytes = 16 * kDsRowBytes<W>;
 [[maybe_unused]] constexpr int kDsMaxDim = 128;  // head size
@@ -138,7 +143,7 @@ struct Segments {
   // Moves to the next segment; false past the last.
   __device__ bool advance() {
     if (s >= 0) {
-      if (++seg * kDsSegment < ops[s].k) return true;
+      if (++seg * kDsSegmentOf<W> < ops[s].k) return true;
       seg = 0;
       tile += static_cast<int>(gridDim.x);
       if (tile * 16 < ops[s].n) return true;
@@ -158,8 +163,9 @@ struct Segments {
     const DecodeStreamOp& op = ops[s];
     int first = 0;
     const int part = tile_part(op, tile, first);
-    len = min(kDsSegment, op.k - seg * kDsSegment);
-    return static_cast<const W*>(op.weight[part]) + static_cast<std::int64_t>(first + r) * op.k + seg * kDsSegment;
+    len = min(kDsSegmentOf<W>, op.k - seg * kDsSegmentOf<W>);
+    return static_cast<const W*>(op.weight[part]) + static_cast<std::int64_t>(first + r) * op.k +
+           seg * kDsSegmentOf<W>;
   }
 };
 
@@ -284,7 +290,8 @@ __device__ __forceinline__ Epilogue ask_epilogue(const DecodeStreamOp& op, const
 // With a layer norm, the values are multiplied by the norm's weights as they come, and their mean and variance
 // are taken once all are in; the tiles' sums are corrected in the epilogue (DecodeStreamOp::norm_sum), so the
 // norm never holds up the MMAs. W: the weights' type, T or int8 (a lane's 16-byte word of a row is then 16
-// values, widened to T exactly for the MMAs, and the sums are multiplied by the row's scale in the epilogue).
+// values, widened to T exactly for the MMAs, and the sums are multiplied by the row's scale in the epilogue;
+// a segment is 2048 values, a warp's chunks w and w + 16).
 template <typename T, typename W>
 __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch,
                            float* red, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages,
@@ -299,7 +306,8 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   const int first_tile = first_of(op);
   if (first_tile * 16 >= op.n) return;
   const auto* gamma = static_cast<const T*>(op.norm_weight);
-  const int segments = (k + kDsSegment - 1) / kDsSegment;
+  constexpr int kSeg = kDsSegmentOf<W>;
+  const int segments = (k + kSeg - 1) / kSeg;
   Epilogue now;
   if (c < 16) now = ask_epilogue(op, tags, first_tile * 16 + c);
   WordStats stats = {};           // the norm's sums of this thread's words
@@ -312,29 +320,36 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
     Epilogue next;
     if (c < 16 && n + 16 * blocks < op.n) next = ask_epilogue(op, tags, n + 16 * blocks);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int seg = 0; seg * kDsSegment < k; ++seg, ++i) {
-      const int len = min(kDsSegment, k - seg * kDsSegment);
+    for (int seg = 0; seg * kSeg < k; ++seg, ++i) {
+      const int len = min(kSeg, k - seg * kSeg);
       if (seg == ready) {
-        take_values(tags + op.input, epoch, xs, seg * kDsSegment, seg * kDsSegment + len, pending, gamma, stats);
+        take_values(tags + op.input, epoch, xs, seg * kSeg, seg * kSeg + len, pending, gamma, stats);
         consumers_sync<kDsThreads>();
         if (++ready == segments && trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
       }
       const unsigned stage = i % static_cast<unsigned>(stages);
       stage_wait(&full[stage], (i / static_cast<unsigned>(stages)) & 1u);
-      if (warp * kDsChunk < len) {
-        const unsigned char* st = ring + static_cast<std::size_t>(stage) * kDsStageBytes<W>;
+      const unsigned char* st = ring + static_cast<std::size_t>(stage) * kDsStageBytes<W>;
+      if constexpr (sizeof(W) == 1) {  // chunks warp and warp + 16: a lane's 16 values of a row in one word
+        static_assert(kDsVec == 2, "a lane's 16 int8 values pair with its two words of x");
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int at = (warp + h * kDsWarps) * kDsChunk + 8 * kDsVec * t;
+          if (at < len) {
+            const uint4 wl = *reinterpret_cast<const uint4*>(st + g * kDsRowBytes<W> + at);
+            const uint4 wh = *reinterpret_cast<const uint4*>(st + (g + 8) * kDsRowBytes<W> + at);
+            const auto* xv = reinterpret_cast<const uint4*>(xs + seg * kSeg + at);
+            const uint4 x2[1][2] = {{xv[0], xv[1]}};
+            int8_mma_chunk<T, 1>(wl, wh, x2, reinterpret_cast<float(&)[1][4]>(acc));
+          }
+        }
+      } else if (warp * kDsChunk < len) {
         const int col = (warp * kDsChunk + 8 * kDsVec * t) * static_cast<int>(sizeof(W));
         const auto* wl = reinterpret_cast<const uint4*>(st + g * kDsRowBytes<W> + col);
         const auto* wh = reinterpret_cast<const uint4*>(st + (g + 8) * kDsRowBytes<W> + col);
-        const auto* xv = reinterpret_cast<const uint4*>(xs + seg * kDsSegment + warp * kDsChunk + 8 * kDsVec * t);
-        if constexpr (sizeof(W) == 1) {  // the lane's 16 values of each row in one word, as int8_linear_mma's
-          static_assert(kDsVec == 2, "a lane's 16 int8 values pair with its two words of x");
-          const uint4 x2[1][2] = {{xv[0], xv[1]}};
-          int8_mma_chunk<T, 1>(wl[0], wh[0], x2, reinterpret_cast<float(&)[1][4]>(acc));
-        } else {
+        const auto* xv = reinterpret_cast<const uint4*>(xs + seg * kSeg + warp * kDsChunk + 8 * kDsVec * t);
 #pragma unroll
-          for (int v = 0; v < kDsVec; ++v) linear_mma_words<T>(wl[v], wh[v], xv[v], acc);
-        }
+        for (int v = 0; v < kDsVec; ++v) linear_mma_words<T>(wl[v], wh[v], xv[v], acc);
       }
       __syncwarp();
       if (lane == 0) stage_arrive(&empty[stage]);

@@ -159,7 +159,7 @@ void bind_llm(py::module_& m) {
       .def_property_readonly("blocks", &torch_ext::DecodeProgram::blocks)
       .def_property("stages", &torch_ext::DecodeProgram::stages, &torch_ext::DecodeProgram::set_stages,
                     "the ring's stages each block streams its weights through: 0 before finish(), which sets the "
-                    "default (5, 10 with int8 weights, or fewer where fewer fit); settable after it to 2 .. the most a block's shared "
+                    "default (5, or fewer where fewer fit); settable after it to 2 .. the most a block's shared "
                     "memory holds, or 0 for the default")
       .def_property_readonly("max_stages", &torch_ext::DecodeProgram::max_stages,
                              "the most stages a block's shared memory holds (0 before finish())")

@@ -28,8 +28,6 @@ constexpr std::int64_t kAlignWords = 32;  // each activation's words start on a 
 // 1013-1023 us with 6 (the most that fit) and 1005-1022 with 3 (three interleaved sweeps, 2026-11-29); with the
 // tiles dealt on (finish()), 969 us with 5 and 968 with 4.
 constexpr std::int64_t kDefaultStages = 5;
-// With int8 weights a stage holds half the bytes: the default keeps about as many bytes in flight.
-constexpr std::int64_t kDefaultInt8Stages = 10;
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.const_data_ptr()) % 16 == 0; }
 
@@ -342,9 +340,7 @@ void DecodeProgram::finish() {
   finished_ = true;
 }
 
-std::int64_t DecodeProgram::default_stages() const {
-  return std::min(int8_weights() ? kDefaultInt8Stages : kDefaultStages, most_stages_);
-}
+std::int64_t DecodeProgram::default_stages() const { return std::min(kDefaultStages, most_stages_); }
 
 std::int64_t DecodeProgram::blocks() const {
   return finished_ ? blocks_ : cuda::decode_stream_blocks(static_cast<int>(device_));

@@ -49,9 +49,8 @@ class DecodeProgram {
   // each operation in, the operation done; a profile).
   void run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace);
   std::int64_t blocks() const;
-  // The ring's stages a block streams its weights through (0 before finish(), which sets the default: 5, 10 with
-  // int8 weights, or the most that fit if fewer); settable after finish() to 2 .. the most, or 0 for the
-  // default. For tuning.
+  // The ring's stages a block streams its weights through (0 before finish(), which sets the default: 5, or the
+  // most that fit if fewer); settable after finish() to 2 .. the most, or 0 for the default. For tuning.
   std::int64_t stages() const { return stages_; }
   std::int64_t max_stages() const { return most_stages_; }  // the most a block's shared memory holds (finish())
   void set_stages(std::int64_t stages);
