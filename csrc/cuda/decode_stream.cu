@@ -53,16 +53,16 @@ constexpr int kDsSegment = kDsWarps * kDsChunk;  // a stage's values of a row of
 // A stage's values of a row of W: 2048 bytes (1024 of T, or 2048 int8 values, a warp taking chunks w and w + 16):
 // the same bytes a bulk copy, whose count (not the bytes) set the int8 ring's pace at 1024 values (on the H200,
 // OPT-1.3B's int8 step took 812 us against fp16's 885, both LM heads 52 us).
-template <typename W, int kSegBytes>
-constexpr int kDsSegmentOf = kSegBytes / static_cast<int>(sizeof(W));
+template <typename W>
+constexpr int kDsSegmentOf = kDsSegment * 2 / static_cast<int>(sizeof(W));
 // A stage's row of weights of type W (T, or int8 with a scale per row) and the bytes after it: a lane (g, t) of
 // the MMAs reads 16 bytes at 16 t * sizeof(W) of rows g and g + 8, so row g starts 16 bytes (T: lanes t cover 128
 // bytes) or 64 bytes (int8: 64) after row g - 1 modulo 128: the 8 lanes of a 16-byte load's phase hit 8
 // different 4-bank groups.
-template <typename W, int kSegBytes>
-constexpr int kDsRowBytes = kSegBytes + (sizeof(W) == 1 ? 64 : 16);
-template <typename W, int kSegBytes>
-constexpr int kDsStageBytes = 16 * kDsRowBytes<W, kSegBytes>;
+template <typename W>
+constexpr int kDsRowBytes = kDsSegmentOf<W> * static_cast<int>(sizeof(W)) + (sizeof(W) == 1 ? 64 : 16);
+template <typename W>
+constexpr int kDsStageBytes = 16 * kDsRowBytes<W>;
 [[maybe_unused]] constexpr int kDsMaxDim = 128;  // head size
 
 static_assert(kDecodeStreamMaxLen * sizeof(float) <= kDecodeStreamMaxK * 2,
@@ -133,7 +133,7 @@ __device__ __forceinline__ int tile_part(const DecodeStreamOp& op, int tile, int
 // The block's weight segments (16 rows x up to 1024 values of one tile; W: the weights' type), in the
 // consumers' order: linear operations in program order, the block's tiles first_of(op), + grid, ... of each, a
 // tile's K in 1024-value steps.
-template <typename W, int kSegBytes>
+template <typename W>
 struct Segments {
   const DecodeStreamOp* ops;
   int n_ops;
@@ -143,7 +143,7 @@ struct Segments {
   // Moves to the next segment; false past the last.
   __device__ bool advance() {
     if (s >= 0) {
-      if (++seg * kDsSegmentOf<W, kSegBytes> < ops[s].k) return true;
+      if (++seg * kDsSegmentOf<W> < ops[s].k) return true;
       seg = 0;
       tile += static_cast<int>(gridDim.x);
       if (tile * 16 < ops[s].n) return true;
@@ -163,18 +163,18 @@ struct Segments {
     const DecodeStreamOp& op = ops[s];
     int first = 0;
     const int part = tile_part(op, tile, first);
-    len = min(kDsSegmentOf<W, kSegBytes>, op.k - seg * kDsSegmentOf<W, kSegBytes>);
+    len = min(kDsSegmentOf<W>, op.k - seg * kDsSegmentOf<W>);
     return static_cast<const W*>(op.weight[part]) + static_cast<std::int64_t>(first + r) * op.k +
-           seg * kDsSegmentOf<W, kSegBytes>;
+           seg * kDsSegmentOf<W>;
   }
 };
 
 // The producer warp: every segment into the ring, in the consumers' order.
-template <typename W, int kSegBytes>
+template <typename W>
 __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* ring, std::uint64_t* full,
                         std::uint64_t* empty, int stages) {
   const int lane = static_cast<int>(threadIdx.x % 32);
-  Segments<W, kSegBytes> next{ops, n_ops};
+  Segments<W> next{ops, n_ops};
   for (unsigned i = 0; next.advance(); ++i) {
     const unsigned stage = i % static_cast<unsigned>(stages);
     int len = 0;
@@ -185,7 +185,7 @@ __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* rin
     }
     __syncwarp();
     if (lane < 16) {
-      stage_copy(ring + static_cast<std::size_t>(stage) * kDsStageBytes<W, kSegBytes> + lane * kDsRowBytes<W, kSegBytes>, src,
+      stage_copy(ring + static_cast<std::size_t>(stage) * kDsStageBytes<W> + lane * kDsRowBytes<W>, src,
                  static_cast<unsigned>(len) * sizeof(W), &full[stage]);
     }
   }
@@ -292,7 +292,7 @@ __device__ __forceinline__ Epilogue ask_epilogue(const DecodeStreamOp& op, const
 // norm never holds up the MMAs. W: the weights' type, T or int8 (a lane's 16-byte word of a row is then 16
 // values, widened to T exactly for the MMAs, and the sums are multiplied by the row's scale in the epilogue;
 // a segment is 2048 values, a warp's chunks w and w + 16).
-template <typename T, typename W, int kSegBytes>
+template <typename T, typename W>
 __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch,
                            float* red, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages,
                            unsigned& i, long long* trace) {
@@ -306,7 +306,7 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   const int first_tile = first_of(op);
   if (first_tile * 16 >= op.n) return;
   const auto* gamma = static_cast<const T*>(op.norm_weight);
-  constexpr int kSeg = kDsSegmentOf<W, kSegBytes>;
+  constexpr int kSeg = kDsSegmentOf<W>;
   const int segments = (k + kSeg - 1) / kSeg;
   Epilogue now;
   if (c < 16) now = ask_epilogue(op, tags, first_tile * 16 + c);
@@ -329,26 +329,27 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       }
       const unsigned stage = i % static_cast<unsigned>(stages);
       stage_wait(&full[stage], (i / static_cast<unsigned>(stages)) & 1u);
-      const unsigned char* st = ring + static_cast<std::size_t>(stage) * kDsStageBytes<W, kSegBytes>;
+      const unsigned char* st = ring + static_cast<std::size_t>(stage) * kDsStageBytes<W>;
+      if constexpr (sizeof(W) == 1) {  // chunks warp and warp + 16: a lane's 16 values of a row in one word
+        static_assert(kDsVec == 2, "a lane's 16 int8 values pair with its two words of x");
 #pragma unroll
-      for (int h = 0; h < kSeg / kDsSegment; ++h) {  // the warp's chunks warp, warp + 16, ... of the segment
-        const int at = (warp + h * kDsWarps) * kDsChunk + 8 * kDsVec * t;  // the lane's 16 values
-        if (at < len) {  // len: a multiple of the chunk
-          const unsigned char* lo = st + g * kDsRowBytes<W, kSegBytes> + at * static_cast<int>(sizeof(W));
-          const unsigned char* hi = lo + 8 * kDsRowBytes<W, kSegBytes>;
-          const auto* xv = reinterpret_cast<const uint4*>(xs + seg * kSeg + at);
-          if constexpr (sizeof(W) == 1) {  // the 16 values of a row in one word, as int8_linear_mma's
-            static_assert(kDsVec == 2, "a lane's 16 int8 values pair with its two words of x");
+        for (int h = 0; h < 2; ++h) {
+          const int at = (warp + h * kDsWarps) * kDsChunk + 8 * kDsVec * t;
+          if (at < len) {
+            const uint4 wl = *reinterpret_cast<const uint4*>(st + g * kDsRowBytes<W> + at);
+            const uint4 wh = *reinterpret_cast<const uint4*>(st + (g + 8) * kDsRowBytes<W> + at);
+            const auto* xv = reinterpret_cast<const uint4*>(xs + seg * kSeg + at);
             const uint4 x2[1][2] = {{xv[0], xv[1]}};
-            int8_mma_chunk<T, 1>(*reinterpret_cast<const uint4*>(lo), *reinterpret_cast<const uint4*>(hi), x2,
-                                 reinterpret_cast<float(&)[1][4]>(acc));
-          } else {
-            const auto* wl = reinterpret_cast<const uint4*>(lo);
-            const auto* wh = reinterpret_cast<const uint4*>(hi);
-#pragma unroll
-            for (int v = 0; v < kDsVec; ++v) linear_mma_words<T>(wl[v], wh[v], xv[v], acc);
+            int8_mma_chunk<T, 1>(wl, wh, x2, reinterpret_cast<float(&)[1][4]>(acc));
           }
         }
+      } else if (warp * kDsChunk < len) {
+        const int col = (warp * kDsChunk + 8 * kDsVec * t) * static_cast<int>(sizeof(W));
+        const auto* wl = reinterpret_cast<const uint4*>(st + g * kDsRowBytes<W> + col);
+        const auto* wh = reinterpret_cast<const uint4*>(st + (g + 8) * kDsRowBytes<W> + col);
+        const auto* xv = reinterpret_cast<const uint4*>(xs + seg * kSeg + warp * kDsChunk + 8 * kDsVec * t);
+#pragma unroll
+        for (int v = 0; v < kDsVec; ++v) linear_mma_words<T>(wl[v], wh[v], xv[v], acc);
       }
       __syncwarp();
       if (lane == 0) stage_arrive(&empty[stage]);
@@ -584,9 +585,9 @@ __device__ __forceinline__ void prefetch_heads(const DecodeStreamOp& op, long lo
 #endif
 
 // Dynamic shared memory: `stages` full and `stages` empty mbarriers (a 128-byte line or more), the ring (stages x
-// kDsStageBytes<W, kSegBytes>), then the input (kDecodeStreamMaxK values of T; an attention's scores there as floats). T:
+// kDsStageBytes<W>), then the input (kDecodeStreamMaxK values of T; an attention's scores there as floats). T:
 // the activations' type; W: the weights' (T, or int8 with per-row scales).
-template <typename T, typename W, int kSegBytes>
+template <typename T, typename W>
 __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
     decode_stream_kernel(const DecodeStreamOp* ops, int n_ops, unsigned* tags, unsigned long long* launches,
                          const long long* ids, const long long* positions, int stages, int vocab, int max_position,
@@ -600,7 +601,7 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
   auto* full = reinterpret_cast<std::uint64_t*>(dynamic);
   std::uint64_t* empty = full + stages;
   unsigned char* ring = dynamic + ((2 * stages * 8 + 127) / 128) * 128;
-  T* xs = reinterpret_cast<T*>(ring + static_cast<std::size_t>(stages) * kDsStageBytes<W, kSegBytes>);
+  T* xs = reinterpret_cast<T*>(ring + static_cast<std::size_t>(stages) * kDsStageBytes<W>);
   const int warp = static_cast<int>(threadIdx.x / 32);
   if (threadIdx.x == 0) {
     for (int j = 0; j < stages; ++j) {
@@ -613,7 +614,7 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
   }
   __syncthreads();
   if (warp == kDsWarps) {
-    produce<W, kSegBytes>(ops, n_ops, ring, full, empty, stages);
+    produce<W>(ops, n_ops, ring, full, empty, stages);
     return;
   }
   const unsigned epoch = epoch_shared;
@@ -630,7 +631,7 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
       if (s + 1 < n_ops && ops[s + 1].kind == kDecodeStreamAttention && threadIdx.x == 0) {
         prefetch_heads(ops[s + 1], position, static_cast<int>(sizeof(T)));
       }
-      run_linear<T, W, kSegBytes>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, i, row);
+      run_linear<T, W>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, i, row);
     } else if (op.kind == kDecodeStreamEmbed) {
       run_embed<T>(op, tags, epoch, id, position);
       if (row != nullptr && threadIdx.x == 0) row[0] = row[1] = now_ns();
@@ -647,26 +648,26 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
 
 namespace {
 
-template <typename W, int kSegBytes>
+template <typename W>
 std::size_t dynamic_bytes(int stages) {
   return static_cast<std::size_t>((2 * stages * 8 + 127) / 128 * 128) +
-         static_cast<std::size_t>(stages) * kernels::kDsStageBytes<W, kSegBytes> + kDecodeStreamMaxK * 2;
+         static_cast<std::size_t>(stages) * kernels::kDsStageBytes<W> + kDecodeStreamMaxK * 2;
 }
 
 // The most stages that fit beside the kernel's static shared memory; the kernel allowed their bytes.
-template <typename T, typename W, int kSegBytes>
+template <typename T, typename W>
 int prepare_stream(int device) {
-  auto* kernel = kernels::decode_stream_kernel<T, W, kSegBytes>;
+  auto* kernel = kernels::decode_stream_kernel<T, W>;
   int optin = 0;
   GPUOPT_CHECK_CUDA(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   cudaFuncAttributes attributes = {};
   GPUOPT_CHECK_CUDA(cudaFuncGetAttributes(&attributes, kernel));
   const auto room = static_cast<std::int64_t>(optin) - static_cast<std::int64_t>(attributes.sharedSizeBytes);
   int most = 0;
-  while (static_cast<std::int64_t>(dynamic_bytes<W, kSegBytes>(most + 1)) <= room) ++most;
+  while (static_cast<std::int64_t>(dynamic_bytes<W>(most + 1)) <= room) ++most;
   GPUOPT_CHECK_VALUE(most >= 2, "decode_stream: shared memory holds fewer than two stages (", optin,
                      " bytes a block)");
-  const std::size_t bytes = dynamic_bytes<W, kSegBytes>(most);
+  const std::size_t bytes = dynamic_bytes<W>(most);
   GPUOPT_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   int per_sm = 0;
   GPUOPT_CHECK_CUDA(
@@ -676,39 +677,25 @@ int prepare_stream(int device) {
   return most;
 }
 
-template <typename T, typename W, int kSegBytes>
+template <typename T, typename W>
 void launch_stream(const DecodeStreamParams& p, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(p.blocks));
   config.blockDim = dim3((kernels::kDsWarps + 1) * 32);
-  config.dynamicSmemBytes = dynamic_bytes<W, kSegBytes>(p.stages);
+  config.dynamicSmemBytes = dynamic_bytes<W>(p.stages);
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeCooperative;
   attribute[0].val.cooperative = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  const cudaError_t status = cudaLaunchKernelEx(&config, kernels::decode_stream_kernel<T, W, kSegBytes>, p.ops, p.n_ops, p.tags,
+  const cudaError_t status = cudaLaunchKernelEx(&config, kernels::decode_stream_kernel<T, W>, p.ops, p.n_ops, p.tags,
                                                 p.launches, p.ids, p.position, p.stages, p.vocab,
                                                 p.max_position, p.trace);
   if (status != cudaSuccess) (void)cudaGetLastError();
   GPUOPT_CHECK(status == cudaSuccess, "decode_stream: cooperative launch failed: ", cudaGetErrorName(status), " (",
                cudaGetErrorString(status), "); stages (", p.stages, ") must be at most decode_stream_stages(), ",
                "called before the first launch");
-}
-
-template <typename T, typename W>
-int prepare_for(int device, int segment_bytes) {
-  return segment_bytes == 4096 ? prepare_stream<T, W, 4096>(device) : prepare_stream<T, W, 2048>(device);
-}
-
-template <typename T, typename W>
-void launch_for(const DecodeStreamParams& p, cudaStream_t stream) {
-  if (p.segment_bytes == 4096) {
-    launch_stream<T, W, 4096>(p, stream);
-  } else {
-    launch_stream<T, W, 2048>(p, stream);
-  }
 }
 
 }  // namespace
@@ -719,17 +706,15 @@ int decode_stream_blocks(int device) {
   return sms;
 }
 
-int decode_stream_stages(ActivationType type, int device, bool int8_weights, int segment_bytes) {
+int decode_stream_stages(ActivationType type, int device, bool int8_weights) {
   GPUOPT_CHECK_VALUE(type == ActivationType::kFloat16 || type == ActivationType::kBFloat16,
                      "decode_stream: needs float16 or bfloat16");
-  GPUOPT_CHECK_VALUE(segment_bytes == 2048 || segment_bytes == 4096, "decode_stream: segment_bytes must be 2048 "
-                     "or 4096, got ", segment_bytes);
   if (int8_weights) {
-    return type == ActivationType::kFloat16 ? prepare_for<__half, std::int8_t>(device, segment_bytes)
-                                            : prepare_for<__nv_bfloat16, std::int8_t>(device, segment_bytes);
+    return type == ActivationType::kFloat16 ? prepare_stream<__half, std::int8_t>(device)
+                                            : prepare_stream<__nv_bfloat16, std::int8_t>(device);
   }
-  return type == ActivationType::kFloat16 ? prepare_for<__half, __half>(device, segment_bytes)
-                                          : prepare_for<__nv_bfloat16, __nv_bfloat16>(device, segment_bytes);
+  return type == ActivationType::kFloat16 ? prepare_stream<__half, __half>(device)
+                                          : prepare_stream<__nv_bfloat16, __nv_bfloat16>(device);
 }
 
 void decode_stream(const DecodeStreamParams& p, cudaStream_t stream) {
@@ -741,18 +726,16 @@ void decode_stream(const DecodeStreamParams& p, cudaStream_t stream) {
                          p.ids != nullptr && p.position != nullptr && p.blocks >= 1 && p.stages >= 2,
                      "decode_stream: ops, tags, launches, ids and position must be set, with at least one op, "
                      "one block and two stages");
-  GPUOPT_CHECK_VALUE(p.segment_bytes == 2048 || p.segment_bytes == 4096, "decode_stream: segment_bytes must be "
-                     "2048 or 4096, got ", p.segment_bytes);
   if (p.type == ActivationType::kFloat16) {
     if (p.int8_weights) {
-      launch_for<__half, std::int8_t>(p, stream);
+      launch_stream<__half, std::int8_t>(p, stream);
     } else {
-      launch_for<__half, __half>(p, stream);
+      launch_stream<__half, __half>(p, stream);
     }
   } else if (p.int8_weights) {
-    launch_for<__nv_bfloat16, std::int8_t>(p, stream);
+    launch_stream<__nv_bfloat16, std::int8_t>(p, stream);
   } else {
-    launch_for<__nv_bfloat16, __nv_bfloat16>(p, stream);
+    launch_stream<__nv_bfloat16, __nv_bfloat16>(p, stream);
   }
 }
 

@@ -161,10 +161,6 @@ void bind_llm(py::module_& m) {
                     "the ring's stages each block streams its weights through: 0 before finish(), which sets the "
                     "default (5, or fewer where fewer fit); settable after it to 2 .. the most a block's shared "
                     "memory holds, or 0 for the default")
-      .def_property("segment_bytes", &torch_ext::DecodeProgram::segment_bytes,
-                    &torch_ext::DecodeProgram::set_segment_bytes,
-                    "the bytes of each of a stage's 16 weight rows (one bulk copy each): 2048 (the default) or "
-                    "4096; settable after finish(), which sets the stages to the default")
       .def_property_readonly("max_stages", &torch_ext::DecodeProgram::max_stages,
                              "the most stages a block's shared memory holds (0 before finish())")
       .def_property_readonly("device", &torch_ext::DecodeProgram::device)

@@ -317,8 +317,7 @@ void DecodeProgram::finish() {
                     "step's token) and a positions table or an attention (the step's position bound)");
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
   const std::int64_t most =
-      cuda::decode_stream_stages(activation_type(dtype_), static_cast<int>(device_), int8_weights(),
-                                 static_cast<int>(segment_bytes_));
+      cuda::decode_stream_stages(activation_type(dtype_), static_cast<int>(device_), int8_weights());
   const auto options = at::TensorOptions().device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_)));
   tags_ = at::zeros({std::max<std::int64_t>(words_, 4)}, options.dtype(at::kInt));
   launches_ = at::zeros({1}, options.dtype(at::kLong));
@@ -355,17 +354,6 @@ void DecodeProgram::set_stages(std::int64_t stages) {
   stages_ = stages == 0 ? default_stages() : stages;
 }
 
-void DecodeProgram::set_segment_bytes(std::int64_t bytes) {
-  TORCH_CHECK(finished_, "DecodeProgram.segment_bytes: call finish() first");
-  TORCH_CHECK_VALUE(bytes == 2048 || bytes == 4096, "DecodeProgram.segment_bytes: must be 2048 or 4096, got ",
-                    bytes);
-  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device_));
-  most_stages_ = cuda::decode_stream_stages(activation_type(dtype_), static_cast<int>(device_), int8_weights(),
-                                            static_cast<int>(bytes));
-  segment_bytes_ = bytes;
-  stages_ = default_stages();
-}
-
 void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace) {
   TORCH_CHECK(finished_, "DecodeProgram.run: call finish() first");
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"ids", &ids}, {"position", &position}}) {
@@ -379,7 +367,6 @@ void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const
   cuda::DecodeStreamParams p;
   p.type = activation_type(dtype_);
   p.int8_weights = int8_weights();
-  p.segment_bytes = static_cast<int>(segment_bytes_);
   p.ops = reinterpret_cast<const cuda::DecodeStreamOp*>(ops_device_.const_data_ptr());
   p.n_ops = static_cast<int>(ops_.size());
   p.tags = static_cast<unsigned*>(tags_.data_ptr());
@@ -415,7 +402,6 @@ std::int64_t DecodeProgram::attention(std::int64_t, const at::Tensor&, const at:
 void DecodeProgram::finish() {}
 std::int64_t DecodeProgram::blocks() const { return 0; }
 void DecodeProgram::set_stages(std::int64_t) {}
-void DecodeProgram::set_segment_bytes(std::int64_t) {}
 void DecodeProgram::run(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&) {}
 
 #endif

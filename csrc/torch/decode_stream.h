@@ -54,10 +54,6 @@ class DecodeProgram {
   std::int64_t stages() const { return stages_; }
   std::int64_t max_stages() const { return most_stages_; }  // the most a block's shared memory holds (finish())
   void set_stages(std::int64_t stages);
-  // The bytes of each of a stage's 16 weight rows (one bulk copy each): 2048 (the default) or 4096; setting it
-  // (after finish()) sets the stages to the default for it. For tuning.
-  std::int64_t segment_bytes() const { return segment_bytes_; }
-  void set_segment_bytes(std::int64_t bytes);
 
   std::int64_t device() const { return device_; }
   std::int64_t n_ops() const;
@@ -89,7 +85,6 @@ class DecodeProgram {
   std::int64_t blocks_ = 0;       // set by finish()
   std::int64_t stages_ = 0;       // set by finish(), then set_stages
   std::int64_t most_stages_ = 0;
-  std::int64_t segment_bytes_ = 2048;
   bool finished_ = false;
   std::vector<at::Tensor> keep_;  // every tensor an operation points into
 #ifdef GPUOPT_WITH_CUDA

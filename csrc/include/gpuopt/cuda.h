@@ -308,7 +308,6 @@ struct DecodeStreamOp {
 struct DecodeStreamParams {
   ActivationType type = ActivationType::kFloat16;
   bool int8_weights = false;  // every linear operation's weights int8 (with scales), or all of `type`
-  int segment_bytes = 2048;   // a ring stage's bytes of each of its 16 weight rows: 2048 or 4096
   const DecodeStreamOp* ops = nullptr;  // device memory
   int n_ops = 0;
   unsigned* tags = nullptr;                // the activations' words, zero before the first launch
@@ -319,14 +318,14 @@ struct DecodeStreamParams {
   int max_position = 0;                    // the position must be below it
   int device = 0;
   int blocks = 0;  // decode_stream_blocks(device): one an SM
-  int stages = 0;  // the ring's stages: 2 .. decode_stream_stages(type, device, int8_weights, segment_bytes)
+  int stages = 0;  // the ring's stages: 2 .. decode_stream_stages(type, device, int8_weights)
   long long* trace = nullptr;  // null, or [blocks][n_ops][2] int64: each block's globaltimer (ns) when an
                                // operation's input was in and when it was done (a profile)
 };
 int decode_stream_blocks(int device);
 // The most ring stages a block of the kernel for `type` (and int8 or `type` weights) holds on `device` (its shared
 // memory); it also lets the kernel use that much, once for all later launches: call it before the first.
-int decode_stream_stages(ActivationType type, int device, bool int8_weights = false, int segment_bytes = 2048);
+int decode_stream_stages(ActivationType type, int device, bool int8_weights = false);
 void decode_stream(const DecodeStreamParams& p, cudaStream_t stream);
 
 // Whether decode_linear takes these arguments: fp16/bf16, 1 <= rows <= kDecodeLinearMaxRows, n >= 1,
