@@ -1,5 +1,5 @@
-"""LLM decode: gpuopt's fast path (static KV cache, CUDA-graph step, token loop in C++) against
-transformers' generate, in one run on one device (issue 14 targets):
+"""LLM decode: gpuopt's fast path (static KV cache, a CUDA-graph step or one persistent kernel, token
+loop in C++) against transformers' generate, in one run on one device (issue 14 targets):
 
 - OPT-1.3B fp16, batch 1, prompt 128, 256 new tokens: the fast path reads >= 70% of the measured HBM
   read bandwidth per decode step and is >= 7x faster per token than ``hf-generate`` measured in the
@@ -10,8 +10,9 @@ transformers' generate, in one run on one device (issue 14 targets):
 - timer check: TPOT from gpuopt's engine within 3% of a plain CUDA-event loop around the same graph
   replays.
 
-Parts (``--parts``): ``opt`` (hf-generate, static-graph fp16 and int8wo at batch 1, token identity and
-the timer check), ``gemv`` (the int8 operator's kernel settings in a CUDA graph of 24 layers' calls, against each
+Parts (``--parts``): ``opt`` (hf-generate, static-graph, static-graph-compile and static-megakernel in fp16 at
+batch 1, the fastest of them the fast path, its int8wo form and the faster graph path's, token identity and the
+timer check), ``gemv`` (the int8 operator's kernel settings in a CUDA graph of 24 layers' calls, against each
 other and fp16 cuBLAS on the model's decode-step matrices, interleaved), ``linear`` (gpuopt's fp16 decode
 linear kernel in each of its layouts against cuBLAS on the same matrices, interleaved), ``chain`` (24 layers' fp16
 linear layers chained in a CUDA graph, launched plainly and programmatically, interleaved), ``attention`` (gpuopt's decode
@@ -34,7 +35,7 @@ from _common import RESULTS, Target, parse_args, require_gpu, slug, write
 
 import gpuopt
 from gpuopt.llm import Models, measure_decode
-from gpuopt.llm.measure import default_attention, token_times
+from gpuopt.llm.measure import default_attention, default_fuse, token_times
 from gpuopt.llm.paths import Decoder
 
 # What the opt part measures the fast path without (each a cell right after the fast path's, since the H100's
@@ -129,29 +130,38 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
     run = _runner(args, ceilings, results, "opt", models, b, p, n, targets)
     base = run("hf-generate", "fp16")
     # gpuopt's fast path: the CUDA-graph step driven from C++, its step eager (captured as is) or compiled
-    # by inductor before the capture; the targets take the faster of the two in fp16.
-    fast_paths = {path: run(path, "fp16") for path in ("static-graph", "static-graph-compile")}
-    done = {path: r for path, r in fast_paths.items() if r is not None}
+    # by inductor before the capture, or (9.0+) one persistent kernel of gpuopt's (static-megakernel,
+    # gpuopt.llm.stream); the targets take the fastest in fp16, and its int8wo form. The ablations below
+    # apply to the faster graph path (the megakernel has none of those parts to take out).
+    hopper = torch.cuda.get_device_capability()[0] >= 9
+    graph_paths = {path: run(path, "fp16") for path in ("static-graph", "static-graph-compile")}
+    graphs_done = {path: r for path, r in graph_paths.items() if r is not None}
+    mega = run("static-megakernel", "fp16") if hopper else None
+    done = dict(graphs_done, **({"static-megakernel": mega} if mega is not None else {}))
     best = min(done, key=lambda path: done[path].tpot_ms["mean"]) if done else None
     fast = done.get(best)
     results["opt"]["fast_path"] = best
+    graph_best = min(graphs_done, key=lambda path: graphs_done[path].tpot_ms["mean"]) if graphs_done else None
+    graph_fast = graphs_done.get(graph_best)
+    results["opt"]["graph_fast_path"] = graph_best
     # What fusing the sibling projections (q/k/v; on by default in gpuopt's static paths) brings: the
     # fast path without it, in the same run and right after the fused paths (the H100's clocks drift
     # under its power cap over a run: the two are compared close together).
     ablations = args.ablations
-    unfused = (run(best, "fp16", label=f"fp16+{best}+unfused", fuse=False)
-               if best and "unfused" in ablations else None)
+    unfused = (run(graph_best, "fp16", label=f"fp16+{graph_best}+unfused", fuse=False)
+               if graph_best and "unfused" in ablations else None)
     # The same for gpuopt's decode attention (on by default where the model takes it): the fast path
     # with the model's own attention (SDPA), right after.
-    own_attention = (run(best, "fp16", label=f"fp16+{best}+model-attention", attention="model")
-                     if fast is not None and fast.attention == "gpuopt" and "model-attention" in ablations else None)
+    own_attention = (run(graph_best, "fp16", label=f"fp16+{graph_best}+model-attention", attention="model")
+                     if graph_fast is not None and graph_fast.attention == "gpuopt" and "model-attention" in ablations
+                     else None)
     # gpuopt's decode linear kernel (on by default in the fp16/bf16 static paths): the fast path with cuBLAS
     # linear layers instead, right after (the setting is read when the step is captured).
     cublas_linears = None
-    if fast is not None and fast.decode_linears and "cublas-linears" in ablations:
+    if graph_fast is not None and graph_fast.decode_linears and "cublas-linears" in ablations:
         before = gpuopt._C.decode_linear_kernel("cublas")
         try:
-            cublas_linears = run(best, "fp16", label=f"fp16+{best}+cublas-linears")
+            cublas_linears = run(graph_best, "fp16", label=f"fp16+{graph_best}+cublas-linears")
         finally:
             gpuopt._C.decode_linear_kernel(before)
     # Programmatic dependent launch of gpuopt's decode kernels and, with them, inductor's (on by default where
@@ -162,53 +172,56 @@ def part_opt(args, ceilings, results: dict, targets: list[Target]) -> None:
     def without_pdl(precision):
         before = gpuopt._C.programmatic_launch(False)
         try:
-            return run(best, precision, label=f"{precision}+{best}+no-pdl")
+            return run(graph_best, precision, label=f"{precision}+{graph_best}+no-pdl")
         finally:
             gpuopt._C.programmatic_launch(before)
 
-    no_pdl = without_pdl("fp16") if fast is not None and pdl else None
+    no_pdl = without_pdl("fp16") if graph_fast is not None and pdl else None
     # The norms folded into the linear layers after them and the residual adds moved into the epilogues of
     # those before (gpuopt.llm.fuse.fold_norms, passes.FuseResidual; on by default): without, right after.
-    fold = "no-fold" in ablations and fast is not None and fast.folded_norms > 0
-    no_fold = run(best, "fp16", label=f"fp16+{best}+no-fold", fold=False) if fold else None
+    fold = "no-fold" in ablations and graph_fast is not None and graph_fast.folded_norms > 0
+    no_fold = run(graph_best, "fp16", label=f"fp16+{graph_best}+no-fold", fold=False) if fold else None
     int8 = run(best, "int8wo") if best else None
-    int8_no_pdl = without_pdl("int8wo") if int8 is not None and pdl else None
-    int8_no_fold = run(best, "int8wo", label=f"int8wo+{best}+no-fold", fold=False) if fold and int8 else None
-    # The decode step as one persistent kernel (static-megakernel, gpuopt.llm.stream; 9.0+), after the fast path's
-    # cells, against the fast path of the same run. Not a candidate for the targets' fast path yet: it has no
-    # int8 form.
-    hopper = torch.cuda.get_device_capability()[0] >= 9
-    mega = run("static-megakernel", "fp16") if fast is not None and hopper else None
-    if mega is not None:
-        results["opt"]["megakernel_speedup"] = fast.tpot_ms["mean"] / mega.tpot_ms["mean"]
-        print(f"static-megakernel: TPOT {mega.tpot_ms['mean']:.3f} ms"
-              + (f" ({mega.pct_of_hbm_read:.1f}% of HBM read)" if mega.pct_of_hbm_read is not None else "")
-              + f" against {best}'s {fast.tpot_ms['mean']:.3f} ({results['opt']['megakernel_speedup']:.3f}x)",
-              flush=True)
-    for label, on, off in (("fp16", fast, no_fold), ("int8wo", int8, int8_no_fold)):
+    # The faster graph path's int8wo too where the megakernel is the fast path (the ablations' int8 cells are
+    # the graph path's).
+    graph_int8 = int8 if best == graph_best else (run(graph_best, "int8wo") if graph_best else None)
+    int8_no_pdl = without_pdl("int8wo") if graph_int8 is not None and pdl else None
+    int8_no_fold = (run(graph_best, "int8wo", label=f"int8wo+{graph_best}+no-fold", fold=False)
+                    if fold and graph_int8 else None)
+    # The persistent kernel against the faster graph path of the same run, in fp16 and int8wo.
+    for label, m, g in (("", mega, graph_fast), ("_int8",
+                        int8 if best == "static-megakernel" else None, graph_int8)):
+        if m is not None and g is not None:
+            results["opt"][f"megakernel_speedup{label}"] = g.tpot_ms["mean"] / m.tpot_ms["mean"]
+            print(f"static-megakernel{label.replace('_', ' ')}: TPOT {m.tpot_ms['mean']:.3f} ms"
+                  + (f" ({m.pct_of_hbm_read:.1f}% of HBM read)" if m.pct_of_hbm_read is not None else "")
+                  + f" against {graph_best}'s {g.tpot_ms['mean']:.3f} "
+                  f"({results['opt'][f'megakernel_speedup{label}']:.3f}x)", flush=True)
+    for label, on, off in (("fp16", graph_fast, no_fold), ("int8wo", graph_int8, int8_no_fold)):
         if on is not None and off is not None:
             results["opt"][f"fold_speedup_{label}"] = off.tpot_ms["mean"] / on.tpot_ms["mean"]
             print(f"folded norms and residual adds, {label}: {on.folded_norms} norms, TPOT {off.tpot_ms['mean']:.3f} "
                   f"(without) -> {on.tpot_ms['mean']:.3f} ms ({results['opt'][f'fold_speedup_{label}']:.3f}x)",
                   flush=True)
-    for label, on, off in (("fp16", fast, no_pdl), ("int8wo", int8, int8_no_pdl)):
+    for label, on, off in (("fp16", graph_fast, no_pdl), ("int8wo", graph_int8, int8_no_pdl)):
         if on is not None and off is not None:
             results["opt"][f"pdl_speedup_{label}"] = off.tpot_ms["mean"] / on.tpot_ms["mean"]
             print(f"programmatic launch, {label}: TPOT {off.tpot_ms['mean']:.3f} (without) -> "
                   f"{on.tpot_ms['mean']:.3f} ms ({results['opt'][f'pdl_speedup_{label}']:.3f}x)", flush=True)
-    if fast is not None and cublas_linears is not None:
-        results["opt"]["decode_linear_speedup"] = cublas_linears.tpot_ms["mean"] / fast.tpot_ms["mean"]
-        print(f"gpuopt's decode linear kernel: {fast.decode_linears} layers, TPOT {cublas_linears.tpot_ms['mean']:.3f} "
-              f"(cuBLAS) -> {fast.tpot_ms['mean']:.3f} ms ({results['opt']['decode_linear_speedup']:.3f}x)", flush=True)
-    if fast is not None and unfused is not None:
-        results["opt"]["fusion_speedup"] = unfused.tpot_ms["mean"] / fast.tpot_ms["mean"]
-        print(f"fused projections: {fast.fused_projections} groups, TPOT {unfused.tpot_ms['mean']:.3f} -> "
-              f"{fast.tpot_ms['mean']:.3f} ms ({results['opt']['fusion_speedup']:.3f}x)", flush=True)
+    g = graph_fast
+    if g is not None and cublas_linears is not None:
+        results["opt"]["decode_linear_speedup"] = cublas_linears.tpot_ms["mean"] / g.tpot_ms["mean"]
+        print(f"gpuopt's decode linear kernel: {g.decode_linears} layers, TPOT {cublas_linears.tpot_ms['mean']:.3f} "
+              f"(cuBLAS) -> {g.tpot_ms['mean']:.3f} ms ({results['opt']['decode_linear_speedup']:.3f}x)", flush=True)
+    if g is not None and unfused is not None:
+        results["opt"]["fusion_speedup"] = unfused.tpot_ms["mean"] / g.tpot_ms["mean"]
+        print(f"fused projections: {g.fused_projections} groups, TPOT {unfused.tpot_ms['mean']:.3f} -> "
+              f"{g.tpot_ms['mean']:.3f} ms ({results['opt']['fusion_speedup']:.3f}x)", flush=True)
 
-    if fast is not None and own_attention is not None:
-        results["opt"]["attention_speedup"] = own_attention.tpot_ms["mean"] / fast.tpot_ms["mean"]
+    if g is not None and own_attention is not None:
+        results["opt"]["attention_speedup"] = own_attention.tpot_ms["mean"] / g.tpot_ms["mean"]
         print(f"gpuopt's decode attention: TPOT {own_attention.tpot_ms['mean']:.3f} (model's own) -> "
-              f"{fast.tpot_ms['mean']:.3f} ms ({results['opt']['attention_speedup']:.3f}x)", flush=True)
+              f"{g.tpot_ms['mean']:.3f} ms ({results['opt']['attention_speedup']:.3f}x)", flush=True)
 
     if fast is not None:
         floor = (f"floor {fast.floor_tpot_ms:.3f} ms/token at {fast.hbm_read_gbps:.0f} GB/s ({fast.hbm_read_source})"
@@ -664,8 +677,8 @@ def _step_breakdown(args, models, b, p, n, results, targets) -> None:
 
 
 def _decoder(models, path, b, p, n, precision="fp16"):
-    # as measure_decode runs each path by default: fused projections, gpuopt's attention where it applies
-    model = models.candidate(precision, fused=not path.startswith("hf-"))
+    # as measure_decode runs each path by default: fused projections, gpuopt's attention where they apply
+    model = models.candidate(precision, fused=default_fuse(path))
     return Decoder(model, path, models.prompt(b, p), n, gpuopt._C.StepClock(0, n), torch.float16,
                    attention=default_attention(models, path))
 

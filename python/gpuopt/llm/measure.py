@@ -331,7 +331,7 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
         if why is not None:
             raise ValueError(f"path 'static-megakernel' cannot run {models.name}: {why}")
     if fuse is None:
-        fuse = not path.startswith("hf-") and path != "static-megakernel"
+        fuse = default_fuse(path)
     elif not isinstance(fuse, bool):
         raise TypeError(f"fuse must be True, False or None, got {fuse!r}")
     elif fuse and path.startswith("hf-"):
@@ -409,6 +409,12 @@ def measure_decode(model: str | torch.nn.Module | Models, *, path: str = "static
         return result
     finally:
         decoder.close()
+
+
+def default_fuse(path: str) -> bool:
+    """Whether measure_decode fuses the sibling projections (and folds the norms) by default: on gpuopt's
+    static paths, except ``static-megakernel``, whose kernel reads the model's own projections."""
+    return not path.startswith("hf-") and path != "static-megakernel"
 
 
 def default_attention(models: Models, path: str) -> str:
