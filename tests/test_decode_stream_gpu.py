@@ -353,33 +353,3 @@ def test_a_block_takes_several_heads_where_there_are_more_heads_than_blocks(opt1
     q, k, v = (table[1].float() @ w.float().t()).half().float().view(3, heads, d)
     torch.testing.assert_close(k_cache[0, :, at].float(), k, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(v_cache[0, :, at].float(), v, rtol=2e-3, atol=2e-3)
-
-
-@pytest.mark.parametrize("int8", [False, True])
-def test_an_operation_with_more_tiles_a_block_than_its_held_rows(opt125, int8):
-    """A normed linear with biases and 5 tiles more than 32 a block: the epilogue's rows (shift, norm sum and
-    with int8 weights the scales) of a block's first 32 tiles are held in shared memory, those of later tiles
-    asked a tile ahead; every row against float32 rounded where the model rounds."""
-    torch.manual_seed(5)
-    h, k = torch.float16, 64
-    p = _C.DecodeProgram(0, h)
-    n = 16 * (32 * p.blocks + 5)
-    table = (torch.randn(10, k, device="cuda") + 2).to(h)
-    pos = torch.randn(12, k, dtype=h, device="cuda")
-    g, b = torch.rand(k, dtype=h, device="cuda") + 0.5, torch.randn(k, dtype=h, device="cuda")
-    w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(h)
-    bias = torch.randn(n, dtype=h, device="cuda")
-    out = torch.zeros(n, dtype=h, device="cuda")
-    x = p.embed(table, pos, 2)
-    if int8:
-        q, s = _int8(w)
-        p.linear(x, [q], [bias], norm_weight=g, norm_bias=b, output=False, plain=out, scales=[s])
-        w = q.float() * s[:, None]
-    else:
-        p.linear(x, [w], [bias], norm_weight=g, norm_bias=b, output=False, plain=out)
-    p.finish()
-    p.run(torch.tensor([4], device="cuda"), torch.tensor([3], device="cuda"))
-    e = (table[4].float() + pos[5].float()).to(h).float()
-    ln = torch.nn.functional.layer_norm(e, (k,), g.float(), b.float(), 1e-5).to(h).float()
-    ref = ln @ w.float().t() + bias.float()
-    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)

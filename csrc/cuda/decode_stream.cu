@@ -17,8 +17,7 @@
 // (the host deals each operation's tiles on from where the one before stopped). Its input (k values, at most
 // kDecodeStreamMaxK) is asked for whole and waited for a segment at a time into shared memory. Each tile is
 // summed by 16 warps with tensor-core MMAs (warp w takes the 64-value chunks w, w + 16, ... as decode_linear's
-// kernel does) from the ring's stages of 16 rows x 2048 bytes (1024 values of T; with int8 weights, 2048
-// values, each word widened to T exactly for the MMAs and the sums scaled in the epilogue). A layer norm before is folded as
+// kernel does) from the ring's stages of 16 rows x 1024 values. A layer norm before is folded as
 // linear_epilogue.cuh folds it, with its scale on the input instead of in a copy of the weight: the values are
 // multiplied by the norm's weights as they come in, and the sums corrected in the epilogue with the mean and
 // deviation (taken once all are in) and weight @ norm_weight: norm_weight * in is rounded to T where the model
@@ -51,11 +50,9 @@ constexpr int kDsWarps = 16;  // consumer warps; the producer is one more
 constexpr int kDsVec = 2;  // 16-byte words of a row per lane and chunk (a chunk: 64 values)
 constexpr int kDsChunk = kDsVec * kLinearChunk;
 constexpr int kDsSegment = kDsWarps * kDsChunk;  // a stage's values of a row of T: 1024
-// A stage's values of a row of W: 2048 bytes (1024 of T, or 2048 int8 values, a warp taking chunks w and w + 16),
-// a bulk copy each. On the H200, OPT-1.3B's int8 step at position 300 took 812 us with rows of 1024 int8 values
-// (6 to 11 stages; both LM heads 52 us, fp16's step 885 us) and 657 us with 2048 (5 stages; LM head 31 us);
-// rows of 4096 bytes (2 or 3 stages fit) took 687-694 us in int8 and 924-937 in fp16, against 657 and 894
-// (interleaved, 2026-11-29).
+// A stage's values of a row of W: 2048 bytes (1024 of T, or 2048 int8 values, a warp taking chunks w and w + 16):
+// the same bytes a bulk copy, whose count (not the bytes) set the int8 ring's pace at 1024 values (on the H200,
+// OPT-1.3B's int8 step took 812 us against fp16's 885, both LM heads 52 us).
 template <typename W>
 constexpr int kDsSegmentOf = kDsSegment * 2 / static_cast<int>(sizeof(W));
 // A stage's row of weights of type W (T, or int8 with a scale per row) and the bytes after it: a lane (g, t) of
@@ -133,9 +130,9 @@ __device__ __forceinline__ int tile_part(const DecodeStreamOp& op, int tile, int
   return part;
 }
 
-// The block's weight segments (16 rows x up to kDsSegmentOf<W> values of one tile; W: the weights' type), in
-// the consumers' order: linear operations in program order, the block's tiles first_of(op), + grid, ... of
-// each, a tile's K in kDsSegmentOf<W>-value steps.
+// The block's weight segments (16 rows x up to 1024 values of one tile; W: the weights' type), in the
+// consumers' order: linear operations in program order, the block's tiles first_of(op), + grid, ... of each, a
+// tile's K in 1024-value steps.
 template <typename W>
 struct Segments {
   const DecodeStreamOp* ops;
@@ -270,8 +267,8 @@ __device__ __forceinline__ void take_values(const unsigned* words, unsigned epoc
   }
 }
 
-// What output row n's epilogue takes (c < 16: the tile's row c): the int8 weights' scale, the shift and the
-// norm's sum (the epilogue's rows), and the residual's word (its tag checked when it is added).
+// What output row n's epilogue takes (c < 16: the tile's row c), asked for a tile ahead: the int8 weights'
+// scale, the shift, the norm's sum and the residual's word (its tag checked when it is added).
 struct Epilogue {
   float scale = 1.0f;
   float shift = 0.0f;
@@ -279,40 +276,11 @@ struct Epilogue {
   unsigned residual = 0;
 };
 
-// The epilogue's rows of a block's first kDsHeldTiles tiles of an operation are asked into shared memory
-// (float [tile][scale, shift, norm sum][16]) when the operation starts, and waited for before its first
-// epilogue: asked a tile ahead instead, their latency held up every tile whose weights were already in the ring
-// (on the H200, OPT-1.3B's int8 fc1 took 4.5 us after its last block's input was in, for 4 such tiles).
-// Later tiles' rows (an LM head of more than kDsHeldTiles * blocks tiles) are asked a tile ahead.
-constexpr int kDsHeldTiles = 32;
-using HeldRows = float[3][16];
-
-__device__ __forceinline__ void ask_rows(const DecodeStreamOp& op, int first_tile, HeldRows* held) {
-  const int blocks = static_cast<int>(gridDim.x);
-  const int tiles = min((op.n / 16 - first_tile + blocks - 1) / blocks, kDsHeldTiles);
-  for (int q = static_cast<int>(threadIdx.x); q < tiles * 12; q += kDsThreads) {  // 4 16-byte words a row
-    const int j = q / 12;
-    const int a = q % 12 / 4;
-    const int word = q % 4;
-    float* dst = &held[j][a][4 * word];
-    const float* row = a == 0 ? op.weight_scale : a == 1 ? op.shift : op.norm_sum;
-    if (row != nullptr) {
-      async_copy16(dst, row + (first_tile + j * blocks) * 16 + 4 * word);
-    } else {
-      const float fill = a == 0 ? 1.0f : 0.0f;
-      dst[0] = dst[1] = dst[2] = dst[3] = fill;
-    }
-  }
-}
-
-// Row n's residual word asked for a tile ahead, and its rows too where they are not held (`far`).
-__device__ __forceinline__ Epilogue ask_epilogue(const DecodeStreamOp& op, const unsigned* tags, int n, bool far) {
+__device__ __forceinline__ Epilogue ask_epilogue(const DecodeStreamOp& op, const unsigned* tags, int n) {
   Epilogue e;
-  if (far) {
-    if (op.weight_scale != nullptr) e.scale = __ldg(op.weight_scale + n);
-    if (op.shift != nullptr) e.shift = __ldg(op.shift + n);
-    if (op.norm_sum != nullptr) e.norm_sum = __ldg(op.norm_sum + n);
-  }
+  if (op.weight_scale != nullptr) e.scale = __ldg(op.weight_scale + n);
+  if (op.shift != nullptr) e.shift = __ldg(op.shift + n);
+  if (op.norm_sum != nullptr) e.norm_sum = __ldg(op.norm_sum + n);
   if (op.residual >= 0) e.residual = tagged_load1(tags + op.residual + n);
   return e;
 }
@@ -326,8 +294,8 @@ __device__ __forceinline__ Epilogue ask_epilogue(const DecodeStreamOp& op, const
 // a segment is 2048 values, a warp's chunks w and w + 16).
 template <typename T, typename W>
 __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch,
-                           float* red, HeldRows* held, unsigned char* ring, std::uint64_t* full,
-                           std::uint64_t* empty, int stages, unsigned& i, long long* trace) {
+                           float* red, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages,
+                           unsigned& i, long long* trace) {
   const int blocks = static_cast<int>(gridDim.x);
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -340,9 +308,8 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   const auto* gamma = static_cast<const T*>(op.norm_weight);
   constexpr int kSeg = kDsSegmentOf<W>;
   const int segments = (k + kSeg - 1) / kSeg;
-  ask_rows(op, first_tile, held);
   Epilogue now;
-  if (c < 16) now = ask_epilogue(op, tags, first_tile * 16 + c, false);
+  if (c < 16) now = ask_epilogue(op, tags, first_tile * 16 + c);
   WordStats stats = {};           // the norm's sums of this thread's words
   float norm[2] = {0.0f, 0.0f};   // then the block's sum and sum of squares, then the mean and 1 / deviation
   int ready = 0;
@@ -350,9 +317,8 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   int buffer = 0;  // the tiles' sums alternate between two halves of scratch: one sync a tile
   for (int tile = first_tile; tile * 16 < op.n; tile += blocks, buffer ^= 1) {
     const int n = tile * 16 + c;
-    const int j = (tile - first_tile) / blocks;  // the block's j-th tile of the operation
     Epilogue next;
-    if (c < 16 && n + 16 * blocks < op.n) next = ask_epilogue(op, tags, n + 16 * blocks, j + 1 >= kDsHeldTiles);
+    if (c < 16 && n + 16 * blocks < op.n) next = ask_epilogue(op, tags, n + 16 * blocks);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int seg = 0; seg * kSeg < k; ++seg, ++i) {
       const int len = min(kSeg, k - seg * kSeg);
@@ -405,14 +371,8 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       sums[warp * 16 + g] = acc[0];
       sums[warp * 16 + g + 8] = acc[2];
     }
-    if (tile == first_tile) async_copies_wait();  // the held rows in (the sync below shows them to all)
     consumers_sync<kDsThreads>();
     if (c < 16) {
-      if (j < kDsHeldTiles) {
-        now.scale = held[j][0][c];
-        now.shift = held[j][1][c];
-        now.norm_sum = held[j][2][c];
-      }
       float sum = 0.0f;
 #pragma unroll
       for (int w = 0; w < kDsWarps; ++w) sum += sums[w * 16 + c];
@@ -637,7 +597,6 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
   __shared__ float scratch[kDsWarps * kDsMaxDim];  // the tiles' sums of each warp (two buffers); an attention's
   __shared__ float red[2 * kDsWarps];
   __shared__ float head[2 * kDsMaxDim];  // an attention's query and key
-  __shared__ __align__(16) HeldRows held[kDsHeldTiles];  // a linear operation's epilogue rows (ask_rows)
   __shared__ unsigned epoch_shared;
   auto* full = reinterpret_cast<std::uint64_t*>(dynamic);
   std::uint64_t* empty = full + stages;
@@ -672,7 +631,7 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
       if (s + 1 < n_ops && ops[s + 1].kind == kDecodeStreamAttention && threadIdx.x == 0) {
         prefetch_heads(ops[s + 1], position, static_cast<int>(sizeof(T)));
       }
-      run_linear<T, W>(op, tags, epoch, xs, scratch, red, held, ring, full, empty, stages, i, row);
+      run_linear<T, W>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, i, row);
     } else if (op.kind == kDecodeStreamEmbed) {
       run_embed<T>(op, tags, epoch, id, position);
       if (row != nullptr && threadIdx.x == 0) row[0] = row[1] = now_ns();

@@ -282,7 +282,7 @@ struct DecodeStreamOp {
   const void* weight[kDecodeStreamMaxParts] = {};        // [part_rows, k], contiguous, 16-byte aligned: of T,
                                                          // or int8 in a program of int8 weights
   // linear, int8 weights: each output row's sum times its scale (float32 [n]) before the norm's correction and
-  // the shift; null for weights of T. It, shift and norm_sum (the epilogue's rows) 16-byte aligned
+  // the shift; null for weights of T
   const float* weight_scale = nullptr;
   // linear: added to output row r before the ReLU: the bias, and with a layer norm weight @ norm_bias too
   // (float32 [n]), or null
