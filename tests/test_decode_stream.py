@@ -74,12 +74,16 @@ def test_without_a_gpu_the_path_and_the_program_say_so():
 
 def test_a_quantized_or_fused_layer_is_named(opt125):
     layer = opt125.model.decoder.layers[0]
-    before = layer.fc1
-    layer.fc1 = torch.nn.Sequential(before)
-    try:
-        assert "layer 0's fc1 is a Sequential" in stream.unsupported(opt125, 1, torch.float16, 64)
-    finally:
-        layer.fc1 = before
+    for name in ("fc1", "q_proj"):  # q_proj: the first, whose kind the others are held to
+        owner = layer if name == "fc1" else layer.self_attn
+        before = getattr(owner, name)
+        setattr(owner, name, torch.nn.Sequential(before))
+        try:
+            why = stream.unsupported(opt125, 1, torch.float16, 64)
+            assert f"layer 0's {name} is a Sequential" in why and "plain nn.Linear layers" in why
+            assert "where" not in why or name == "fc1"
+        finally:
+            setattr(owner, name, before)
 
 
 def test_an_int8_weight_only_model_is_taken_and_a_mix_is_named(opt125):
@@ -105,5 +109,11 @@ def test_an_int8_weight_only_model_is_taken_and_a_mix_is_named(opt125):
         assert "layer 1's fc1 has activation 'relu'" in stream.unsupported(model, 1, torch.float16, 256)
     finally:
         layer.fc1.activation = "none"
+    layer.fc2.folded_norm = "layer"
+    try:
+        assert "layer 1's fc2 has activation 'none' and folded_norm 'layer'" in stream.unsupported(
+            model, 1, torch.float16, 256)
+    finally:
+        layer.fc2.folded_norm = "none"
     model.lm_head = torch.nn.Linear(8, 8)
     assert "lm_head is a Linear" in stream.unsupported(model, 1, torch.float16, 256)

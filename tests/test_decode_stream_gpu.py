@@ -200,15 +200,16 @@ def _int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(w.float() / scales[:, None]).clamp(-127, 127).to(torch.int8), scales
 
 
+@pytest.mark.parametrize("k", [1344, 3392])
 @pytest.mark.parametrize("h", [torch.float16, torch.bfloat16])
-def test_a_small_program_with_int8_weights_computes_its_linear_layers(opt125, h):
-    """embed -> an int8 linear of two parts with a layer norm, biases, a ReLU and a residual over K = 1344 (a
-    segment of 1024 and one of 320) -> an int8 linear with 3 more tiles than blocks into a plain output, at
-    the default stages, the most and 2, against the dequantized weights in float32 rounded where the model
-    rounds; the input's mean about twice its deviation. And the program's refusals of int8 weights."""
+def test_a_small_program_with_int8_weights_computes_its_linear_layers(opt125, h, k):
+    """embed -> an int8 linear of two parts with a layer norm, biases, a ReLU and a residual over K (int8
+    segments are 2048 values: 1344 is one short segment, 3392 a whole one and a short one of 1344, whose warps
+    0-4 take a second chunk) -> an int8 linear with 3 more tiles than blocks into a plain output, at the
+    default stages, the most and 2, against the dequantized weights in float32 rounded where the model rounds;
+    the input's mean about twice its deviation. And the program's refusals of int8 weights."""
     torch.manual_seed(4)
     tol = 2e-2 if h == torch.float16 else 8e-2
-    k = 1344
     p = _C.DecodeProgram(0, h)
     n = 16 * (p.blocks + 3)
     table = (torch.randn(10, k, device="cuda") + 3).to(h)
@@ -313,9 +314,10 @@ def test_a_small_programs_attention_matches_torch_at_the_cache_ends(opt125, head
     torch.testing.assert_close(res.float(), big[2].float() @ wk.float().t(), rtol=1e-2, atol=1e-2)
 
 
-def test_an_input_of_8192_values_with_and_without_a_layer_norm(opt125):
+@pytest.mark.parametrize("int8", [False, True])
+def test_an_input_of_8192_values_with_and_without_a_layer_norm(opt125, int8):
     """K = 8192 (the most): every thread's four 16-byte words of the input, asked for at once, then waited for a
-    segment at a time, with and without a (folded) norm."""
+    segment at a time (8 segments of fp16 weights, 4 of int8), with and without a (folded) norm."""
     torch.manual_seed(2)
     h, k = torch.float16, 8192
     big = torch.randn(2, k, dtype=h, device="cuda")
@@ -324,8 +326,14 @@ def test_an_input_of_8192_values_with_and_without_a_layer_norm(opt125):
     plain, normed = torch.zeros(32, dtype=h, device="cuda"), torch.zeros(32, dtype=h, device="cuda")
     p = _C.DecodeProgram(0, h)
     x = p.embed(big, torch.zeros(4, k, dtype=h, device="cuda"))
-    p.linear(x, [w], [None], output=False, plain=plain)
-    p.linear(x, [w], [None], norm_weight=g, norm_bias=b, output=False, plain=normed)
+    if int8:
+        q, s = _int8(w)
+        w = q.float() * s[:, None]  # the reference: the weights as the kernel's sums see them
+        p.linear(x, [q], [None], output=False, plain=plain, scales=[s])
+        p.linear(x, [q], [None], norm_weight=g, norm_bias=b, output=False, plain=normed, scales=[s])
+    else:
+        p.linear(x, [w], [None], output=False, plain=plain)
+        p.linear(x, [w], [None], norm_weight=g, norm_bias=b, output=False, plain=normed)
     p.finish()
     p.run(torch.tensor([1], device="cuda"), torch.tensor([0], device="cuda"))
     e = big[1].float()

@@ -17,12 +17,13 @@
 // (the host deals each operation's tiles on from where the one before stopped). Its input (k values, at most
 // kDecodeStreamMaxK) is asked for whole and waited for a segment at a time into shared memory. Each tile is
 // summed by 16 warps with tensor-core MMAs (warp w takes the 64-value chunks w, w + 16, ... as decode_linear's
-// kernel does) from the ring's stages of 16 rows x 1024 values. A layer norm before is folded as
-// linear_epilogue.cuh folds it, with its scale on the input instead of in a copy of the weight: the values are
-// multiplied by the norm's weights as they come in, and the sums corrected in the epilogue with the mean and
-// deviation (taken once all are in) and weight @ norm_weight: norm_weight * in is rounded to T where the model
-// rounds the normed values, so the rounding error grows with the input's mean over its deviation (about 6 times
-// the model's at a mean of 6 deviations; OPT's parity is unchanged). The shift (bias, and weight @ norm_bias) is
+// kernel does) from the ring's stages of 16 rows x 2048 bytes (1024 values of T; int8 weights: 2048 values, a
+// warp's chunks w and w + 16, each word widened to T exactly for the MMAs and the sums scaled in the epilogue).
+// A layer norm before is folded as linear_epilogue.cuh folds it, with its scale on the input instead of in a copy
+// of the weight: the values are multiplied by the norm's weights as they come in, and the sums corrected in the
+// epilogue with the mean and deviation (taken once all are in) and weight @ norm_weight: norm_weight * in is
+// rounded to T where the model rounds the normed values, so the rounding error grows with the input's mean over
+// its deviation (about 6 times the model's at a mean of 6 deviations; OPT's parity is unchanged). The shift (bias, and weight @ norm_bias) is
 // added to the float32 sum and the result rounded to T; the ReLU and the residual follow in T's precision, as
 // the model's own modules round.
 //
@@ -50,9 +51,11 @@ constexpr int kDsWarps = 16;  // consumer warps; the producer is one more
 constexpr int kDsVec = 2;  // 16-byte words of a row per lane and chunk (a chunk: 64 values)
 constexpr int kDsChunk = kDsVec * kLinearChunk;
 constexpr int kDsSegment = kDsWarps * kDsChunk;  // a stage's values of a row of T: 1024
-// A stage's values of a row of W: 2048 bytes (1024 of T, or 2048 int8 values, a warp taking chunks w and w + 16):
-// the same bytes a bulk copy, whose count (not the bytes) set the int8 ring's pace at 1024 values (on the H200,
-// OPT-1.3B's int8 step took 812 us against fp16's 885, both LM heads 52 us).
+// A stage's values of a row of W: 2048 bytes (1024 of T, or 2048 int8 values, a warp taking chunks w and w + 16),
+// a bulk copy each. On the H200, OPT-1.3B's int8 step at position 300 took 812 us with rows of 1024 int8 values
+// (6 to 11 stages; both LM heads 52 us, fp16's step 885 us) and 657 us with 2048 (5 stages; LM head 31 us);
+// rows of 4096 bytes (2 or 3 stages fit) took 687-694 us in int8 and 924-937 in fp16, against 657 and 894
+// (interleaved, 2026-11-29).
 template <typename W>
 constexpr int kDsSegmentOf = kDsSegment * 2 / static_cast<int>(sizeof(W));
 // A stage's row of weights of type W (T, or int8 with a scale per row) and the bytes after it: a lane (g, t) of
@@ -130,9 +133,9 @@ __device__ __forceinline__ int tile_part(const DecodeStreamOp& op, int tile, int
   return part;
 }
 
-// The block's weight segments (16 rows x up to 1024 values of one tile; W: the weights' type), in the
-// consumers' order: linear operations in program order, the block's tiles first_of(op), + grid, ... of each, a
-// tile's K in 1024-value steps.
+// The block's weight segments (16 rows x up to kDsSegmentOf<W> values of one tile: 1024 of T, 2048 int8; W: the
+// weights' type), in the consumers' order: linear operations in program order, the block's tiles first_of(op),
+// + grid, ... of each, a tile's K in kDsSegmentOf<W>-value steps.
 template <typename W>
 struct Segments {
   const DecodeStreamOp* ops;

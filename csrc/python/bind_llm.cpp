@@ -145,8 +145,8 @@ void bind_llm(py::module_& m) {
            "into the product: norm_weight * input is rounded where the model rounds the normed values, and the "
            "biases and the weights' products with the norm's weight and bias are taken now, in float32 (a later "
            "change to them needs a new program); weights: 1 to 3 row blocks [N_p, K], of the program's dtype or "
-           "int8 with scales (one tensor of per-row scales per weight; a program's weights are all int8 or none "
-           "is); plain: a tensor receiving the output too; output=False: no activation (returns -1)")
+           "int8 with scales (one tensor of per-row scales per weight, taken now in float32; a program's weights are "
+           "all int8 or none is); plain: a tensor receiving the output too; output=False: no activation (returns -1)")
       .def("attention", &torch_ext::DecodeProgram::attention, py::arg("input"), py::arg("k_cache"),
            py::arg("v_cache"), py::arg("scale"),
            "one token's attention over caches [1, H, L, D] at the step's position (written there first); input: "

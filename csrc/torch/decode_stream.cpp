@@ -162,18 +162,20 @@ std::int64_t DecodeProgram::linear(std::int64_t input, const std::vector<at::Ten
       TORCH_CHECK_TYPE(w.scalar_type() == at::kChar, "DecodeProgram.linear: weight ", p, " must be int8 as weight 0 "
                        "is, got ", dtype_name(w.scalar_type()));
       check_tensor(op, "weight", w, at::kChar);
-      const at::Tensor& sc = (*scales)[p];
-      TORCH_CHECK_TYPE(sc.is_cuda() && sc.device().index() == device_ && at::isFloatingType(sc.scalar_type()),
-                       "DecodeProgram.linear: scales ", p, " must be a floating-point tensor on cuda:", device_,
-                       ", got ", dtype_name(sc.scalar_type()), " on ", sc.device());
-      TORCH_CHECK_VALUE(sc.numel() == w.size(0), "DecodeProgram.linear: scales ", p, " must have ", w.size(0),
-                        " values (one per row of weight ", p, "), got ", sc.numel());
     } else {
       check_tensor(op, "weight", w);
     }
     TORCH_CHECK_VALUE(w.dim() == 2 && w.size(1) == k && w.size(0) >= 16 && w.size(0) % 16 == 0,
                       "DecodeProgram.linear: weight ", p, " must be [N, ", k, "] (K the input's size) with N a "
                       "multiple of 16, got ", w.sizes());
+    if (int8) {
+      const at::Tensor& sc = (*scales)[p];
+      TORCH_CHECK_TYPE(sc.is_cuda() && sc.device().index() == device_ && at::isFloatingType(sc.scalar_type()),
+                       "DecodeProgram.linear: scales ", p, " must be a floating-point tensor on cuda:", device_,
+                       ", got ", dtype_name(sc.scalar_type()), " on ", sc.device());
+      TORCH_CHECK_VALUE(sc.numel() == w.size(0), "DecodeProgram.linear: scales ", p, " must have ", w.size(0),
+                        " values (one per row of weight ", p, "), got ", sc.numel());
+    }
     o.weight[p] = w.const_data_ptr();
     o.part_rows[p] = static_cast<int>(w.size(0));
     if (biases[p].has_value()) {

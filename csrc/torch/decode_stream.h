@@ -19,7 +19,8 @@ namespace gpuopt::torch_ext {
 // Operations are added in the order they run; each returns its output's activation id (>= 0) for later
 // operations to read. finish() uploads the program; run() then launches it (capturable in a CUDA graph). One
 // program launches on one stream at a time. Errors: TypeError for a tensor of the wrong dtype, device or layout,
-// ValueError for a shape or value the kernel does not take, both naming the operation and the argument.
+// ValueError for a shape or value the kernel does not take (and for int8 weights after weights of the program's
+// dtype, or the other way round: the program's kind of weights), both naming the operation and the argument.
 class DecodeProgram {
  public:
   DecodeProgram(std::int64_t device, c10::ScalarType dtype);
@@ -32,8 +33,9 @@ class DecodeProgram {
   // writes no activation (returns -1; `plain` then required). The layer norm is folded into the product: the
   // biases, weights @ norm_weight and weights @ norm_bias are taken here in float32, so a later change to a
   // bias, a norm or a weight of a normed operation needs a new program. Weights may be int8 with `scales` (one
-  // floating-point tensor of per-row scales per weight: weight_p = int8_p * scales_p[:, None]); a program's
-  // weights are all int8 or all of its dtype.
+  // floating-point tensor of per-row scales per weight: weight_p = int8_p * scales_p[:, None]), also taken here
+  // in float32 (a later change to them needs a new program; the int8 weights are read where they are); a
+  // program's weights are all int8 or all of its dtype.
   std::int64_t linear(std::int64_t input, const std::vector<at::Tensor>& weights,
                       const std::vector<std::optional<at::Tensor>>& biases,
                       const std::optional<at::Tensor>& norm_weight, const std::optional<at::Tensor>& norm_bias,

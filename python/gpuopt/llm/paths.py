@@ -13,7 +13,7 @@
   (gpt-fast's recipe; the CUDA graph is gpuopt's own).
 - ``static-megakernel``: as ``static-graph``, with the decode step one persistent kernel of gpuopt's that
   streams the weights through shared memory ahead of need (:mod:`gpuopt.llm.stream`: OPT models at batch 1 in
-  fp16/bf16 on compute capability 9.0+); the prefill is the model's own.
+  fp16/bf16, or int8wo, on compute capability 9.0+); the prefill is the model's own.
 
 Every path marks each token's completion on a :class:`gpuopt._C.StepClock` (CUDA events on the GPU, the
 host clock on CPU), from which TTFT, TPOT and inter-token latencies follow.

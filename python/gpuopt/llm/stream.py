@@ -10,13 +10,13 @@ reading it poll: there is no grid barrier and no memory fence between operations
 
 It reads the model's own weights where they are; none is copied. They are the model's dtype, or int8 with a scale
 per output row where every linear layer is a :class:`gpuopt.quant.Int8WeightOnlyLinear` (precision ``int8wo``):
-a stage of the ring then holds half the bytes, each 16-byte word 16 weights widened to fp16/bf16 exactly for the
-tensor cores, and the sums scaled in the epilogue. Each layer norm is folded into the matrix
-product after it, with float32 rows (the biases, and the weights' products with the norm's weight and bias)
-taken when the step is built, so a later change to the model needs a new step. It takes OPT's pre-norm
-architecture (``facebook/opt-*`` except 350m, whose norms come after), batch 1, float16 or bfloat16 activations, head size
-64 or 128, hidden and FFN sizes multiples of 64 up to 8192, a cache of at most 4096 positions (and the model's
-own limit, 2048 for OPT); compute capability 9.0+ on a CUDA device.
+a stage's row then holds 2048 weights in the 2 KB an fp16 row of 1024 takes, each 16-byte word 16 weights widened
+to fp16/bf16 exactly for the tensor cores, and the sums scaled in the epilogue. Each layer norm is folded into
+the matrix product after it, with float32 rows (the biases, the int8 layers' scales, and the weights' products
+with the norm's weight and bias) taken when the step is built, so a later change to the model needs a new step.
+It takes OPT's pre-norm architecture (``facebook/opt-*`` except 350m, whose norms come after), batch 1, float16
+or bfloat16 activations, head size 64 or 128, hidden and FFN sizes multiples of 64 up to 8192, a cache of at
+most 4096 positions (and the model's own limit, 2048 for OPT); compute capability 9.0+ on a CUDA device.
 """
 
 from __future__ import annotations
@@ -81,19 +81,31 @@ def _linears(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
     return named + [("lm_head", model.lm_head)]
 
 
+_KINDS = ("plain nn.Linear layers, or int8 weight-only ones (gpuopt.quant.quantize_int8_weight_only), all of one "
+          "kind (no fused ones)")
+
+
+def _int8_linears(model: torch.nn.Module) -> bool:
+    """Whether the step's linear layers are int8 weight-only ones (judged by the first: q_proj of layer 0)."""
+    from ..quant import Int8WeightOnlyLinear
+
+    return type(_linears(model)[0][1]) is Int8WeightOnlyLinear
+
+
 def _linears_unsupported(model: torch.nn.Module) -> str | None:
     """Why the linear layers cannot run in the kernel: each a plain ``nn.Linear``, or each an int8 weight-only
     layer as :func:`gpuopt.quant.quantize_int8_weight_only` makes it (no activation or norm folded in)."""
     from ..quant import Int8WeightOnlyLinear
 
     named = _linears(model)
-    int8 = type(named[0][1]) is Int8WeightOnlyLinear
+    int8 = _int8_linears(model)
     kind = Int8WeightOnlyLinear if int8 else torch.nn.Linear
+    first, module = named[0]
+    if type(module) is not kind:  # the first is neither kind
+        return f"{first} is a {type(module).__name__}; it reads {_KINDS}"
     for name, module in named:
         if type(module) is not kind:
-            return (f"{name} is a {type(module).__name__} where {named[0][0]} is a {kind.__name__}; it reads "
-                    "plain nn.Linear layers, or int8 weight-only ones (gpuopt.quant.quantize_int8_weight_only), "
-                    "all of one kind (no fused ones)")
+            return f"{name} is a {type(module).__name__} where {first} is a {kind.__name__}; it reads {_KINDS}"
         if int8 and (module.activation != "none" or module.folded_norm != "none"):
             return (f"{name} has activation {module.activation!r} and folded_norm {module.folded_norm!r}; it reads "
                     "int8 layers as quantize_int8_weight_only makes them ('none' and 'none')")
@@ -115,7 +127,7 @@ def build(model: torch.nn.Module, cache: Any, logits: torch.Tensor) -> Any:
     why = _linears_unsupported(model)
     if why is not None:
         raise ValueError(f"path 'static-megakernel' cannot run {type(model).__name__}: {why}")
-    int8 = hasattr(model.lm_head, "scales")  # every linear layer int8 weight-only
+    int8 = _int8_linears(model)  # every linear layer int8 weight-only (checked above)
 
     def linear(x: int, modules: list[torch.nn.Module], **kw: Any) -> int:
         scales = [m.scales for m in modules] if int8 else None
