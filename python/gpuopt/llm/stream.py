@@ -85,11 +85,10 @@ _KINDS = ("plain nn.Linear layers, or int8 weight-only ones (gpuopt.quant.quanti
           "kind (no fused ones)")
 
 
-def _int8_linears(model: torch.nn.Module) -> bool:
-    """Whether the step's linear layers are int8 weight-only ones (judged by the first: q_proj of layer 0)."""
+def _is_int8(module: torch.nn.Module) -> bool:
     from ..quant import Int8WeightOnlyLinear
 
-    return type(_linears(model)[0][1]) is Int8WeightOnlyLinear
+    return type(module) is Int8WeightOnlyLinear
 
 
 def _linears_unsupported(model: torch.nn.Module) -> str | None:
@@ -98,7 +97,7 @@ def _linears_unsupported(model: torch.nn.Module) -> str | None:
     from ..quant import Int8WeightOnlyLinear
 
     named = _linears(model)
-    int8 = _int8_linears(model)
+    int8 = _is_int8(named[0][1])  # the first layer's kind, which every other must share
     kind = Int8WeightOnlyLinear if int8 else torch.nn.Linear
     first, module = named[0]
     if type(module) is not kind:  # the first is neither kind
@@ -127,7 +126,7 @@ def build(model: torch.nn.Module, cache: Any, logits: torch.Tensor) -> Any:
     why = _linears_unsupported(model)
     if why is not None:
         raise ValueError(f"path 'static-megakernel' cannot run {type(model).__name__}: {why}")
-    int8 = _int8_linears(model)  # every linear layer int8 weight-only (checked above)
+    int8 = _is_int8(model.lm_head)  # every linear layer int8 weight-only, or none (checked above)
 
     def linear(x: int, modules: list[torch.nn.Module], **kw: Any) -> int:
         scales = [m.scales for m in modules] if int8 else None
