@@ -40,9 +40,10 @@ from gpuopt.llm.measure import default_attention, default_fuse, token_times
 from gpuopt.llm.paths import Decoder
 
 # What the opt part measures the faster graph path (static-graph or static-graph-compile) without (each a cell
-# right after that path's, since the H100's clocks drift under its power cap over a run): fusing the sibling projections, gpuopt's decode attention,
-# its decode linear kernel, programmatic dependent launch of its kernels (fp16 and int8wo), the norms folded
-# into the linear layers with the residual adds in their epilogues (fp16 and int8wo).
+# right after that path's, since the H100's clocks drift under its power cap over a run): fusing the sibling
+# projections, gpuopt's decode attention, its decode linear kernel, programmatic dependent launch of its kernels
+# (fp16 and int8wo), the norms folded into the linear layers with the residual adds in their epilogues (fp16 and
+# int8wo).
 ABLATIONS = ("unfused", "model-attention", "cublas-linears", "no-pdl", "no-fold")
 
 
@@ -62,8 +63,8 @@ def _extra(p):
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--ablations", type=_ablations, default=",".join(ABLATIONS),
-                   help="what the opt part also measures the faster graph path without, right after it (comma list of "
-                        + ", ".join(ABLATIONS) + "; empty for none)")
+                   help="what the opt part also measures the faster graph path without, right after it (comma "
+                        "list of " + ", ".join(ABLATIONS) + "; empty for none)")
     p.add_argument("--extra-paths", default="static,hf-static-compile,static-graph-compile",
                    help="paths of the 'paths' part, at batch 1 in fp16 (comma list)")
 
