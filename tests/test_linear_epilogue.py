@@ -203,6 +203,7 @@ def test_modules_from_a_norm_linear_keep_the_norm(precision, rng):
         else:
             mod = Int8WeightOnlyLinear.from_float(folded, torch.float32)
             assert mod.folded_norm == "layer" and mod.norm_sum.dtype == torch.float32
+            torch.testing.assert_close(mod.norm_sum, mod.weight.float().sum(1) * mod.scales.float())
         assert "folded_norm=layer" in repr(mod)
         got = mod(x.to(torch.float16 if precision == "fp16" else torch.float32)).float()
     torch.testing.assert_close(got, linear(norm(x)), rtol=0.05, atol=0.05)

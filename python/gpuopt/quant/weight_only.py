@@ -54,9 +54,11 @@ class Int8WeightOnlyLinear(torch.nn.Module):
         """With a folded layer norm: the kernel gets the scales in float32 (``norm_scales``, whatever x's
         dtype) and ``norm_sum`` = the weight's row sums times the same values. Recomputed after a move or
         cast and ``load_state_dict``."""
+        from ..llm.fuse import norm_row_sums  # lazily: gpuopt.llm imports gpuopt.quant
+
         folded = self.folded_norm == "layer"
         self.norm_scales = self.scales.detach().float() if folded else None
-        self.norm_sum = self.weight.float().sum(1) * self.norm_scales if folded else None
+        self.norm_sum = norm_row_sums(self.weight, self.norm_scales) if folded else None
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202  (nn.Module's signature)
         super()._apply(fn, recurse)
