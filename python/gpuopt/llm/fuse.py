@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..quant.prologue import RMS_NORMS, norm_of
+from ..quant.weight_only import norm_row_sums  # the linear operators' norm_sum (re-exported)
 
 # The sibling projections fused, in the order a model's forward calls them.
 GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -188,13 +189,6 @@ class NormLinear(nn.Linear):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", folded_norm={self.folded_norm}, eps={self.norm_eps}"
-
-
-def norm_row_sums(weight: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
-    """``norm_sum`` of gpuopt's linear operators for a folded layer norm: the weight's row sums in float32
-    (an int8 weight's times its per-channel ``scales``)."""
-    sums = weight.detach().float().sum(1)
-    return sums * scales.detach().float() if scales is not None else sums
 
 
 def fold_norms(model: nn.Module, layers: dict[str, tuple[tuple[str, str, bool], ...]] = NORM_FOLDS) -> int:

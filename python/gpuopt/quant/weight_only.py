@@ -13,6 +13,13 @@ import torch
 from .._ext import _C  # noqa: F401  (loads the gpuopt operators)
 
 
+def norm_row_sums(weight: torch.Tensor, scales: torch.Tensor | None = None) -> torch.Tensor:
+    """``norm_sum`` of gpuopt's linear operators for a folded layer norm: the weight's row sums in float32
+    (an int8 weight's times its per-channel ``scales``). Also :func:`gpuopt.llm.fuse.norm_row_sums`."""
+    sums = weight.detach().float().sum(1)
+    return sums * scales.detach().float() if scales is not None else sums
+
+
 class Int8WeightOnlyLinear(torch.nn.Module):
     """``y = (x @ weight.T) * scales + bias`` with an int8 ``weight`` [out, in] and per-output-channel
     ``scales``; built from a float linear layer by :meth:`from_float`.
@@ -54,8 +61,6 @@ class Int8WeightOnlyLinear(torch.nn.Module):
         """With a folded layer norm: the kernel gets the scales in float32 (``norm_scales``, whatever x's
         dtype) and ``norm_sum`` = the weight's row sums times the same values. Recomputed after a move or
         cast and ``load_state_dict``."""
-        from ..llm.fuse import norm_row_sums  # lazily: gpuopt.llm imports gpuopt.quant
-
         folded = self.folded_norm == "layer"
         self.norm_scales = self.scales.detach().float() if folded else None
         self.norm_sum = norm_row_sums(self.weight, self.norm_scales) if folded else None
