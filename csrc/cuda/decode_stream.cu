@@ -270,8 +270,8 @@ __device__ __forceinline__ void take_values(const unsigned* words, unsigned epoc
   }
 }
 
-// What output row n's epilogue takes (c < 16: the tile's row c), asked for a tile ahead: the int8 weights'
-// scale, the shift, the norm's sum and the residual's word (its tag checked when it is added).
+// What output row n's epilogue takes (c < 16: the tile's row c): the int8 weights' scale, the shift and the
+// norm's sum (the epilogue's rows), and the residual's word (its tag checked when it is added).
 struct Epilogue {
   float scale = 1.0f;
   float shift = 0.0f;
@@ -279,11 +279,45 @@ struct Epilogue {
   unsigned residual = 0;
 };
 
-__device__ __forceinline__ Epilogue ask_epilogue(const DecodeStreamOp& op, const unsigned* tags, int n) {
+// The epilogue's rows of a block's first kDsHeldTiles tiles of an operation are copied (cp.async) into scratch
+// behind the tiles' two sum buffers (float [tile][scale, shift, norm sum][16]) when the operation starts, before
+// its input is waited for, and waited for before its first epilogue. Asked a tile ahead with __ldg instead, the
+// rows (evicted from L2 by the weights streaming through it) came from DRAM behind the weight stream and held up
+// every tile whose weights were already in the ring: on the H200, OPT-1.3B's int8 step at position 300 took
+// 741 us that way and 693 us with the rows held, fp16's 927.5 and 918 (with no rows read at all, wrong logits:
+// 687 and 907; interleaved, 2026-11-29). Their room in scratch costs no shared memory: a first try (57976af)
+// held them in an array of their own, 6 KB more, which takes int8's five stages past 196 KB a block (the L1 then
+// has 28 KB of the SM's 256, not 60). An LM head of more than kDsHeldTiles tiles a block asks the later tiles' rows a
+// tile ahead.
+constexpr int kDsHeldTiles = 32;
+using HeldRows = float[3][16];
+constexpr int kDsSumFloats = 2 * kDsWarps * 16;  // the tiles' sums, two buffers, at scratch's start
+static_assert(kDsSumFloats + kDsHeldTiles * 3 * 16 <= kDsWarps * kDsMaxDim, "the held rows fit in scratch");
+
+__device__ __forceinline__ void ask_rows(const DecodeStreamOp& op, int first_tile, HeldRows* held) {
+  const int blocks = static_cast<int>(gridDim.x);
+  const int tiles = min((op.n / 16 - first_tile + blocks - 1) / blocks, kDsHeldTiles);  // n: 16 rows a tile
+  for (int q = static_cast<int>(threadIdx.x); q < tiles * 48; q += kDsThreads) {
+    const int j = q / 48;
+    const int a = q % 48 / 16;
+    const int r = q % 16;
+    const float* row = a == 0 ? op.weight_scale : a == 1 ? op.shift : op.norm_sum;
+    if (row != nullptr) {
+      async_copy4(&held[j][a][r], row + (first_tile + j * blocks) * 16 + r);
+    } else {
+      held[j][a][r] = a == 0 ? 1.0f : 0.0f;
+    }
+  }
+}
+
+// Row n's residual word, asked for a tile ahead; its rows too where they are not held (`far`).
+__device__ __forceinline__ Epilogue ask_epilogue(const DecodeStreamOp& op, const unsigned* tags, int n, bool far) {
   Epilogue e;
-  if (op.weight_scale != nullptr) e.scale = __ldg(op.weight_scale + n);
-  if (op.shift != nullptr) e.shift = __ldg(op.shift + n);
-  if (op.norm_sum != nullptr) e.norm_sum = __ldg(op.norm_sum + n);
+  if (far) {
+    if (op.weight_scale != nullptr) e.scale = __ldg(op.weight_scale + n);
+    if (op.shift != nullptr) e.shift = __ldg(op.shift + n);
+    if (op.norm_sum != nullptr) e.norm_sum = __ldg(op.norm_sum + n);
+  }
   if (op.residual >= 0) e.residual = tagged_load1(tags + op.residual + n);
   return e;
 }
@@ -311,8 +345,10 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   const auto* gamma = static_cast<const T*>(op.norm_weight);
   constexpr int kSeg = kDsSegmentOf<W>;
   const int segments = (k + kSeg - 1) / kSeg;
+  auto* held = reinterpret_cast<HeldRows*>(scratch + kDsSumFloats);
+  ask_rows(op, first_tile, held);
   Epilogue now;
-  if (c < 16) now = ask_epilogue(op, tags, first_tile * 16 + c);
+  if (c < 16) now = ask_epilogue(op, tags, first_tile * 16 + c, false);
   WordStats stats = {};           // the norm's sums of this thread's words
   float norm[2] = {0.0f, 0.0f};   // then the block's sum and sum of squares, then the mean and 1 / deviation
   int ready = 0;
@@ -320,8 +356,11 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   int buffer = 0;  // the tiles' sums alternate between two halves of scratch: one sync a tile
   for (int tile = first_tile; tile * 16 < op.n; tile += blocks, buffer ^= 1) {
     const int n = tile * 16 + c;
+    const int j = (tile - first_tile) / blocks;  // the block's j-th tile of the operation
     Epilogue next;
-    if (c < 16 && n + 16 * blocks < op.n) next = ask_epilogue(op, tags, n + 16 * blocks);
+    if (c < 16 && n + 16 * blocks < op.n) {
+      next = ask_epilogue(op, tags, n + 16 * blocks, j + 1 >= kDsHeldTiles);
+    }
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int seg = 0; seg * kSeg < k; ++seg, ++i) {
       const int len = min(kSeg, k - seg * kSeg);
@@ -374,8 +413,14 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       sums[warp * 16 + g] = acc[0];
       sums[warp * 16 + g + 8] = acc[2];
     }
+    if (tile == first_tile) async_copies_wait();  // the held rows in (the sync below shows them to all)
     consumers_sync<kDsThreads>();
     if (c < 16) {
+      if (j < kDsHeldTiles) {
+        now.scale = held[j][0][c];
+        now.shift = held[j][1][c];
+        now.norm_sum = held[j][2][c];
+      }
       float sum = 0.0f;
 #pragma unroll
       for (int w = 0; w < kDsWarps; ++w) sum += sums[w * 16 + c];

@@ -75,6 +75,14 @@ __device__ __forceinline__ void stage_copy(void* dst, const void* src, unsigned 
                : "memory");
 }
 
+// 4 bytes from global memory into shared memory, asynchronously: complete for this thread after
+// async_copies_wait().
+__device__ __forceinline__ void async_copy4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem(dst)), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void async_copies_wait() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
 __device__ __forceinline__ uint4 tagged_load4(const unsigned* p) {
   uint4 v;
   asm volatile("ld.relaxed.gpu.global.v4.b32 {%0, %1, %2, %3}, [%4];"
