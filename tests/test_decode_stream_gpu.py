@@ -106,6 +106,25 @@ def test_the_program_refuses_what_the_kernel_does_not_take(opt125):
         p.run(ids, torch.zeros(2, dtype=torch.long, device="cuda"))
     with pytest.raises(ValueError, match=r"trace must be \["):
         p.run(ids, ids, torch.zeros(3, dtype=torch.long, device="cuda"))
+    tokens, column = torch.zeros(1, 4, dtype=torch.long, device="cuda"), torch.zeros(1, dtype=torch.long, device="cuda")
+    with pytest.raises(ValueError, match="tokens and column come together .*got tokens alone"):
+        p.run(ids, ids, None, tokens)
+    with pytest.raises(ValueError, match="got column alone"):
+        p.run(ids, ids, None, None, column)
+    with pytest.raises(TypeError, match="tokens must be a contiguous int64 tensor on cuda:0, got int32"):
+        p.run(ids, ids, None, tokens.int(), column)
+    with pytest.raises(TypeError, match="column must be a contiguous int64 tensor"):
+        p.run(ids, ids, None, tokens, column.cpu())
+    with pytest.raises(ValueError, match=r"tokens must be \[T\] or \[1, T\] .*got \[2, 2\]"):
+        p.run(ids, ids, None, tokens.view(2, 2), column)
+    with pytest.raises(ValueError, match="column must hold one value, got 2"):
+        p.run(ids, ids, None, tokens, torch.zeros(2, dtype=torch.long, device="cuda"))
+    q = _C.DecodeProgram(0, h)  # its last operation writes an activation only: no logits to take the argmax of
+    q.linear(q.embed(table, torch.zeros(40, 128, dtype=h, device="cuda"), 2),
+             [torch.zeros(16, 128, dtype=h, device="cuda")], [None])
+    q.finish()
+    with pytest.raises(ValueError, match="last operation's plain output .*has none"):
+        q.run(ids, ids, None, tokens, column)
     with pytest.raises(TypeError, match="dtype must be float16 or bfloat16"):
         _C.DecodeProgram(0, torch.float32)
 
@@ -187,6 +206,49 @@ def test_a_normed_operation_with_more_tiles_than_blocks_and_a_partial_segment(op
         ln = torch.nn.functional.layer_norm(e, (k,), g.float(), b.float(), 1e-5).half().float()
         ref = ((ln @ w.t() + bias).half().float() + r_ref).half().float()
         torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_greedy_decoding_in_the_step_writes_the_first_largest_logits_index_and_advances(opt125):
+    """DecodeProgram.run with tokens and column: the argmax of the last operation's plain output goes into ids
+    and tokens[min(column, T - 1)], position and column advance by one, and the next step embeds that token.
+    The last operation has 33 tiles a block and 5 more, so tiles past the 32 whose epilogue rows a block holds
+    ask theirs a tile ahead; two of those rows are equal and the largest (same weights, same bias): the first
+    is taken, as torch.argmax takes it. The plain output is the same as without greedy decoding."""
+    torch.manual_seed(5)
+    h, k, slots = torch.float16, 128, 3
+    p = _C.DecodeProgram(0, h)
+    n = 16 * (33 * p.blocks + 5)
+    table = torch.randn(n, k, dtype=h, device="cuda")
+    pos = torch.randn(12, k, dtype=h, device="cuda")
+    w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(h)
+    bias = torch.randn(n, dtype=h, device="cuda")
+    first, second = 16 * (32 * p.blocks + 7) + 3, n - 2  # both in tiles a block does not hold the rows of
+    w[second] = w[first]
+    bias[first] = bias[second] = 40.0
+    out = torch.zeros(n, dtype=h, device="cuda")
+    p.linear(p.embed(table, pos, 2), [w], [bias], output=False, plain=out)
+    p.finish()
+    ids = torch.tensor([[3]], device="cuda")
+    at = torch.tensor([0], device="cuda")
+    tokens = torch.full((1, slots), -1, dtype=torch.long, device="cuda")
+    column = torch.zeros(1, dtype=torch.long, device="cuda")
+    for step in range(slots + 2):  # columns 3 and 4 land in the last slot
+        token = int(ids)
+        p.run(ids.clone(), at.clone())  # without greedy decoding: the reference output
+        plain = out.clone()
+        p.run(ids, at, None, tokens, column)
+        torch.cuda.synchronize()
+        assert torch.equal(out, plain)
+        e = (table[token].float() + pos[step + 2].float()).half().float()
+        torch.testing.assert_close(out.float(), (e @ w.float().t() + bias.float()).half().float(), rtol=2e-2,
+                                   atol=2e-2)
+        assert out[first] == out[second] == out.max()
+        best = int(out.float().argmax())
+        assert best == first
+        assert int(ids) == best
+        assert int(tokens[0, min(step, slots - 1)]) == best
+        assert int(at) == step + 1 and int(column) == step + 1
+    assert tokens.tolist() == [[first] * slots]
 
 
 def test_the_path_runs_half_precisions_and_int8_only(opt125):

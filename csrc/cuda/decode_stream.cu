@@ -322,6 +322,14 @@ __device__ __forceinline__ Epilogue ask_epilogue(const DecodeStreamOp& op, const
   return e;
 }
 
+// Greedy decoding's key of output row n with value v: larger for a larger value, then for a smaller n (the
+// first maximal index, as torch.argmax; a NaN counts as the largest value, as there). Never 0.
+__device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
+  unsigned bits = __float_as_uint(v);
+  bits = isnan(v) ? 0xffffffffu : (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+  return (static_cast<unsigned long long>(bits) << 32) | (0xffffffffu - static_cast<unsigned>(n));
+}
+
 // A linear operation's tiles in this block. The input is asked for whole and waited for a segment at a time as
 // the first tile needs it: the segments other blocks wrote first are summed while the last ones are written.
 // With a layer norm, the values are multiplied by the norm's weights as they come, and their mean and variance
@@ -332,7 +340,7 @@ __device__ __forceinline__ Epilogue ask_epilogue(const DecodeStreamOp& op, const
 template <typename T, typename W>
 __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch,
                            float* red, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages,
-                           unsigned& i, long long* trace) {
+                           unsigned& i, long long* trace, unsigned long long* best) {
   const int blocks = static_cast<int>(gridDim.x);
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -353,6 +361,7 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   float norm[2] = {0.0f, 0.0f};   // then the block's sum and sum of squares, then the mean and 1 / deviation
   int ready = 0;
   const unsigned pending = ask_values(tags + op.input, epoch, xs, k, gamma, stats);
+  unsigned long long mine = 0;  // greedy (best != null): the largest argmax_key of this thread's rows
   int buffer = 0;  // the tiles' sums alternate between two halves of scratch: one sync a tile
   for (int tile = first_tile; tile * 16 < op.n; tile += blocks, buffer ^= 1) {
     const int n = tile * 16 + c;
@@ -433,11 +442,17 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
         y = from_float<T>(to_float(y) + to_float(value_of<T>(now.residual)));
       }
       if (op.plain != nullptr) static_cast<T*>(op.plain)[n] = y;
+      if (best != nullptr) mine = max(mine, argmax_key(to_float(y), n));
       if (op.output >= 0) put<T>(tags, op.output, n, y, epoch);
     }
     now = next;
   }
   consumers_sync<kDsThreads>();  // scratch and xs free for the next operation
+  if (best != nullptr && warp == 0) {  // the block's largest key (lanes 16 .. 31 hold 0) into *best
+#pragma unroll
+    for (int o = 8; o > 0; o /= 2) mine = max(mine, __shfl_xor_sync(0xffffffffu, mine, o));
+    if (lane == 0) atomicMax(best, mine);
+  }
   if (trace != nullptr && threadIdx.x == 0) trace[1] = now_ns();
 }
 
@@ -638,8 +653,9 @@ __device__ __forceinline__ void prefetch_heads(const DecodeStreamOp& op, long lo
 template <typename T, typename W>
 __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
     decode_stream_kernel(const DecodeStreamOp* ops, int n_ops, unsigned* tags, unsigned long long* launches,
-                         const long long* ids, const long long* positions, int stages, int vocab, int max_position,
-                         long long* trace) {
+                         long long* ids, long long* positions, int stages, int vocab, int max_position,
+                         long long* trace, unsigned long long* greedy, long long* tokens, long long* column,
+                         int token_slots) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char dynamic[];
   __shared__ float scratch[kDsWarps * kDsMaxDim];  // the tiles' sums of each warp (two buffers); an attention's
@@ -679,7 +695,8 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
       if (s + 1 < n_ops && ops[s + 1].kind == kDecodeStreamAttention && threadIdx.x == 0) {
         prefetch_heads(ops[s + 1], position, static_cast<int>(sizeof(T)));
       }
-      run_linear<T, W>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, i, row);
+      run_linear<T, W>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, i, row,
+                       greedy != nullptr && s + 1 == n_ops ? greedy : nullptr);
     } else if (op.kind == kDecodeStreamEmbed) {
       run_embed<T>(op, tags, epoch, id, position);
       if (row != nullptr && threadIdx.x == 0) row[0] = row[1] = now_ns();
@@ -687,6 +704,23 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
       run_attention<T, 64>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row);
     } else {
       run_attention<T, 128>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row);
+    }
+  }
+  // Greedy: the last block to arrive has every block's key in greedy[0]; it writes the token where the next
+  // launch reads it (each block's threads read id and position at their start, before the sync here) and
+  // clears both words for that launch.
+  if (greedy != nullptr) consumers_sync<kDsThreads>();
+  if (greedy != nullptr && threadIdx.x == 0) {
+    __threadfence();  // this block's atomicMax before its arrival
+    if (atomicAdd(&greedy[1], 1ull) == gridDim.x - 1) {
+      __threadfence();
+      const unsigned long long key = atomicExch(&greedy[0], 0ull);
+      atomicExch(&greedy[1], 0ull);
+      const auto token = static_cast<long long>(0xffffffffu - static_cast<unsigned>(key & 0xffffffffull));
+      *ids = token;
+      tokens[min(*column, static_cast<long long>(token_slots - 1))] = token;
+      *column += 1;
+      *positions += 1;
     }
   }
 #endif
@@ -739,7 +773,8 @@ void launch_stream(const DecodeStreamParams& p, cudaStream_t stream) {
   config.numAttrs = 1;
   const cudaError_t status = cudaLaunchKernelEx(&config, kernels::decode_stream_kernel<T, W>, p.ops, p.n_ops, p.tags,
                                                 p.launches, p.ids, p.position, p.stages, p.vocab,
-                                                p.max_position, p.trace);
+                                                p.max_position, p.trace, p.greedy, p.tokens, p.column,
+                                                p.token_slots);
   if (status != cudaSuccess) (void)cudaGetLastError();
   GPUOPT_CHECK(status == cudaSuccess, "decode_stream: cooperative launch failed: ", cudaGetErrorName(status), " (",
                cudaGetErrorString(status), "); stages (", p.stages, ") must be at most decode_stream_stages(), ",

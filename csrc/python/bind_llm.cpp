@@ -153,9 +153,13 @@ void bind_llm(py::module_& m) {
            "a fused q/k/v activation (queries, keys, values); returns its activation id")
       .def("finish", &torch_ext::DecodeProgram::finish)
       .def("run", &torch_ext::DecodeProgram::run, py::arg("ids"), py::arg("position"), py::arg("trace") = py::none(),
+           py::arg("tokens") = py::none(), py::arg("column") = py::none(),
            "the step for the token `ids` (one int64) at `position` (one int64: the cache's fill level), on the "
            "current stream; trace: None or an int64 tensor [blocks, n_ops, 2] receiving each block's nanosecond "
-           "timestamps per operation (its input in, the operation done)")
+           "timestamps per operation (its input in, the operation done); tokens ([T] or [1, T]) and column (one "
+           "value), int64, together: greedy decoding in the step -- the argmax of the last operation's plain "
+           "output (the logits) written into ids and tokens[min(column, T - 1)], position and column advanced "
+           "by one")
       .def_property_readonly("blocks", &torch_ext::DecodeProgram::blocks)
       .def_property("stages", &torch_ext::DecodeProgram::stages, &torch_ext::DecodeProgram::set_stages,
                     "the ring's stages each block streams its weights through: 0 before finish(), which sets the "

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -322,7 +323,7 @@ void DecodeProgram::finish() {
       cuda::decode_stream_stages(activation_type(dtype_), static_cast<int>(device_), int8_weights());
   const auto options = at::TensorOptions().device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_)));
   tags_ = at::zeros({std::max<std::int64_t>(words_, 4)}, options.dtype(at::kInt));
-  launches_ = at::zeros({1}, options.dtype(at::kLong));
+  launches_ = at::zeros({3}, options.dtype(at::kLong));  // the launch count, then greedy decoding's two words
   blocks_ = cuda::decode_stream_blocks(static_cast<int>(device_));
   // Tiles and heads dealt on from where the operation before stopped: a block with fewer of one operation's
   // tiles takes the first of the next one's, which its ring fetched meanwhile. On the H200, OPT-1.3B's step at
@@ -356,8 +357,11 @@ void DecodeProgram::set_stages(std::int64_t stages) {
   stages_ = stages == 0 ? default_stages() : stages;
 }
 
-void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace) {
+void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace,
+                        const std::optional<at::Tensor>& tokens, const std::optional<at::Tensor>& column) {
   TORCH_CHECK(finished_, "DecodeProgram.run: call finish() first");
+  TORCH_CHECK_VALUE(tokens.has_value() == column.has_value(), "DecodeProgram.run: tokens and column come together "
+                    "(greedy decoding), got ", tokens.has_value() ? "tokens" : "column", " alone");
   for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"ids", &ids}, {"position", &position}}) {
     TORCH_CHECK_TYPE(t->is_cuda() && t->device().index() == device_ && t->scalar_type() == at::kLong,
                      "DecodeProgram.run: ", name, " must be int64 on cuda:", device_, ", got ",
@@ -373,8 +377,8 @@ void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const
   p.n_ops = static_cast<int>(ops_.size());
   p.tags = static_cast<unsigned*>(tags_.data_ptr());
   p.launches = static_cast<unsigned long long*>(launches_.data_ptr());
-  p.ids = static_cast<const long long*>(ids.const_data_ptr());
-  p.position = static_cast<const long long*>(position.const_data_ptr());
+  p.ids = static_cast<long long*>(ids.data_ptr());
+  p.position = static_cast<long long*>(position.data_ptr());
   p.vocab = static_cast<int>(vocab_);
   p.max_position = static_cast<int>(max_position_);
   p.device = static_cast<int>(device_);
@@ -387,6 +391,27 @@ void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const
     TORCH_CHECK_VALUE(trace->numel() == static_cast<std::int64_t>(p.blocks) * p.n_ops * 2, "DecodeProgram.run: trace ",
                       "must be [", p.blocks, ", ", p.n_ops, ", 2], got ", trace->sizes());
     p.trace = static_cast<long long*>(trace->data_ptr());
+  }
+  if (tokens.has_value()) {
+    for (const auto& [name, t] :
+         {std::pair<const char*, const at::Tensor*>{"tokens", &*tokens}, {"column", &*column}}) {
+      TORCH_CHECK_TYPE(t->is_cuda() && t->device().index() == device_ && t->scalar_type() == at::kLong &&
+                           t->is_contiguous(),
+                       "DecodeProgram.run: ", name, " must be a contiguous int64 tensor on cuda:", device_, ", got ",
+                       dtype_name(t->scalar_type()), " on ", t->device());
+    }
+    TORCH_CHECK_VALUE((tokens->dim() == 1 || (tokens->dim() == 2 && tokens->size(0) == 1)) && tokens->numel() >= 1 &&
+                          tokens->numel() <= std::numeric_limits<int>::max(),
+                      "DecodeProgram.run: tokens must be [T] or [1, T] with T >= 1 (batch 1), got ", tokens->sizes());
+    TORCH_CHECK_VALUE(column->numel() == 1, "DecodeProgram.run: column must hold one value, got ", column->numel());
+    const cuda::DecodeStreamOp& last = ops_.back();
+    TORCH_CHECK_VALUE(last.kind == cuda::kDecodeStreamLinear && last.plain != nullptr,
+                      "DecodeProgram.run: greedy decoding (tokens, column) takes the argmax of the last operation's "
+                      "plain output (the logits), and the program's last operation has none");
+    p.greedy = p.launches + 1;
+    p.tokens = static_cast<long long*>(tokens->data_ptr());
+    p.column = static_cast<long long*>(column->data_ptr());
+    p.token_slots = static_cast<int>(tokens->numel());
   }
   cuda::decode_stream(p, c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream());
 }
@@ -404,7 +429,8 @@ std::int64_t DecodeProgram::attention(std::int64_t, const at::Tensor&, const at:
 void DecodeProgram::finish() {}
 std::int64_t DecodeProgram::blocks() const { return 0; }
 void DecodeProgram::set_stages(std::int64_t) {}
-void DecodeProgram::run(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&) {}
+void DecodeProgram::run(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                        const std::optional<at::Tensor>&, const std::optional<at::Tensor>&) {}
 
 #endif
 

@@ -312,8 +312,9 @@ struct DecodeStreamParams {
   int n_ops = 0;
   unsigned* tags = nullptr;                // the activations' words, zero before the first launch
   unsigned long long* launches = nullptr;  // zero before the first launch
-  const long long* ids = nullptr;          // device: the step's token
-  const long long* position = nullptr;     // device: the step's position (the cache's fill level)
+  long long* ids = nullptr;                // device: the step's token (written with greedy)
+  long long* position = nullptr;           // device: the step's position, the cache's fill level (advanced
+                                           // with greedy)
   int vocab = 0;                           // ids must be below it
   int max_position = 0;                    // the position must be below it
   int device = 0;
@@ -321,6 +322,14 @@ struct DecodeStreamParams {
   int stages = 0;  // the ring's stages: 2 .. decode_stream_stages(type, device, int8_weights)
   long long* trace = nullptr;  // null, or [blocks][n_ops][2] int64: each block's globaltimer (ns) when an
                                // operation's input was in and when it was done (a profile)
+  // Greedy decoding's bookkeeping in the step, or null: the first index of the largest value of the last
+  // operation's output (a linear operation's `plain`: the logits) written into *ids and
+  // tokens[min(*column, token_slots - 1)], then *position and *column advanced by one. greedy: two uint64
+  // words, zero before the first launch; each launch leaves them zero.
+  unsigned long long* greedy = nullptr;
+  long long* tokens = nullptr;
+  long long* column = nullptr;
+  int token_slots = 0;
 };
 int decode_stream_blocks(int device);
 // The most ring stages a block of the kernel for `type` (and int8 or `type` weights) holds on `device` (its shared

@@ -13,7 +13,8 @@
   (gpt-fast's recipe; the CUDA graph is gpuopt's own).
 - ``static-megakernel``: as ``static-graph``, with the decode step one persistent kernel of gpuopt's that
   streams the weights through shared memory ahead of need (:mod:`gpuopt.llm.stream`: OPT models at batch 1 in
-  fp16/bf16, or int8wo, on compute capability 9.0+); the prefill is the model's own.
+  fp16/bf16, or int8wo, on compute capability 9.0+) and takes the argmax and the loop's bookkeeping itself,
+  so the decode graph is that one kernel; the prefill is the model's own.
 
 Every path marks each token's completion on a :class:`gpuopt._C.StepClock` (CUDA events on the GPU, the
 host clock on CPU), from which TTFT, TPOT and inter-token latencies follow.
@@ -368,13 +369,14 @@ class Decoder:
 
     def _decode_step(self) -> torch.Tensor:
         if self._program is not None:
-            self._program.run(self._ids, self._pos)
-            logits = self._step_logits
-        else:
-            out = self.model(input_ids=self._ids, past_key_values=self.cache, cache_position=self._pos,
-                             position_ids=self._pos.view(1, 1).expand(self.batch_size, 1),
-                             attention_mask=self._mask, use_cache=True)
-            logits = out.logits[:, -1]
+            # The argmax and the bookkeeping below happen in the step's own kernel (DecodeProgram.run's
+            # greedy arguments): the decode graph is that one kernel.
+            self._program.run(self._ids, self._pos, None, self._tokens, self._col)
+            return self._step_logits
+        out = self.model(input_ids=self._ids, past_key_values=self.cache, cache_position=self._pos,
+                         position_ids=self._pos.view(1, 1).expand(self.batch_size, 1),
+                         attention_mask=self._mask, use_cache=True)
+        logits = out.logits[:, -1]
         nxt = split_argmax(logits) if self._split_argmax else logits.argmax(-1)
         self._ids.copy_(nxt[:, None])
         self._tokens.index_copy_(1, self._col.clamp(max=self.new_tokens - 1), nxt[:, None])
