@@ -111,10 +111,12 @@ def test_the_program_refuses_what_the_kernel_does_not_take(opt125):
         p.run(ids, ids, None, tokens)
     with pytest.raises(ValueError, match="got column alone"):
         p.run(ids, ids, None, None, column)
-    with pytest.raises(TypeError, match="tokens must be a contiguous int64 tensor on cuda:0, got int32"):
+    with pytest.raises(TypeError, match="tokens must be an int64 tensor on cuda:0, got int32"):
         p.run(ids, ids, None, tokens.int(), column)
-    with pytest.raises(TypeError, match="column must be a contiguous int64 tensor"):
+    with pytest.raises(TypeError, match="column must be an int64 tensor on cuda:0, got int64 on cpu"):
         p.run(ids, ids, None, tokens, column.cpu())
+    with pytest.raises(ValueError, match=r"tokens must be contiguous, got strides \[8, 2\]"):
+        p.run(ids, ids, None, torch.zeros(1, 8, dtype=torch.long, device="cuda")[:, ::2], column)
     with pytest.raises(ValueError, match=r"tokens must be \[T\] or \[1, T\] .*got \[2, 2\]"):
         p.run(ids, ids, None, tokens.view(2, 2), column)
     with pytest.raises(ValueError, match="column must hold one value, got 2"):
@@ -124,6 +126,13 @@ def test_the_program_refuses_what_the_kernel_does_not_take(opt125):
              [torch.zeros(16, 128, dtype=h, device="cuda")], [None])
     q.finish()
     with pytest.raises(ValueError, match="last operation's plain output .*has none"):
+        q.run(ids, ids, None, tokens, column)
+    q = _C.DecodeProgram(0, h)  # 80 logits, but a table of 64 tokens: the next step could not embed the argmax
+    q.linear(q.embed(table, torch.zeros(40, 128, dtype=h, device="cuda"), 2),
+             [torch.zeros(80, 128, dtype=h, device="cuda")], [None], output=False,
+             plain=torch.zeros(80, dtype=h, device="cuda"))
+    q.finish()
+    with pytest.raises(ValueError, match=r"its 80 rows must be at most the embedding's vocab \(64\)"):
         q.run(ids, ids, None, tokens, column)
     with pytest.raises(TypeError, match="dtype must be float16 or bfloat16"):
         _C.DecodeProgram(0, torch.float32)
@@ -208,47 +217,97 @@ def test_a_normed_operation_with_more_tiles_than_blocks_and_a_partial_segment(op
         torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
 
 
-def test_greedy_decoding_in_the_step_writes_the_first_largest_logits_index_and_advances(opt125):
+def _greedy_steps(p, out, ids, at, tokens, column, steps, reference):
+    """Runs `steps` greedy steps of program p from ids/at/column; each against a plain run of the same step (the
+    same output) and reference(token, position) (the output in float32); returns the argmaxes."""
+    slots = tokens.shape[-1]
+    picked = []
+    for _ in range(steps):
+        token, where, col = int(ids), int(at), int(column)
+        p.run(ids.clone(), at.clone())  # without greedy decoding
+        plain = out.clone()
+        p.run(ids, at, None, tokens, column)
+        torch.cuda.synchronize()
+        assert torch.equal(out, plain)
+        torch.testing.assert_close(out.float().view(-1), reference(token, where), rtol=2e-2, atol=2e-2)
+        best = int(out.float().argmax())
+        assert int(ids) == best
+        assert int(tokens.view(-1)[min(col, slots - 1)]) == best
+        assert int(at) == where + 1 and int(column) == col + 1
+        picked.append(best)
+    return picked
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_greedy_decoding_in_the_step_writes_the_first_largest_logits_index_and_advances(opt125, int8):
     """DecodeProgram.run with tokens and column: the argmax of the last operation's plain output goes into ids
-    and tokens[min(column, T - 1)], position and column advance by one, and the next step embeds that token.
-    The last operation has 33 tiles a block and 5 more, so tiles past the 32 whose epilogue rows a block holds
-    ask theirs a tile ahead; two of those rows are equal and the largest (same weights, same bias): the first
-    is taken, as torch.argmax takes it. The plain output is the same as without greedy decoding."""
+    and tokens[column] (the last slot once column passes it), position and column advance by one, and the next
+    step embeds that token; the plain output is the same as without greedy decoding. The last operation (with a
+    layer norm folded, a bias, and int8 weights with their scales or fp16 ones) has 33 tiles a block and 5 more:
+    the tiles past the 32 whose epilogue rows (shift, norm sum, scale) a block holds ask theirs a tile ahead.
+    Two of those rows are equal and the largest: the first is taken, as torch.argmax takes it."""
     torch.manual_seed(5)
     h, k, slots = torch.float16, 128, 3
     p = _C.DecodeProgram(0, h)
     n = 16 * (33 * p.blocks + 5)
     table = torch.randn(n, k, dtype=h, device="cuda")
     pos = torch.randn(12, k, dtype=h, device="cuda")
+    g, b = torch.rand(k, dtype=h, device="cuda") + 0.5, torch.randn(k, dtype=h, device="cuda")
     w = (torch.randn(n, k, device="cuda") / k ** 0.5).to(h)
     bias = torch.randn(n, dtype=h, device="cuda")
     first, second = 16 * (32 * p.blocks + 7) + 3, n - 2  # both in tiles a block does not hold the rows of
     w[second] = w[first]
     bias[first] = bias[second] = 40.0
+    if int8:
+        q, scales = _int8(w)
+        weight, extra, w_ref = q, {"scales": [scales]}, q.float() * scales[:, None]
+    else:
+        weight, extra, w_ref = w, {}, w.float()
     out = torch.zeros(n, dtype=h, device="cuda")
-    p.linear(p.embed(table, pos, 2), [w], [bias], output=False, plain=out)
+    p.linear(p.embed(table, pos, 2), [weight], [bias], norm_weight=g, norm_bias=b, eps=1e-5, output=False,
+             plain=out, **extra)
     p.finish()
-    ids = torch.tensor([[3]], device="cuda")
-    at = torch.tensor([0], device="cuda")
+
+    def reference(token, at):
+        e = (table[token].float() + pos[at + 2].float()).half().float()
+        ln = torch.nn.functional.layer_norm(e, (k,), g.float(), b.float(), 1e-5).half().float()
+        return (ln @ w_ref.t() + bias.float()).half().float()
+
+    ids, at = torch.tensor([[3]], device="cuda"), torch.tensor([0], device="cuda")
     tokens = torch.full((1, slots), -1, dtype=torch.long, device="cuda")
     column = torch.zeros(1, dtype=torch.long, device="cuda")
-    for step in range(slots + 2):  # columns 3 and 4 land in the last slot
-        token = int(ids)
-        p.run(ids.clone(), at.clone())  # without greedy decoding: the reference output
-        plain = out.clone()
-        p.run(ids, at, None, tokens, column)
-        torch.cuda.synchronize()
-        assert torch.equal(out, plain)
-        e = (table[token].float() + pos[step + 2].float()).half().float()
-        torch.testing.assert_close(out.float(), (e @ w.float().t() + bias.float()).half().float(), rtol=2e-2,
-                                   atol=2e-2)
-        assert out[first] == out[second] == out.max()
-        best = int(out.float().argmax())
-        assert best == first
-        assert int(ids) == best
-        assert int(tokens[0, min(step, slots - 1)]) == best
-        assert int(at) == step + 1 and int(column) == step + 1
+    picked = _greedy_steps(p, out, ids, at, tokens, column, slots + 2, reference)  # columns 3, 4: the last slot
+    assert out[first] == out[second] == out.max()
+    assert picked == [first] * (slots + 2)
     assert tokens.tolist() == [[first] * slots]
+
+
+def test_greedy_decoding_where_most_blocks_have_no_row_and_every_logit_is_negative(opt125):
+    """64 rows (4 tiles: most blocks have no tile of the last operation but still take part in the step's
+    argmax) whose largest value, negative, is in two equal rows: the first is taken; tokens [T] (one dimension)."""
+    torch.manual_seed(6)
+    h, k = torch.float16, 128
+    p = _C.DecodeProgram(0, h)
+    n = 64
+    table = torch.randn(n, k, dtype=h, device="cuda")
+    w = (torch.randn(n, k, device="cuda") / k ** 0.5 / 8).to(h)
+    bias = torch.full((n,), -40.0, dtype=h, device="cuda")
+    w[50] = w[21]
+    bias[21] = bias[50] = -3.0
+    out = torch.zeros(1, n, dtype=h, device="cuda")
+    p.linear(p.embed(table, torch.zeros(8, k, dtype=h, device="cuda"), 0), [w], [bias], output=False, plain=out)
+    p.finish()
+
+    def reference(token, at):
+        return (table[token].float() @ w.float().t() + bias.float()).half().float()
+
+    ids, at = torch.tensor([7], device="cuda"), torch.tensor([0], device="cuda")
+    tokens = torch.full((4,), -1, dtype=torch.long, device="cuda")
+    column = torch.zeros((), dtype=torch.long, device="cuda")
+    picked = _greedy_steps(p, out, ids, at, tokens, column, 3, reference)
+    assert float(out.max()) < 0 and out[0, 21] == out[0, 50] == out.max()
+    assert picked == [21, 21, 21]
+    assert tokens.tolist() == [21, 21, 21, -1]
 
 
 def test_the_path_runs_half_precisions_and_int8_only(opt125):

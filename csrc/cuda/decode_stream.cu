@@ -323,9 +323,10 @@ __device__ __forceinline__ Epilogue ask_epilogue(const DecodeStreamOp& op, const
 }
 
 // Greedy decoding's key of output row n with value v: larger for a larger value, then for a smaller n (the
-// first maximal index, as torch.argmax; a NaN counts as the largest value, as there). Never 0.
+// first maximal index, as torch.argmax; a NaN counts as the largest value and -0 equals +0, as there). Never 0.
 __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
   unsigned bits = __float_as_uint(v);
+  if (bits == 0x80000000u) bits = 0u;  // -0 as +0
   bits = isnan(v) ? 0xffffffffu : (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
   return (static_cast<unsigned long long>(bits) << 32) | (0xffffffffu - static_cast<unsigned>(n));
 }
@@ -718,7 +719,7 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
       atomicExch(&greedy[1], 0ull);
       const auto token = static_cast<long long>(0xffffffffu - static_cast<unsigned>(key & 0xffffffffull));
       *ids = token;
-      tokens[min(*column, static_cast<long long>(token_slots - 1))] = token;
+      tokens[max(0ll, min(*column, static_cast<long long>(token_slots - 1)))] = token;
       *column += 1;
       *positions += 1;
     }
@@ -809,6 +810,8 @@ void decode_stream(const DecodeStreamParams& p, cudaStream_t stream) {
                          p.ids != nullptr && p.position != nullptr && p.blocks >= 1 && p.stages >= 2,
                      "decode_stream: ops, tags, launches, ids and position must be set, with at least one op, "
                      "one block and two stages");
+  GPUOPT_CHECK_VALUE(p.greedy == nullptr || (p.tokens != nullptr && p.column != nullptr && p.token_slots >= 1),
+                     "decode_stream: greedy decoding needs tokens, column and token_slots >= 1");
   if (p.type == ActivationType::kFloat16) {
     if (p.int8_weights) {
       launch_stream<__half, std::int8_t>(p, stream);

@@ -158,7 +158,7 @@ void bind_llm(py::module_& m) {
            "current stream; trace: None or an int64 tensor [blocks, n_ops, 2] receiving each block's nanosecond "
            "timestamps per operation (its input in, the operation done); tokens ([T] or [1, T]) and column (one "
            "value), int64, together: greedy decoding in the step -- the argmax of the last operation's plain "
-           "output (the logits) written into ids and tokens[min(column, T - 1)], position and column advanced "
+           "output (the logits) written into ids and tokens[clamp(column, 0, T - 1)], position and column advanced "
            "by one")
       .def_property_readonly("blocks", &torch_ext::DecodeProgram::blocks)
       .def_property("stages", &torch_ext::DecodeProgram::stages, &torch_ext::DecodeProgram::set_stages,

@@ -395,10 +395,11 @@ void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const
   if (tokens.has_value()) {
     for (const auto& [name, t] :
          {std::pair<const char*, const at::Tensor*>{"tokens", &*tokens}, {"column", &*column}}) {
-      TORCH_CHECK_TYPE(t->is_cuda() && t->device().index() == device_ && t->scalar_type() == at::kLong &&
-                           t->is_contiguous(),
-                       "DecodeProgram.run: ", name, " must be a contiguous int64 tensor on cuda:", device_, ", got ",
+      TORCH_CHECK_TYPE(t->is_cuda() && t->device().index() == device_ && t->scalar_type() == at::kLong,
+                       "DecodeProgram.run: ", name, " must be an int64 tensor on cuda:", device_, ", got ",
                        dtype_name(t->scalar_type()), " on ", t->device());
+      TORCH_CHECK_VALUE(t->is_contiguous(), "DecodeProgram.run: ", name, " must be contiguous, got strides ",
+                        t->strides());
     }
     TORCH_CHECK_VALUE((tokens->dim() == 1 || (tokens->dim() == 2 && tokens->size(0) == 1)) && tokens->numel() >= 1 &&
                           tokens->numel() <= std::numeric_limits<int>::max(),
@@ -408,6 +409,9 @@ void DecodeProgram::run(const at::Tensor& ids, const at::Tensor& position, const
     TORCH_CHECK_VALUE(last.kind == cuda::kDecodeStreamLinear && last.plain != nullptr,
                       "DecodeProgram.run: greedy decoding (tokens, column) takes the argmax of the last operation's "
                       "plain output (the logits), and the program's last operation has none");
+    TORCH_CHECK_VALUE(last.n <= vocab_, "DecodeProgram.run: greedy decoding writes the last operation's row index "
+                      "(0 .. ", last.n - 1, ") into ids, which the next step embeds: its ", last.n,
+                      " rows must be at most the embedding's vocab (", vocab_, ")");
     p.greedy = p.launches + 1;
     p.tokens = static_cast<long long*>(tokens->data_ptr());
     p.column = static_cast<long long*>(column->data_ptr());

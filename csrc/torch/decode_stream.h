@@ -51,7 +51,7 @@ class DecodeProgram {
   // each operation in, the operation done; a profile). tokens ([T] or [1, T]) and column (one value), int64 on
   // the device, together: greedy decoding's bookkeeping in the step, no other kernel: the first index of the
   // largest of the last operation's plain output (the logits; torch.argmax's pick) is written into ids and
-  // tokens[min(column, T - 1)], then position and column are advanced by one.
+  // tokens[clamp(column, 0, T - 1)], then position and column are advanced by one.
   void run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace,
            const std::optional<at::Tensor>& tokens = std::nullopt,
            const std::optional<at::Tensor>& column = std::nullopt);

@@ -323,8 +323,8 @@ struct DecodeStreamParams {
   long long* trace = nullptr;  // null, or [blocks][n_ops][2] int64: each block's globaltimer (ns) when an
                                // operation's input was in and when it was done (a profile)
   // Greedy decoding's bookkeeping in the step, or null: the first index of the largest value of the last
-  // operation's output (a linear operation's `plain`: the logits) written into *ids and
-  // tokens[min(*column, token_slots - 1)], then *position and *column advanced by one. greedy: two uint64
+  // operation's output (a linear operation's `plain`: the logits, at most `vocab` of them) written into *ids and
+  // tokens[clamp(*column, 0, token_slots - 1)], then *position and *column advanced by one. greedy: two uint64
   // words, zero before the first launch; each launch leaves them zero.
   unsigned long long* greedy = nullptr;
   long long* tokens = nullptr;

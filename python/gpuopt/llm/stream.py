@@ -115,7 +115,8 @@ def build(model: torch.nn.Module, cache: Any, logits: torch.Tensor) -> Any:
     """The step of OPT ``model`` (on one CUDA device, in its dtype) over ``cache`` (a transformers static cache,
     its layers' ``keys``/``values`` allocated: after a first prefill), writing the logits into ``logits``
     ([1, vocab]). Returns the finished :class:`gpuopt._C.DecodeProgram`; ``program.run(ids, position)`` is
-    the step."""
+    the step, and ``program.run(ids, position, None, tokens, column)`` the greedy step (its argmax and the
+    token loop's bookkeeping in the same kernel)."""
     decoder = model.model.decoder
     dtype = decoder.embed_tokens.weight.dtype
     program = _C.DecodeProgram(logits.device.index, dtype)
