@@ -172,18 +172,33 @@ struct Segments {
   }
 };
 
+// A place in the ring: its stage and the parity of the stage's current phase (the wait of a full barrier's phase;
+// an empty barrier's is the other parity), advanced a segment at a time. Counted, not divided out of a segment
+// number: the division by the run-time stage count took 25 dependent instructions a segment, in front of every
+// segment's wait.
+struct RingAt {
+  unsigned stage = 0;
+  unsigned parity = 0;
+  __device__ __forceinline__ void advance(int stages) {
+    if (++stage == static_cast<unsigned>(stages)) {
+      stage = 0;
+      parity ^= 1u;
+    }
+  }
+};
+
 // The producer warp: every segment into the ring, in the consumers' order.
 template <typename W>
 __device__ void produce(const DecodeStreamOp* ops, int n_ops, unsigned char* ring, std::uint64_t* full,
                         std::uint64_t* empty, int stages) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   Segments<W> next{ops, n_ops};
-  for (unsigned i = 0; next.advance(); ++i) {
-    const unsigned stage = i % static_cast<unsigned>(stages);
+  for (RingAt at; next.advance(); at.advance(stages)) {
+    const unsigned stage = at.stage;
     int len = 0;
     const W* src = next.row(lane < 16 ? lane : 0, len);
     if (lane == 0) {
-      stage_wait(&empty[stage], ((i / static_cast<unsigned>(stages)) & 1u) ^ 1u);
+      stage_wait(&empty[stage], at.parity ^ 1u);
       stage_expect(&full[stage], 16u * static_cast<unsigned>(len) * sizeof(W));
     }
     __syncwarp();
@@ -341,7 +356,7 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 template <typename T, typename W>
 __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch,
                            float* red, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages,
-                           unsigned& i, long long* trace, unsigned long long* best) {
+                           RingAt& at, long long* trace, unsigned long long* best) {
   const int blocks = static_cast<int>(gridDim.x);
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -364,36 +379,44 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   const unsigned pending = ask_values(tags + op.input, epoch, xs, k, gamma, stats);
   unsigned long long mine = 0;  // greedy (best != null): the largest argmax_key of this thread's rows
   int buffer = 0;  // the tiles' sums alternate between two halves of scratch: one sync a tile
-  for (int tile = first_tile; tile * 16 < op.n; tile += blocks, buffer ^= 1) {
+  // j: the block's j-th tile of the operation.
+  for (int tile = first_tile, j = 0; tile * 16 < op.n; tile += blocks, ++j, buffer ^= 1) {
     const int n = tile * 16 + c;
-    const int j = (tile - first_tile) / blocks;  // the block's j-th tile of the operation
     Epilogue next;
     if (c < 16 && n + 16 * blocks < op.n) {
       next = ask_epilogue(op, tags, n + 16 * blocks, j + 1 >= kDsHeldTiles);
     }
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int seg = 0; seg * kSeg < k; ++seg, ++i) {
+    // Two sums a lane, each of half the MMAs (fp16: a chunk's first and second 32 values; int8: chunks warp and
+    // warp + 16), added at the tile's end: two chains of dependent MMAs, not one twice as long.
+    float acc[2][4] = {};
+    for (int seg = 0; seg * kSeg < k; ++seg, at.advance(stages)) {
       const int len = min(kSeg, k - seg * kSeg);
       if (seg == ready) {
         take_values(tags + op.input, epoch, xs, seg * kSeg, seg * kSeg + len, pending, gamma, stats);
         consumers_sync<kDsThreads>();
         if (++ready == segments && trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
       }
-      const unsigned stage = i % static_cast<unsigned>(stages);
-      stage_wait(&full[stage], (i / static_cast<unsigned>(stages)) & 1u);
-      const unsigned char* st = ring + static_cast<std::size_t>(stage) * kDsStageBytes<W>;
+      stage_wait(&full[at.stage], at.parity);
+      const unsigned char* st = ring + static_cast<std::size_t>(at.stage) * kDsStageBytes<W>;
       if constexpr (sizeof(W) == 1) {  // chunks warp and warp + 16: a lane's 16 values of a row in one word
         static_assert(kDsVec == 2, "a lane's 16 int8 values pair with its two words of x");
+        // Both chunks' words are loaded before the MMAs of either. A lane past the segment's values (a last,
+        // shorter segment) reads its row's first word with x zero: int8 weights are finite, so it adds 0.
+        uint4 wl[2], wh[2];
+        uint4 x2[2][1][2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int at = (warp + h * kDsWarps) * kDsChunk + 8 * kDsVec * t;
-          if (at < len) {
-            const uint4 wl = *reinterpret_cast<const uint4*>(st + g * kDsRowBytes<W> + at);
-            const uint4 wh = *reinterpret_cast<const uint4*>(st + (g + 8) * kDsRowBytes<W> + at);
-            const auto* xv = reinterpret_cast<const uint4*>(xs + seg * kSeg + at);
-            const uint4 x2[1][2] = {{xv[0], xv[1]}};
-            int8_mma_chunk<T, 1>(wl, wh, x2, reinterpret_cast<float(&)[1][4]>(acc));
-          }
+          const int col = (warp + h * kDsWarps) * kDsChunk + 8 * kDsVec * t;
+          const bool in = col < len;
+          wl[h] = *reinterpret_cast<const uint4*>(st + g * kDsRowBytes<W> + (in ? col : 0));
+          wh[h] = *reinterpret_cast<const uint4*>(st + (g + 8) * kDsRowBytes<W> + (in ? col : 0));
+          const auto* xv = reinterpret_cast<const uint4*>(xs + seg * kSeg + (in ? col : 0));
+          x2[h][0][0] = in ? xv[0] : make_uint4(0u, 0u, 0u, 0u);
+          x2[h][0][1] = in ? xv[1] : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          int8_mma_chunk<T, 1>(wl[h], wh[h], x2[h], reinterpret_cast<float(&)[1][4]>(acc[h]));
         }
       } else if (warp * kDsChunk < len) {
         const int col = (warp * kDsChunk + 8 * kDsVec * t) * static_cast<int>(sizeof(W));
@@ -401,10 +424,10 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
         const auto* wh = reinterpret_cast<const uint4*>(st + (g + 8) * kDsRowBytes<W> + col);
         const auto* xv = reinterpret_cast<const uint4*>(xs + seg * kSeg + warp * kDsChunk + 8 * kDsVec * t);
 #pragma unroll
-        for (int v = 0; v < kDsVec; ++v) linear_mma_words<T>(wl[v], wh[v], xv[v], acc);
+        for (int v = 0; v < kDsVec; ++v) linear_mma_words<T>(wl[v], wh[v], xv[v], acc[v]);
       }
       __syncwarp();
-      if (lane == 0) stage_arrive(&empty[stage]);
+      if (lane == 0) stage_arrive(&empty[at.stage]);
     }
     if (gamma != nullptr && tile == first_tile) {  // every value is in: the norm's mean and 1 / deviation
 #pragma unroll
@@ -420,8 +443,8 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
     // D: lane (g, t) holds output rows g and g + 8 for x rows 2t and 2t + 1: x row 0 is t == 0's.
     float* sums = scratch + buffer * kDsWarps * 16;
     if (t == 0) {
-      sums[warp * 16 + g] = acc[0];
-      sums[warp * 16 + g + 8] = acc[2];
+      sums[warp * 16 + g] = acc[0][0] + acc[1][0];
+      sums[warp * 16 + g + 8] = acc[0][2] + acc[1][2];
     }
     if (tile == first_tile) async_copies_wait();  // the held rows in (the sync below shows them to all)
     consumers_sync<kDsThreads>();
@@ -688,7 +711,7 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
   // The host checks what it can; a token or position out of range here (a bug) ends the launch, not a read
   // out of bounds.
   if (id < 0 || id >= vocab || position < 0 || position >= max_position) __trap();
-  unsigned i = 0;
+  RingAt at;
   for (int s = 0; s < n_ops; ++s) {
     const DecodeStreamOp& op = ops[s];
     long long* row = trace != nullptr ? trace + (static_cast<std::int64_t>(blockIdx.x) * n_ops + s) * 2 : nullptr;
@@ -696,7 +719,7 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
       if (s + 1 < n_ops && ops[s + 1].kind == kDecodeStreamAttention && threadIdx.x == 0) {
         prefetch_heads(ops[s + 1], position, static_cast<int>(sizeof(T)));
       }
-      run_linear<T, W>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, i, row,
+      run_linear<T, W>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, at, row,
                        greedy != nullptr && s + 1 == n_ops ? greedy : nullptr);
     } else if (op.kind == kDecodeStreamEmbed) {
       run_embed<T>(op, tags, epoch, id, position);
