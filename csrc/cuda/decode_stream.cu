@@ -309,10 +309,11 @@ using HeldRows = float[3][16];
 constexpr int kDsSumFloats = 2 * kDsWarps * 16;  // the tiles' sums, two buffers, at scratch's start
 static_assert(kDsSumFloats + kDsHeldTiles * 3 * 16 <= kDsWarps * kDsMaxDim, "the held rows fit in scratch");
 
+// By the 32 lanes of one warp.
 __device__ __forceinline__ void ask_rows(const DecodeStreamOp& op, int first_tile, HeldRows* held) {
   const int blocks = static_cast<int>(gridDim.x);
   const int tiles = min((op.n / 16 - first_tile + blocks - 1) / blocks, kDsHeldTiles);  // n: 16 rows a tile
-  for (int q = static_cast<int>(threadIdx.x); q < tiles * 48; q += kDsThreads) {
+  for (int q = static_cast<int>(threadIdx.x % 32); q < tiles * 48; q += 32) {
     const int j = q / 48;
     const int a = q % 48 / 16;
     const int r = q % 16;
@@ -346,46 +347,44 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
   return (static_cast<unsigned long long>(bits) << 32) | (0xffffffffu - static_cast<unsigned>(n));
 }
 
-// A linear operation's tiles in this block. The input is asked for whole and waited for a segment at a time as
-// the first tile needs it: the segments other blocks wrote first are summed while the last ones are written.
-// With a layer norm, the values are multiplied by the norm's weights as they come, and their mean and variance
-// are taken once all are in; the tiles' sums are corrected in the epilogue (DecodeStreamOp::norm_sum), so the
-// norm never holds up the MMAs. W: the weights' type, T or int8 (a lane's 16-byte word of a row is then 16
-// values, widened to T exactly for the MMAs, and the sums are multiplied by the row's scale in the epilogue;
-// a segment is 2048 values, a warp's chunks w and w + 16).
+// The handoff of a tile's sums from the consumer warps to the epilogue warp: two buffers of kDsWarps x 16 floats
+// at scratch's start, each with a full barrier (a consumer warp's arrival once its sums are written) and an empty
+// one (the epilogue warp's, once it has read them), and the norm's mean and 1 / deviation of the tile's
+// operation. Tile u (counted over the launch by both sides) uses buffer u % 2 in phase u / 2.
+struct SumsHandoff {
+  std::uint64_t full[2];
+  std::uint64_t empty[2];
+  float norm[2][2];
+};
+
+// A linear operation's tiles in this block, as the consumer warps run them. The input is asked for whole and
+// waited for a segment at a time as the first tile needs it: the segments other blocks wrote first are summed
+// while the last ones are written. With a layer norm, the values are multiplied by the norm's weights as they
+// come, and their mean and variance are taken once all are in; the tiles' sums are corrected in the epilogue
+// (DecodeStreamOp::norm_sum), so the norm never holds up the MMAs. W: the weights' type, T or int8 (a lane's
+// 16-byte word of a row is then 16 values, widened to T exactly for the MMAs, and the sums are multiplied by the
+// row's scale in the epilogue; a segment is 2048 values, a warp's chunks w and w + 16). A tile's sums go to the
+// epilogue warp (run_epilogues) without a wait for it: the consumers go on to the next tile's segments while it
+// finishes the last one.
 template <typename T, typename W>
 __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch,
                            float* red, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages,
-                           RingAt& at, long long* trace, unsigned long long* best) {
+                           RingAt& at, SumsHandoff& handoff, unsigned& u, long long* trace) {
   const int blocks = static_cast<int>(gridDim.x);
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int g = lane / 4;
   const int t = lane % 4;
   const int k = op.k;
-  const int c = static_cast<int>(threadIdx.x);
   const int first_tile = first_of(op);
   if (first_tile * 16 >= op.n) return;
   const auto* gamma = static_cast<const T*>(op.norm_weight);
   constexpr int kSeg = kDsSegmentOf<W>;
   const int segments = (k + kSeg - 1) / kSeg;
-  auto* held = reinterpret_cast<HeldRows*>(scratch + kDsSumFloats);
-  ask_rows(op, first_tile, held);
-  Epilogue now;
-  if (c < 16) now = ask_epilogue(op, tags, first_tile * 16 + c, false);
-  WordStats stats = {};           // the norm's sums of this thread's words
-  float norm[2] = {0.0f, 0.0f};   // then the block's sum and sum of squares, then the mean and 1 / deviation
+  WordStats stats = {};  // the norm's sums of this thread's words
   int ready = 0;
   const unsigned pending = ask_values(tags + op.input, epoch, xs, k, gamma, stats);
-  unsigned long long mine = 0;  // greedy (best != null): the largest argmax_key of this thread's rows
-  int buffer = 0;  // the tiles' sums alternate between two halves of scratch: one sync a tile
-  // j: the block's j-th tile of the operation.
-  for (int tile = first_tile, j = 0; tile * 16 < op.n; tile += blocks, ++j, buffer ^= 1) {
-    const int n = tile * 16 + c;
-    Epilogue next;
-    if (c < 16 && n + 16 * blocks < op.n) {
-      next = ask_epilogue(op, tags, n + 16 * blocks, j + 1 >= kDsHeldTiles);
-    }
+  for (int tile = first_tile; tile * 16 < op.n; tile += blocks, ++u) {
     // Two sums a lane, each of half the MMAs (fp16: a chunk's first and second 32 values; int8: chunks warp and
     // warp + 16), added at the tile's end: two chains of dependent MMAs, not one twice as long.
     float acc[2][4] = {};
@@ -429,6 +428,9 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       __syncwarp();
       if (lane == 0) stage_arrive(&empty[at.stage]);
     }
+    const unsigned buffer = u & 1u;
+    const unsigned parity = (u >> 1) & 1u;
+    float norm[2] = {0.0f, 0.0f};  // the block's sum and sum of squares, then the mean and 1 / deviation
     if (gamma != nullptr && tile == first_tile) {  // every value is in: the norm's mean and 1 / deviation
 #pragma unroll
       for (int e = 0; e < kDsWordsPerThread; ++e) {
@@ -440,23 +442,74 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       norm[0] = mean;
       norm[1] = rsqrtf(fmaxf(norm[1] / static_cast<float>(k) - mean * mean, 0.0f) + op.eps);
     }
+    // The buffer is free once the epilogue warp has read tile u - 2's sums (at once, nearly always).
+    stage_wait(&handoff.empty[buffer], parity ^ 1u);
     // D: lane (g, t) holds output rows g and g + 8 for x rows 2t and 2t + 1: x row 0 is t == 0's.
     float* sums = scratch + buffer * kDsWarps * 16;
     if (t == 0) {
       sums[warp * 16 + g] = acc[0][0] + acc[1][0];
       sums[warp * 16 + g + 8] = acc[0][2] + acc[1][2];
     }
-    if (tile == first_tile) async_copies_wait();  // the held rows in (the sync below shows them to all)
-    consumers_sync<kDsThreads>();
-    if (c < 16) {
+    if (gamma != nullptr && tile == first_tile && threadIdx.x == 0) {
+      handoff.norm[buffer][0] = norm[0];
+      handoff.norm[buffer][1] = norm[1];
+    }
+    __syncwarp();  // the warp's writes before its arrival (which releases them)
+    if (lane == 0) stage_arrive(&handoff.full[buffer]);
+  }
+  consumers_sync<kDsThreads>();  // xs free for the next operation
+}
+
+// A linear operation's epilogues in this block, run by the epilogue warp (lane c < 16: the tile's output row c;
+// lanes c and c + 16 each add up half of the consumer warps' sums): the int8 scale, the norm's correction, the
+// shift, ReLU and residual, and the outputs written (tagged words, the plain output, greedy's key). The rows
+// (scale, shift, norm sum) of the block's first kDsHeldTiles tiles are copied into scratch when the operation
+// starts, before its input is there.
+template <typename T>
+__device__ void run_epilogues(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, float* scratch,
+                              SumsHandoff& handoff, unsigned& u, long long* trace, unsigned long long* best) {
+  const int blocks = static_cast<int>(gridDim.x);
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int c = lane % 16;
+  const int half = lane / 16;
+  const int first_tile = first_of(op);
+  if (first_tile * 16 >= op.n) return;
+  const auto* gamma = static_cast<const T*>(op.norm_weight);
+  auto* held = reinterpret_cast<HeldRows*>(scratch + kDsSumFloats);
+  ask_rows(op, first_tile, held);
+  Epilogue now;
+  if (lane < 16) now = ask_epilogue(op, tags, first_tile * 16 + c, false);
+  float norm[2] = {0.0f, 0.0f};
+  unsigned long long mine = 0;  // greedy (best != null): the largest argmax_key of this lane's rows
+  for (int tile = first_tile, j = 0; tile * 16 < op.n; tile += blocks, ++j, ++u) {
+    const int n = tile * 16 + c;
+    Epilogue next;
+    if (lane < 16 && n + 16 * blocks < op.n) {
+      next = ask_epilogue(op, tags, n + 16 * blocks, j + 1 >= kDsHeldTiles);
+    }
+    const unsigned buffer = u & 1u;
+    stage_wait(&handoff.full[buffer], (u >> 1) & 1u);
+    if (j == 0) {
+      async_copies_wait();  // the held rows in
+      __syncwarp();         // and seen by every lane
+      if (gamma != nullptr) {
+        norm[0] = handoff.norm[buffer][0];
+        norm[1] = handoff.norm[buffer][1];
+      }
+    }
+    const float* sums = scratch + buffer * kDsWarps * 16;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDsWarps / 2; ++w) sum += sums[(half * kDsWarps / 2 + w) * 16 + c];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 16);
+    __syncwarp();
+    if (lane == 0) stage_arrive(&handoff.empty[buffer]);
+    if (lane < 16) {
       if (j < kDsHeldTiles) {
         now.scale = held[j][0][c];
         now.shift = held[j][1][c];
         now.norm_sum = held[j][2][c];
       }
-      float sum = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kDsWarps; ++w) sum += sums[w * 16 + c];
       sum *= now.scale;
       if (gamma != nullptr) sum = norm[1] * (sum - norm[0] * now.norm_sum);
       T y = from_float<T>(sum + now.shift);
@@ -471,13 +524,13 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
     }
     now = next;
   }
-  consumers_sync<kDsThreads>();  // scratch and xs free for the next operation
-  if (best != nullptr && warp == 0) {  // the block's largest key (lanes 16 .. 31 hold 0) into *best
+  if (best != nullptr) {  // the block's largest key (lanes 16 .. 31 hold 0) into *best
 #pragma unroll
     for (int o = 8; o > 0; o /= 2) mine = max(mine, __shfl_xor_sync(0xffffffffu, mine, o));
     if (lane == 0) atomicMax(best, mine);
   }
-  if (trace != nullptr && threadIdx.x == 0) trace[1] = now_ns();
+  __syncwarp();  // every lane's reads of the held rows done before the next operation's copies overwrite them
+  if (trace != nullptr && lane == 0) trace[1] = now_ns();
 }
 
 template <typename T>
@@ -669,23 +722,42 @@ __device__ __forceinline__ void prefetch_heads(const DecodeStreamOp& op, long lo
                  : "memory");
   }
 }
+
+// Named barriers between the consumer warps and the epilogue warp around an attention, which uses scratch: the
+// epilogue warp's arrival once it has finished the operations before it, and the consumers' once the attention
+// is done with scratch (the epilogue warp then asks the next operation's rows into it).
+constexpr int kDsEpiloguesDone = 2;
+constexpr int kDsScratchFree = 3;
+template <int kId>
+__device__ __forceinline__ void named_arrive() {
+  asm volatile("bar.arrive %0, %1;" ::"n"(kId), "n"(kDsThreads + 32) : "memory");
+}
+template <int kId>
+__device__ __forceinline__ void named_sync() {
+  asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(kDsThreads + 32) : "memory");
+}
 #endif
 
 // Dynamic shared memory: `stages` full and `stages` empty mbarriers (a 128-byte line or more), the ring (stages x
 // kDsStageBytes<W>), then the input (kDecodeStreamMaxK values of T; an attention's scores there as floats). T:
-// the activations' type; W: the weights' (T, or int8 with per-row scales).
+// the activations' type; W: the weights' (T, or int8 with per-row scales). Warps: kDsWarps consumers, then the
+// epilogue warp, then the producer.
 template <typename T, typename W>
-__global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
+__global__ void __launch_bounds__((kDsWarps + 2) * 32, 1)
     decode_stream_kernel(const DecodeStreamOp* ops, int n_ops, unsigned* tags, unsigned long long* launches,
                          long long* ids, long long* positions, int stages, int vocab, int max_position,
                          long long* trace, unsigned long long* greedy, long long* tokens, long long* column,
                          int token_slots) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char dynamic[];
-  __shared__ float scratch[kDsWarps * kDsMaxDim];  // the tiles' sums of each warp (two buffers); an attention's
+  // The tiles' sums (two buffers) and the held epilogue rows (run_linear, run_epilogues); an attention's
+  // partial sums.
+  __shared__ float scratch[kDsWarps * kDsMaxDim];
   __shared__ float red[2 * kDsWarps];
   __shared__ float head[2 * kDsMaxDim];  // an attention's query and key
+  __shared__ SumsHandoff handoff;
   __shared__ unsigned epoch_shared;
+  __shared__ long long id_shared, position_shared;
   auto* full = reinterpret_cast<std::uint64_t*>(dynamic);
   std::uint64_t* empty = full + stages;
   unsigned char* ring = dynamic + ((2 * stages * 8 + 127) / 128) * 128;
@@ -696,22 +768,61 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
       stage_init(&full[j], 1);
       stage_init(&empty[j], kDsWarps);
     }
+    for (int j = 0; j < 2; ++j) {
+      stage_init(&handoff.full[j], kDsWarps);
+      stage_init(&handoff.empty[j], 1);
+    }
     stage_init_fence();
     const unsigned long long count = atomicAdd(launches, 1ull);
     epoch_shared = static_cast<unsigned>((count / gridDim.x) % 65535ull) + 1u;
+    // Read before the block's start: the last block of greedy decoding rewrites both once every block's
+    // epilogue warp has arrived, which may be before this block's consumers start.
+    id_shared = *ids;
+    position_shared = *positions;
   }
   __syncthreads();
-  if (warp == kDsWarps) {
+  if (warp == kDsWarps + 1) {
     produce<W>(ops, n_ops, ring, full, empty, stages);
     return;
   }
   const unsigned epoch = epoch_shared;
-  const long long id = *ids;
-  const long long position = *positions;
+  if (warp == kDsWarps) {  // the epilogue warp
+    unsigned u = 0;
+    for (int s = 0; s < n_ops; ++s) {
+      const DecodeStreamOp& op = ops[s];
+      long long* row = trace != nullptr ? trace + (static_cast<std::int64_t>(blockIdx.x) * n_ops + s) * 2 : nullptr;
+      if (op.kind == kDecodeStreamLinear) {
+        run_epilogues<T>(op, tags, epoch, scratch, handoff, u, row,
+                         greedy != nullptr && s + 1 == n_ops ? greedy : nullptr);
+      } else if (op.kind == kDecodeStreamAttention) {
+        named_arrive<kDsEpiloguesDone>();
+        named_sync<kDsScratchFree>();
+      }
+    }
+    // Greedy: the last block to arrive has every block's key in greedy[0]; it writes the token where the next
+    // launch reads it and clears both words for that launch.
+    if (greedy != nullptr && threadIdx.x % 32 == 0) {
+      __threadfence();  // this block's atomicMax before its arrival
+      if (atomicAdd(&greedy[1], 1ull) == gridDim.x - 1) {
+        __threadfence();
+        const unsigned long long key = atomicExch(&greedy[0], 0ull);
+        atomicExch(&greedy[1], 0ull);
+        const auto token = static_cast<long long>(0xffffffffu - static_cast<unsigned>(key & 0xffffffffull));
+        *ids = token;
+        tokens[max(0ll, min(*column, static_cast<long long>(token_slots - 1)))] = token;
+        *column += 1;
+        *positions += 1;
+      }
+    }
+    return;
+  }
+  const long long id = id_shared;
+  const long long position = position_shared;
   // The host checks what it can; a token or position out of range here (a bug) ends the launch, not a read
   // out of bounds.
   if (id < 0 || id >= vocab || position < 0 || position >= max_position) __trap();
   RingAt at;
+  unsigned u = 0;
   for (int s = 0; s < n_ops; ++s) {
     const DecodeStreamOp& op = ops[s];
     long long* row = trace != nullptr ? trace + (static_cast<std::int64_t>(blockIdx.x) * n_ops + s) * 2 : nullptr;
@@ -719,32 +830,18 @@ __global__ void __launch_bounds__((kDsWarps + 1) * 32, 1)
       if (s + 1 < n_ops && ops[s + 1].kind == kDecodeStreamAttention && threadIdx.x == 0) {
         prefetch_heads(ops[s + 1], position, static_cast<int>(sizeof(T)));
       }
-      run_linear<T, W>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, at, row,
-                       greedy != nullptr && s + 1 == n_ops ? greedy : nullptr);
+      run_linear<T, W>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, at, handoff, u, row);
     } else if (op.kind == kDecodeStreamEmbed) {
       run_embed<T>(op, tags, epoch, id, position);
       if (row != nullptr && threadIdx.x == 0) row[0] = row[1] = now_ns();
-    } else if (op.head_dim == 64) {
-      run_attention<T, 64>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row);
     } else {
-      run_attention<T, 128>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row);
-    }
-  }
-  // Greedy: the last block to arrive has every block's key in greedy[0]; it writes the token where the next
-  // launch reads it (each block's threads read id and position at their start, before the sync here) and
-  // clears both words for that launch.
-  if (greedy != nullptr) consumers_sync<kDsThreads>();
-  if (greedy != nullptr && threadIdx.x == 0) {
-    __threadfence();  // this block's atomicMax before its arrival
-    if (atomicAdd(&greedy[1], 1ull) == gridDim.x - 1) {
-      __threadfence();
-      const unsigned long long key = atomicExch(&greedy[0], 0ull);
-      atomicExch(&greedy[1], 0ull);
-      const auto token = static_cast<long long>(0xffffffffu - static_cast<unsigned>(key & 0xffffffffull));
-      *ids = token;
-      tokens[max(0ll, min(*column, static_cast<long long>(token_slots - 1)))] = token;
-      *column += 1;
-      *positions += 1;
+      named_sync<kDsEpiloguesDone>();  // the epilogue warp done with scratch
+      if (op.head_dim == 64) {
+        run_attention<T, 64>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row);
+      } else {
+        run_attention<T, 128>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row);
+      }
+      named_arrive<kDsScratchFree>();
     }
   }
 #endif
@@ -777,7 +874,7 @@ int prepare_stream(int device) {
   GPUOPT_CHECK_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   int per_sm = 0;
   GPUOPT_CHECK_CUDA(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (kernels::kDsWarps + 1) * 32, bytes));
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, (kernels::kDsWarps + 2) * 32, bytes));
   GPUOPT_CHECK(per_sm >= 1, "decode_stream: the kernel fits no block on an SM with ", bytes,
                " bytes of shared memory");
   return most;
@@ -787,7 +884,7 @@ template <typename T, typename W>
 void launch_stream(const DecodeStreamParams& p, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(p.blocks));
-  config.blockDim = dim3((kernels::kDsWarps + 1) * 32);
+  config.blockDim = dim3((kernels::kDsWarps + 2) * 32);
   config.dynamicSmemBytes = dynamic_bytes<W>(p.stages);
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
