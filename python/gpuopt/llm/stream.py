@@ -5,7 +5,8 @@ One block an SM runs the step's operations in order -- the embeddings, per layer
 after its layer norm, the attention over the static cache, the output projection with its residual, fc1 after
 its layer norm with the ReLU, fc2 with its residual, then the final layer norm and the LM head -- while a
 producer warp in each block streams the block's weight tiles through shared memory ahead of need: HBM does not
-wait for an operation's input. Every output is written as words tagged with the launch, which the operations
+wait for an operation's input. 16 warps sum each tile and hand the sums to an epilogue warp, which writes the
+outputs while they sum the next tile. Every output is written as words tagged with the launch, which the operations
 reading it poll: there is no grid barrier and no memory fence between operations (csrc/cuda/decode_stream.cu).
 
 It reads the model's own weights where they are; none is copied. They are the model's dtype, or int8 with a scale
