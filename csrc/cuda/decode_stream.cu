@@ -52,7 +52,7 @@
 namespace gpuopt::cuda {
 namespace kernels {
 
-constexpr int kDsWarps = 16;  // consumer warps; the producer is one more
+constexpr int kDsWarps = 16;  // consumer warps; the epilogue warp and the producer are two more
 [[maybe_unused]] constexpr int kDsThreads = kDsWarps * 32;
 constexpr int kDsVec = 2;  // 16-byte words of a row per lane and chunk (a chunk: 64 values)
 constexpr int kDsChunk = kDsVec * kLinearChunk;
@@ -301,8 +301,9 @@ struct Epilogue {
 };
 
 // The epilogue's rows of a block's first kDsHeldTiles tiles of an operation are copied (cp.async) into scratch
-// behind the tiles' two sum buffers (float [tile][scale, shift, norm sum][16]) when the operation starts, before
-// its input is waited for, and waited for before its first epilogue. Asked a tile ahead with __ldg instead, the
+// behind the tiles' two sum buffers (float [tile][scale, shift, norm sum][16]) by the epilogue warp when it reaches
+// the operation (after the last epilogue of the operation before, usually while the consumers still wait for the
+// input), and waited for before its first epilogue. Asked a tile ahead with __ldg instead, the
 // rows (evicted from L2 by the weights streaming through it) came from DRAM behind the weight stream and held up
 // every tile whose weights were already in the ring: on the H200, OPT-1.3B's int8 step at position 300 took
 // 741 us that way and 693 us with the rows held, fp16's 927.5 and 918 (with no rows read at all, wrong logits:
@@ -391,7 +392,7 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   int ready = 0;
   const unsigned pending = ask_values(tags + op.input, epoch, xs, k, gamma, stats);
   for (int tile = first_tile; tile * 16 < op.n; tile += blocks, ++u) {
-    // Two sums a lane, each of half the MMAs (fp16: a chunk's first and second 32 values; int8: chunks warp and
+    // Two sums a lane, each of half the MMAs (fp16: a lane's first and second 16-byte word of a chunk; int8: chunks warp and
     // warp + 16), added at the tile's end: two chains of dependent MMAs, not one twice as long.
     float acc[2][4] = {};
     for (int seg = 0; seg * kSeg < k; ++seg, at.advance(stages)) {
@@ -469,8 +470,8 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
 // A linear operation's epilogues in this block, run by the epilogue warp (lane c < 16: the tile's output row c;
 // lanes c and c + 16 each add up half of the consumer warps' sums): the int8 scale, the norm's correction, the
 // shift, ReLU and residual, and the outputs written (tagged words, the plain output, greedy's key). The rows
-// (scale, shift, norm sum) of the block's first kDsHeldTiles tiles are copied into scratch when the operation
-// starts, before its input is there.
+// (scale, shift, norm sum) of the block's first kDsHeldTiles tiles are copied into scratch when it reaches the
+// operation, after the operation before's last epilogue.
 template <typename T>
 __device__ void run_epilogues(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, float* scratch,
                               SumsHandoff& handoff, unsigned& u, long long* trace, unsigned long long* best) {
@@ -800,7 +801,7 @@ __global__ void __launch_bounds__((kDsWarps + 2) * 32, 1)
       if (op.kind == kDecodeStreamLinear) {
         run_epilogues<T>(op, tags, epoch, scratch, handoff, u, row,
                          greedy != nullptr && s + 1 == n_ops ? greedy : nullptr);
-      } else if (op.kind == kDecodeStreamAttention) {
+      } else if (op.kind != kDecodeStreamEmbed) {  // an attention: the consumers' test, so both meet
         named_arrive<kDsEpiloguesDone>();
         named_sync<kDsScratchFree>();
       }

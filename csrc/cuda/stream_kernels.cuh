@@ -137,7 +137,7 @@ __device__ __forceinline__ long long now_ns() {
 }
 
 // A barrier of the first kThreads threads of the block (named barrier 1): the consumer warps, without the
-// producer.
+// epilogue warp and the producer.
 template <int kThreads>
 __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kThreads) : "memory");
