@@ -380,7 +380,7 @@ def test_a_small_programs_attention_matches_torch_at_the_cache_ends(opt125, head
     float32; and a linear whose K is a full segment and a part."""
     torch.manual_seed(1)
     h, heads, length = torch.float16, 2, 1100
-    rows_a_pass = 32768 // head_dim  # the kernel's pass: 512 rows (head size 64) or 256 (128)
+    rows_a_pass = 16384 // head_dim  # the kernel's pass: 256 rows (head size 64) or 128 (128)
     hidden = heads * head_dim
     table = torch.randn(4, hidden, dtype=h, device="cuda")
     w = torch.randn(3 * hidden, hidden, dtype=h, device="cuda") / hidden ** 0.5
@@ -464,7 +464,7 @@ def test_an_input_of_8192_values_with_and_without_a_layer_norm(opt125, int8):
 
 
 def test_a_block_takes_several_heads_where_there_are_more_heads_than_blocks(opt125):
-    """Heads beyond the grid are taken in turn: with 8 heads more than blocks, over 530 cached rows (two passes),
+    """Heads beyond the grid are taken in turn: with 8 heads more than blocks, over 530 cached rows (three passes),
     the step ends (no wait runs out) and every head's key and value are in the cache at the position. (Their
     attention's output, more than a linear's 8192 input values, is not read here.)"""
     torch.manual_seed(3)

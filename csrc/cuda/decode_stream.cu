@@ -35,8 +35,9 @@
 //
 // An attention operation (batch 1): block b takes heads h, h + grid, ... (h as t above). It polls the head's
 // query and key (the input is the fused q/k/v output: the heads' queries, then keys, then values), writes the key
-// into the cache at the step's position, attends to positions 0 .. position in float32, and polls the value last
-// (writing it into the cache too). The embedding's values are written by every block, 16 a block.
+// into the cache at the step's position, attends to positions 0 .. position in float32 (each warp its own rows,
+// from scores to weighted values; the warps combined once), and polls the value last (writing it into the cache
+// too). The embedding's values are written by every block, 16 a block.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -73,9 +74,6 @@ constexpr int kDsRowBytes = kDsSegmentOf<W> * static_cast<int>(sizeof(W)) + (siz
 template <typename W>
 constexpr int kDsStageBytes = 16 * kDsRowBytes<W>;
 [[maybe_unused]] constexpr int kDsMaxDim = 128;  // head size
-
-static_assert(kDecodeStreamMaxLen * sizeof(float) <= kDecodeStreamMaxK * 2,
-              "an attention's scores fit the input's room");
 
 template <typename T>
 __device__ __forceinline__ unsigned short bits_of(T v) {
@@ -554,46 +552,107 @@ __device__ void run_embed(const DecodeStreamOp& op, unsigned* tags, unsigned epo
   }
 }
 
-// An attention pass's cached keys into registers: row first + row_in_pass, values [64 * part, 64 * part + 64).
+// An attention's pass: the cached rows its 16 warps take at once (kAttendPass<D> / kDsWarps a warp): 256 for a
+// head size of 64, 128 for 128.
+template <int D>
+constexpr int kAttendPass = kDsWarps * 32 / (D / 32);
+
+// A lane's keys of a pass: values [32 * part, 32 * part + 32) of row `row`; zeros past the cached rows (so a
+// pass's registers never carry the pass before's).
 template <typename T, int D>
-__device__ __forceinline__ void load_keys(const T* kc, int row_in_pass, int part, int first, int cached,
-                                          uint4 (&keys)[8]) {
-  const int r = first + row_in_pass;
-  if (r >= cached) return;
-  const auto* row = reinterpret_cast<const uint4*>(kc + static_cast<std::int64_t>(r) * D + 64 * part);
+__device__ __forceinline__ void load_warp_keys(const T* kc, int row, int part, int cached, uint4 (&keys)[4]) {
+  const auto* at = reinterpret_cast<const uint4*>(kc + static_cast<std::int64_t>(row) * D + 32 * part);
 #pragma unroll
-  for (int w = 0; w < 8; ++w) keys[w] = row[w];
+  for (int w = 0; w < 4; ++w) keys[w] = row < cached ? at[w] : make_uint4(0u, 0u, 0u, 0u);
 }
 
-// An attention pass's cached values into registers: values [8 * db, 8 * db + 8) of rows first + group,
-// + kGroups, ... (8 rows).
+// A lane's values of a pass: dimensions [8 * db, 8 * db + 8) of rows row, row + step, ... (4 rows); zeros
+// past the cached rows.
 template <typename T, int D>
-__device__ __forceinline__ void load_cached_values(const T* vc, int group, int db, int first, int cached,
-                                                   uint4 (&values)[8]) {
-  constexpr int kGroups = kDsThreads / (D / 8);
+__device__ __forceinline__ void load_warp_values(const T* vc, int row, int step, int db, int cached,
+                                                 uint4 (&values)[4]) {
 #pragma unroll
-  for (int u = 0; u < 8; ++u) {
-    const int r = first + group + u * kGroups;
-    if (r < cached) values[u] = *reinterpret_cast<const uint4*>(vc + static_cast<std::int64_t>(r) * D + 8 * db);
+  for (int u = 0; u < 4; ++u) {
+    const int r = row + u * step;
+    values[u] = r < cached ? *reinterpret_cast<const uint4*>(vc + static_cast<std::int64_t>(r) * D + 8 * db)
+                           : make_uint4(0u, 0u, 0u, 0u);
   }
+}
+
+// One pass of attend_head over the lane's keys and values of rows first .. first + kAttendPass<D> - 1, added into
+// the warp's running maximum `most`, the lane's share of the sum `total` and its weighted values `acc`. False
+// once the warp has no rows (nor in a later pass).
+template <typename T, int D>
+__device__ __forceinline__ bool warp_pass(const uint4 (&keys)[4], const uint4 (&values)[4], const float* head,
+                                          int first, int cached, int key_row, int key_part, int value_row,
+                                          float scale, float& most, float& total, float (&acc)[8]) {
+  constexpr int kRowThreads = D / 32;
+  constexpr int kWarpRows = 32 / kRowThreads;
+  constexpr int kLaneRows = 32 / (D / 8);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  asm volatile("" ::: "memory");  // the query read from shared memory here, not hoisted into registers
+  const bool in = first + key_row < cached;
+  float dot = 0.0f;
+  const float* q = head + 32 * key_part;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const std::uint32_t words[4] = {keys[w].x, keys[w].y, keys[w].z, keys[w].w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = unpack2(words[e], T{});
+      dot += q[8 * w + 2 * e] * f.x + q[8 * w + 2 * e + 1] * f.y;
+    }
+  }
+#pragma unroll
+  for (int o = 1; o < kRowThreads; o *= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+  const float score = in ? dot * scale : -INFINITY;
+  float pass_most = score;
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) pass_most = fmaxf(pass_most, __shfl_xor_sync(0xffffffffu, pass_most, o));
+  if (pass_most == -INFINITY) return false;  // rows past the cache here and in every later pass
+  const float now = fmaxf(most, pass_most);
+  const float shrink = __expf(most - now);  // 0 on the warp's first pass with rows (most is -inf)
+  most = now;
+  const float p = in ? __expf(score - now) : 0.0f;
+  total = total * shrink + (key_part == 0 ? p : 0.0f);
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int r = value_row + u * kLaneRows;
+    const float pr = __shfl_sync(0xffffffffu, p, (r - warp * kWarpRows) * kRowThreads);  // 0 past the rows
+    const std::uint32_t words[4] = {values[u].x, values[u].y, values[u].z, values[u].w};  // zeros there
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = unpack2(words[e], T{});
+      acc[2 * e] = acc[2 * e] * (u == 0 ? shrink : 1.0f) + pr * f.x;
+      acc[2 * e + 1] = acc[2 * e + 1] * (u == 0 ? shrink : 1.0f) + pr * f.y;
+    }
+  }
+  return true;
 }
 
 // Head h of a one-token step: scores of positions 0 .. position (the new key's at position) in float32, the
 // softmax, the weighted values; the key and value written into the cache at position. D: the head size.
 //
-// The cached rows are read in passes of kPass positions into registers (8 16-byte words of keys, then 8 of
-// values, a thread): the first pass's keys before the head's query is polled, so their latency passes while the
-// q/k/v projection ends, and its values once the scores are summed, during the softmax's reductions.
-// The cache rows were asked into L2 before the q/k/v projection (prefetch_heads). The query and key are polled
-// first and the value last, after the cached rows are summed: the q/k/v projection writes the values last.
+// Each warp takes its own rows of the cache (kAttendPass<D> / kDsWarps a pass) from their keys to their
+// weighted values, with a running maximum (FlashAttention's softmax), so no block barrier comes between the
+// scores and the values. A lane holds 4 16-byte words of keys (32 values of a row) and 4 of values (8
+// dimensions of 4 of the warp's rows): the first pass's are loaded before the head's query is polled, so their
+// round trips through L2 pass while the q/k/v projection ends; a later pass (past 256 cached rows for a head
+// size of 64) loads its own. Each warp's maximum, sum of exponentials and weighted values then go to shared
+// memory, and the first D threads combine them with the new row. The new value's word is asked for once the
+// query and key are in and waited for only if it was not yet written (the q/k/v projection writes the values
+// last). The cache rows were asked into L2 before the q/k/v projection (prefetch_heads). Two block barriers,
+// where block-wide reductions of the scores took six: on the H200, OPT-1.3B's TPOT went from X to Y in fp16 and
+// from X to Y in int8 (three interleaved rounds, 2026-11-29).
 template <typename T, int D>
 __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, unsigned epoch, long long position,
-                            float* scores, float* scratch, float* red, float* head, long long* trace) {
-  constexpr int kRowThreads = D / 64;               // keys: threads a cached row, 64 values each
-  constexpr int kPass = kDsThreads / kRowThreads;   // positions a pass: 512 (D 64) or 256 (D 128)
-  constexpr int kSlice = D / 8;                     // values: threads a row, 8 values each
-  constexpr int kGroups = kDsThreads / kSlice;      // rows a slice; a pass is 8 slices
-  static_assert(kGroups * 8 == kPass, "a pass's keys and values are the same rows");
+                            float* scratch, float* red, float* head, long long* trace) {
+  constexpr int kRowThreads = D / 32;          // keys: lanes a cached row, 32 values each
+  constexpr int kWarpRows = 32 / kRowThreads;  // a warp's rows: 16 (D 64) or 8 (D 128)
+  constexpr int kSlice = D / 8;                // values: lanes a row, 8 dimensions each
+  constexpr int kLaneRows = 32 / kSlice;       // a lane's 4 value rows kLaneRows apart
+  static_assert(kLaneRows * 4 == kWarpRows && kWarpRows * kDsWarps == kAttendPass<D>,
+                "a warp's keys and values are the same rows");
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32;
   const int warp = tid / 32;
@@ -603,84 +662,36 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
   auto* kc = static_cast<T*>(op.k_cache) + static_cast<std::int64_t>(h) * op.max_len * D;
   auto* vc = static_cast<T*>(op.v_cache) + static_cast<std::int64_t>(h) * op.max_len * D;
   const int cached = static_cast<int>(position);  // rows 0 .. position - 1 from the cache, the new one from head
-  const int key_row = tid / kRowThreads;
-  const int key_part = tid % kRowThreads;
-  const int db = tid % kSlice;
-  const int group = tid / kSlice;
-  uint4 keys[8] = {};
-  uint4 values[8] = {};
-  load_keys<T, D>(kc, key_row, key_part, 0, cached, keys);
-  for (int j = tid; j < 2 * D; j += kDsThreads) {
-    const T v = value_of<T>(tagged_wait1(tags + (j < D ? q_at + j : k_at + j - D), epoch));
-    head[j] = to_float(v);
-    if (j >= D) kc[position * D + j - D] = v;
+  const int key_row = warp * kWarpRows + lane / kRowThreads;
+  const int key_part = lane % kRowThreads;
+  const int value_row = warp * kWarpRows + lane / kSlice;  // the lane's first value row
+  const int db = lane % kSlice;
+  uint4 keys[4];
+  uint4 values[4];
+  load_warp_keys<T, D>(kc, key_row, key_part, cached, keys);
+  load_warp_values<T, D>(vc, value_row, kLaneRows, db, cached, values);
+  static_assert(2 * D <= kDsThreads, "a thread polls one word of the query and key");
+  if (tid < 2 * D) {
+    const T v = value_of<T>(tagged_wait1(tags + (tid < D ? q_at + tid : k_at + tid - D), epoch));
+    head[tid] = to_float(v);
+    if (tid >= D) kc[position * D + tid - D] = v;
   }
+  unsigned value_word = tid < D ? tagged_load1(tags + v_at + tid) : 0u;  // the new value, if already written
   consumers_sync<kDsThreads>();
   if (trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
-  float best = -INFINITY;
-  for (int first = 0; first < cached; first += kPass) {
-    if (first > 0) load_keys<T, D>(kc, key_row, key_part, first, cached, keys);
-    asm volatile("" ::: "memory");  // the query read from shared memory here, not hoisted into registers
-    const int r = first + key_row;
-    float dot = 0.0f;
-    if (r < cached) {
-      const float* q = head + 64 * key_part;
-#pragma unroll
-      for (int w = 0; w < 8; ++w) {
-        const std::uint32_t words[4] = {keys[w].x, keys[w].y, keys[w].z, keys[w].w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float2 f = unpack2(words[e], T{});
-          dot += q[8 * w + 2 * e] * f.x + q[8 * w + 2 * e + 1] * f.y;
-        }
-      }
-    }
-    if constexpr (kRowThreads == 2) dot += __shfl_xor_sync(0xffffffffu, dot, 1);
-    if (r < cached) {
-      dot *= op.scale;
-      if (key_part == 0) scores[r] = dot;
-      best = fmaxf(best, dot);
-    }
+  float most = -INFINITY;  // the warp's running maximum
+  float total = 0.0f;      // the lane's share of the warp's sum of exp(score - most) (its key row's, part 0)
+  float acc[8] = {};       // its 8 dimensions' weighted values over its value rows
+  bool more = warp_pass<T, D>(keys, values, head, 0, cached, key_row, key_part, value_row, op.scale, most, total,
+                              acc);
+  for (int first = kAttendPass<D>; more && first < cached; first += kAttendPass<D>) {
+    load_warp_keys<T, D>(kc, first + key_row, key_part, cached, keys);
+    load_warp_values<T, D>(vc, first + value_row, kLaneRows, db, cached, values);
+    more = warp_pass<T, D>(keys, values, head, first, cached, key_row, key_part, value_row, op.scale, most, total,
+                           acc);
   }
-  load_cached_values<T, D>(vc, group, db, 0, cached, values);  // its latency passes during the reductions below
-  if (warp == 0) {  // the new key's score
-    float dot = 0.0f;
 #pragma unroll
-    for (int e = lane; e < D; e += 32) dot += head[e] * head[D + e];
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-    dot *= op.scale;
-    if (lane == 0) scores[cached] = dot;
-    best = fmaxf(best, dot);
-  }
-  block_reduce<1>(&best, red, [](float a, float b) { return fmaxf(a, b); });
-  float total = 0.0f;
-  for (int j = tid; j <= cached; j += kDsThreads) {
-    const float p = __expf(scores[j] - best);
-    scores[j] = p;
-    total += p;
-  }
-  block_reduce<1>(&total, red, [](float a, float b) { return a + b; });  // its syncs order the scores' writes
-  // The weighted values: thread t takes the 8 dimensions from 8 * (t % kSlice) of rows t / kSlice, + kGroups,
-  // ...; the threads of a warp with the same dimensions add up by shuffles, the warps in scratch; the new row's
-  // value is added last.
-  float acc[8] = {};
-  for (int first = 0; first < cached; first += kPass) {
-    if (first > 0) load_cached_values<T, D>(vc, group, db, first, cached, values);
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int r = first + group + u * kGroups;
-      if (r >= cached) break;
-      const float p = scores[r];
-      const std::uint32_t words[4] = {values[u].x, values[u].y, values[u].z, values[u].w};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = unpack2(words[e], T{});
-        acc[2 * e] += p * f.x;
-        acc[2 * e + 1] += p * f.y;
-      }
-    }
-  }
+  for (int o = 16; o > 0; o /= 2) total += __shfl_xor_sync(0xffffffffu, total, o);
 #pragma unroll
   for (int o = kSlice; o < 32; o *= 2) {
 #pragma unroll
@@ -690,26 +701,50 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
 #pragma unroll
     for (int e = 0; e < 8; ++e) scratch[warp * kDsMaxDim + 8 * db + e] = acc[e];
   }
-  consumers_sync<kDsThreads>();
-  const float last = scores[cached];
-  for (int e = tid; e < D; e += kDsThreads) {
-    const T v = value_of<T>(tagged_wait1(tags + v_at + e, epoch));
-    vc[position * D + e] = v;
-    float o = last * to_float(v);
-#pragma unroll
-    for (int w = 0; w < kDsWarps; ++w) o += scratch[w * kDsMaxDim + e];
-    put<T>(tags, op.output, h * D + e, from_float<T>(o / total), epoch);
+  if (lane == 0) {
+    red[warp] = most;
+    red[kDsWarps + warp] = total;
   }
-  consumers_sync<kDsThreads>();  // scratch and scores free again
-  if (trace != nullptr && threadIdx.x == 0) trace[1] = now_ns();
+  float last = 0.0f;  // the new key's score, by the warps of the first D threads
+  if (warp < D / 32) {
+#pragma unroll
+    for (int e = lane; e < D; e += 32) last += head[e] * head[D + e];
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) last += __shfl_xor_sync(0xffffffffu, last, o);
+    last *= op.scale;
+  }
+  consumers_sync<kDsThreads>();
+  if (tid < D) {
+    float top = last;
+#pragma unroll
+    for (int w = 0; w < kDsWarps; ++w) top = fmaxf(top, red[w]);
+    const float p_last = __expf(last - top);
+    float sum = p_last;
+    float o = 0.0f;
+#pragma unroll 4
+    for (int w = 0; w < kDsWarps; ++w) {
+      const float c = __expf(red[w] - top);  // 0 for a warp without rows (-inf)
+      sum += c * red[kDsWarps + w];
+      o += c * scratch[w * kDsMaxDim + tid];
+    }
+    if ((value_word >> 16) != epoch) value_word = tagged_wait1(tags + v_at + tid, epoch);
+    const T v = value_of<T>(value_word);
+    vc[position * D + tid] = v;
+    o += p_last * to_float(v);
+    put<T>(tags, op.output, h * D + tid, from_float<T>(o / sum), epoch);
+  }
+  if (trace != nullptr) {
+    consumers_sync<kDsThreads>();
+    if (threadIdx.x == 0) trace[1] = now_ns();
+  }
 }
 
 // The block's heads (first_of(op), + grid, ...: one a block where there are no more heads than blocks).
 template <typename T, int D>
 __device__ void run_attention(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, long long position,
-                              float* scores, float* scratch, float* red, float* head, long long* trace) {
+                              float* scratch, float* red, float* head, long long* trace) {
   for (int h = first_of(op); h < op.heads; h += static_cast<int>(gridDim.x)) {
-    attend_head<T, D>(op, h, tags, epoch, position, scores, scratch, red, head, trace);
+    attend_head<T, D>(op, h, tags, epoch, position, scratch, red, head, trace);
   }
 }
 
@@ -746,7 +781,7 @@ __device__ __forceinline__ void named_sync() {
 #endif
 
 // Dynamic shared memory: `stages` full and `stages` empty mbarriers (a 128-byte line or more), the ring (stages x
-// kDsStageBytes<W>), then the input (kDecodeStreamMaxK values of T; an attention's scores there as floats). T:
+// kDsStageBytes<W>), then the input (kDecodeStreamMaxK values of T). T:
 // the activations' type; W: the weights' (T, or int8 with per-row scales). Warps: kDsWarps consumers, then the
 // epilogue warp, then the producer.
 template <typename T, typename W>
@@ -844,9 +879,9 @@ __global__ void __launch_bounds__((kDsWarps + 2) * 32, 1)
     } else {
       named_sync<kDsEpiloguesDone>();  // the epilogue warp done with scratch
       if (op.head_dim == 64) {
-        run_attention<T, 64>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row);
+        run_attention<T, 64>(op, tags, epoch, position, scratch, red, head, row);
       } else {
-        run_attention<T, 128>(op, tags, epoch, position, reinterpret_cast<float*>(xs), scratch, red, head, row);
+        run_attention<T, 128>(op, tags, epoch, position, scratch, red, head, row);
       }
       named_arrive<kDsScratchFree>();
     }
