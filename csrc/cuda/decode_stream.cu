@@ -642,8 +642,11 @@ __device__ __forceinline__ bool warp_pass(const uint4 (&keys)[4], const uint4 (&
 // memory, and the first D threads combine them with the new row. The new value's word is asked for once the
 // query and key are in and waited for only if it was not yet written (the q/k/v projection writes the values
 // last). The cache rows were asked into L2 before the q/k/v projection (prefetch_heads). Two block barriers,
-// where block-wide reductions of the scores took six: on the H200, OPT-1.3B's TPOT went from X to Y in fp16 and
-// from X to Y in int8 (three interleaved rounds, 2026-11-29).
+// where block-wide reductions of the scores took six: on the H200, OPT-1.3B's TPOT (prompt 128 + 256 tokens) went
+// from 851.3 to 843.5 us in fp16 and from 633.9 to 613.3 in int8 (three interleaved rounds, 2026-11-29). The
+// first pass stays apart from the loop of later ones: as one loop, or beside the block-wide attention kept for
+// longer caches, the kernel needed more registers, and the linear operations' segment loop paid (fp16 TPOT
+// +13 us and +15 us).
 template <typename T, int D>
 __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, unsigned epoch, long long position,
                             float* scratch, float* red, float* head, long long* trace) {
@@ -677,11 +680,12 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
     if (tid >= D) kc[position * D + tid - D] = v;
   }
   unsigned value_word = tid < D ? tagged_load1(tags + v_at + tid) : 0u;  // the new value, if already written
-  consumers_sync<kDsThreads>();
+  consumers_sync<kDsThreads>();  // head written; for a block's second head, the first's reads of scratch and red done
   if (trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
   float most = -INFINITY;  // the warp's running maximum
   float total = 0.0f;      // the lane's share of the warp's sum of exp(score - most) (its key row's, part 0)
   float acc[8] = {};       // its 8 dimensions' weighted values over its value rows
+  // The first pass apart from the loop of later ones (see above: fewer registers held through it).
   bool more = warp_pass<T, D>(keys, values, head, 0, cached, key_row, key_part, value_row, op.scale, most, total,
                               acc);
   for (int first = kAttendPass<D>; more && first < cached; first += kAttendPass<D>) {
