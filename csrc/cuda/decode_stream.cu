@@ -633,20 +633,19 @@ __device__ __forceinline__ bool warp_pass(const uint4 (&keys)[4], const uint4 (&
 // Head h of a one-token step: scores of positions 0 .. position (the new key's at position) in float32, the
 // softmax, the weighted values; the key and value written into the cache at position. D: the head size.
 //
-// Each warp takes its own rows of the cache (kAttendPass<D> / kDsWarps a pass) from their keys to their
-// weighted values, with a running maximum (FlashAttention's softmax), so no block barrier comes between the
-// scores and the values. A lane holds 4 16-byte words of keys (32 values of a row) and 4 of values (8
-// dimensions of 4 of the warp's rows): the first pass's are loaded before the head's query is polled, so their
-// round trips through L2 pass while the q/k/v projection ends; a later pass (past 256 cached rows for a head
-// size of 64) loads its own. Each warp's maximum, sum of exponentials and weighted values then go to shared
-// memory, and the first D threads combine them with the new row. The new value's word is asked for once the
-// query and key are in and waited for only if it was not yet written (the q/k/v projection writes the values
-// last). The cache rows were asked into L2 before the q/k/v projection (prefetch_heads). Two block barriers,
-// where block-wide reductions of the scores took six: on the H200, OPT-1.3B's TPOT (prompt 128 + 256 tokens) went
-// from 851.3 to 843.5 us in fp16 and from 633.9 to 613.3 in int8 (three interleaved rounds, 2026-11-29). The
-// first pass stays apart from the loop of later ones: as one loop, or beside the block-wide attention kept for
-// longer caches, the kernel needed more registers, and the linear operations' segment loop paid (fp16 TPOT
-// +13 us and +15 us).
+// Each warp takes its own rows of the cache (kAttendPass<D> / kDsWarps a pass) from their keys to their weighted
+// values, with a running maximum (FlashAttention's softmax), so no block barrier comes between the scores and the
+// values. A lane holds 4 16-byte words of keys (32 values of a row) and 4 of values (8 dimensions of 4 of the warp's
+// rows): the first pass's are loaded before the head's query is polled, so their round trips through L2 pass while the
+// q/k/v projection ends; a later pass (past 256 cached rows for a head size of 64) loads its own. Each warp's maximum,
+// sum of exponentials and weighted values then go to shared memory, and the first D threads combine them with the new
+// row. Each of those threads asks for the new value's word once its word of the query is in, and waits for it only if
+// it was not yet written (the q/k/v projection writes the values last). The cache rows were asked into L2 before the
+// q/k/v projection (prefetch_heads). Two block barriers, where block-wide reductions of the scores took seven: on the
+// H200, OPT-1.3B's TPOT (prompt 128 + 256 tokens) went from 851.3 to 843.5 us in fp16 and from 633.9 to 613.3 in int8
+// (three interleaved rounds, 2026-11-29). The first pass stays apart from the loop of later ones: as one loop, or
+// beside the block-wide attention kept for longer caches, the kernel needed more registers, and the linear operations'
+// segment loop paid (fp16 TPOT +13 us and +15 us).
 template <typename T, int D>
 __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, unsigned epoch, long long position,
                             float* scratch, float* red, float* head, long long* trace) {
@@ -654,8 +653,9 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
   constexpr int kWarpRows = 32 / kRowThreads;  // a warp's rows: 16 (D 64) or 8 (D 128)
   constexpr int kSlice = D / 8;                // values: lanes a row, 8 dimensions each
   constexpr int kLaneRows = 32 / kSlice;       // a lane's 4 value rows kLaneRows apart
-  static_assert(kLaneRows * 4 == kWarpRows && kWarpRows * kDsWarps == kAttendPass<D>,
-                "a warp's keys and values are the same rows");
+  static_assert((D == 64 || D == 128) && kLaneRows * 4 == kWarpRows,
+                "head sizes 64 and 128 (head and scratch hold 2 x 128 and 16 x 128 floats); a warp's keys and "
+                "values are the same rows");
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32;
   const int warp = tid / 32;
@@ -737,7 +737,10 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
     o += p_last * to_float(v);
     put<T>(tags, op.output, h * D + tid, from_float<T>(o / sum), epoch);
   }
-  if (trace != nullptr) {
+  // No barrier after the combination: whatever writes head, scratch or red next (the block's next head, the next
+  // linear operation, the epilogue warp's held rows) does so only after a barrier every consumer thread reaches
+  // once done here (the next head's first barrier, run_linear's first, named barrier 3).
+  if (trace != nullptr) {  // the trace's end once every thread is done (block-uniform)
     consumers_sync<kDsThreads>();
     if (threadIdx.x == 0) trace[1] = now_ns();
   }
