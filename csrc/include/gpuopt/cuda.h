@@ -266,7 +266,7 @@ constexpr int kDecodeStreamLinear = 1;     // out = act(norm(in) @ weight.T + bi
 constexpr int kDecodeStreamAttention = 2;  // out[h] = attention of head h over the cache's 0 .. position
 constexpr int kDecodeStreamMaxParts = 3;
 constexpr int kDecodeStreamMaxK = 8192;    // a linear operation's input values
-constexpr int kDecodeStreamMaxLen = 4096;  // an attention's cache positions (the tested range; no buffer bounds it)
+constexpr int kDecodeStreamMaxLen = 4096;  // an attention's cache positions (a policy limit: no kernel buffer bounds it)
 struct DecodeStreamOp {
   int kind = kDecodeStreamLinear;
   int n = 0;          // output values: linear, the parts' rows summed (a multiple of 16); embed, the hidden size
