@@ -27,7 +27,12 @@
 // barrier and its next MMAs (three interleaved rounds, 2026-11-29).
 // A layer norm before is folded as linear_epilogue.cuh folds it, with its scale on the input instead of in a copy
 // of the weight: the values are multiplied by the norm's weights as they come in, and the sums corrected in the
-// epilogue with the mean and deviation (taken once all are in) and weight @ norm_weight: norm_weight * in is
+// epilogue with the mean and deviation and weight @ norm_weight. Each consumer warp adds up its threads' sums and
+// sums of squares of the values once all are in and hands them over with the block's first tile; the epilogue
+// warp adds up the 16 warps' and takes the mean and deviation before that tile's epilogue. (Reduced by the
+// consumers with two block barriers before the first tile's handoff, as until 2026-11-29, they held up every
+// warp's next tile: on the H200, OPT-1.3B's TPOT went from 844.0 to 831.4 us in fp16 and from 614.5 to 599.6 in
+// int8 with the epilogue warp taking them; three interleaved rounds.) Rounding: norm_weight * in is
 // rounded to T where the model rounds the normed values, so the rounding error grows with the input's mean over
 // its deviation (about 6 times the model's at a mean of 6 deviations; OPT's parity is unchanged). The shift (bias, and weight @ norm_bias) is
 // added to the float32 sum and the result rounded to T; the ReLU and the residual follow in T's precision, as
@@ -96,29 +101,6 @@ __device__ __forceinline__ void put(unsigned* tags, int offset, int index, T v, 
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// v[0 .. N) combined by `op` over the consumer threads (all get the results); `red` holds N * kDsWarps floats.
-template <int N, typename Op>
-__device__ __forceinline__ void block_reduce(float* v, float* red, Op op) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) {
-#pragma unroll
-    for (int n = 0; n < N; ++n) v[n] = op(v[n], __shfl_xor_sync(0xffffffffu, v[n], o));
-  }
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  if (threadIdx.x % 32 == 0) {
-#pragma unroll
-    for (int n = 0; n < N; ++n) red[N * warp + n] = v[n];
-  }
-  consumers_sync<kDsThreads>();
-#pragma unroll
-  for (int n = 0; n < N; ++n) {
-    v[n] = red[n];
-#pragma unroll
-    for (int w = 1; w < kDsWarps; ++w) v[n] = op(v[n], red[N * w + n]);
-  }
-  consumers_sync<kDsThreads>();
-}
-
 // The block's first tile (linear) or head (attention) of `op`: tile or head t runs in block
 // (op.first_block + t) % grid.
 __device__ __forceinline__ int first_of(const DecodeStreamOp& op) {
@@ -354,26 +336,29 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 
 // The handoff of a tile's sums from the consumer warps to the epilogue warp: two buffers of kDsWarps x 16 floats
 // at scratch's start, each with a full barrier (a consumer warp's arrival once its sums are written) and an empty
-// one (the epilogue warp's, once it has read them), and the norm's mean and 1 / deviation of the tile's
-// operation. Tile u (counted over the launch by both sides) uses buffer u % 2 in phase u / 2.
+// one (the epilogue warp's, once it has read them), and, with the block's first tile of an operation with a layer
+// norm, each warp's sum and sum of squares of its threads' input values (the epilogue warp takes the mean and
+// deviation from them). Tile u (counted over the launch by both sides) uses buffer u % 2 in phase u / 2.
 struct SumsHandoff {
   std::uint64_t full[2];
   std::uint64_t empty[2];
-  float norm[2][2];
+  float stats[2][kDsWarps][2];
 };
+static_assert(kDsWarps == 16, "the epilogue warp's lanes c and c + 16 take consumer warp c's statistics");
 
 // A linear operation's tiles in this block, as the consumer warps run them. The input is asked for whole and
 // waited for a segment at a time as the first tile needs it: the segments other blocks wrote first are summed
 // while the last ones are written. With a layer norm, the values are multiplied by the norm's weights as they
-// come, and their mean and variance are taken once all are in; the tiles' sums are corrected in the epilogue
-// (DecodeStreamOp::norm_sum), so the norm never holds up the MMAs. W: the weights' type, T or int8 (a lane's
+// come, each warp's sums of them (and of their squares) go to the epilogue warp with the first tile, which takes
+// the mean and variance, and the tiles' sums are corrected in the epilogue (DecodeStreamOp::norm_sum): the norm
+// never holds up the MMAs, and no block barrier follows them. W: the weights' type, T or int8 (a lane's
 // 16-byte word of a row is then 16 values, widened to T exactly for the MMAs, and the sums are multiplied by the
 // row's scale in the epilogue; a segment is 2048 values, a warp's chunks w and w + 16). A tile's sums go to the
 // epilogue warp (run_epilogues) without a wait for it: the consumers go on to the next tile's segments while it
 // finishes the last one.
 template <typename T, typename W>
 __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch,
-                           float* red, unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages,
+                           unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages,
                            RingAt& at, SumsHandoff& handoff, unsigned& u, long long* trace) {
   const int blocks = static_cast<int>(gridDim.x);
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -435,18 +420,6 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
     }
     const unsigned buffer = u & 1u;
     const unsigned parity = (u >> 1) & 1u;
-    float norm[2] = {0.0f, 0.0f};  // the block's sum and sum of squares, then the mean and 1 / deviation
-    if (gamma != nullptr && tile == first_tile) {  // every value is in: the norm's mean and 1 / deviation
-#pragma unroll
-      for (int e = 0; e < kDsWordsPerThread; ++e) {
-        norm[0] += stats[e][0];
-        norm[1] += stats[e][1];
-      }
-      block_reduce<2>(norm, red, [](float a, float b) { return a + b; });
-      const float mean = norm[0] / static_cast<float>(k);
-      norm[0] = mean;
-      norm[1] = rsqrtf(fmaxf(norm[1] / static_cast<float>(k) - mean * mean, 0.0f) + op.eps);
-    }
     // The buffer is free once the epilogue warp has read tile u - 2's sums (at once, nearly always).
     stage_wait(&handoff.empty[buffer], parity ^ 1u);
     // D: lane (g, t) holds output rows g and g + 8 for x rows 2t and 2t + 1: x row 0 is t == 0's.
@@ -455,9 +428,22 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       sums[warp * 16 + g] = acc[0][0] + acc[1][0];
       sums[warp * 16 + g + 8] = acc[0][2] + acc[1][2];
     }
-    if (gamma != nullptr && tile == first_tile && threadIdx.x == 0) {
-      handoff.norm[buffer][0] = norm[0];
-      handoff.norm[buffer][1] = norm[1];
+    if (gamma != nullptr && tile == first_tile) {  // every value is in: the warp's share of the norm's statistics
+      float norm[2] = {0.0f, 0.0f};  // the warp's sum and sum of squares of its input values
+#pragma unroll
+      for (int e = 0; e < kDsWordsPerThread; ++e) {
+        norm[0] += stats[e][0];
+        norm[1] += stats[e][1];
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) {
+        norm[0] += __shfl_xor_sync(0xffffffffu, norm[0], o);
+        norm[1] += __shfl_xor_sync(0xffffffffu, norm[1], o);
+      }
+      if (lane == 0) {
+        handoff.stats[buffer][warp][0] = norm[0];
+        handoff.stats[buffer][warp][1] = norm[1];
+      }
     }
     __syncwarp();  // the warp's writes before its arrival (which releases them)
     if (lane == 0) stage_arrive(&handoff.full[buffer]);
@@ -497,9 +483,17 @@ __device__ void run_epilogues(const DecodeStreamOp& op, unsigned* tags, unsigned
     if (j == 0) {
       async_copies_wait();  // the held rows in
       __syncwarp();         // and seen by every lane
-      if (gamma != nullptr) {
-        norm[0] = handoff.norm[buffer][0];
-        norm[1] = handoff.norm[buffer][1];
+      if (gamma != nullptr) {  // the norm's mean and 1 / deviation from the consumer warps' sums (lane c: warp c)
+        norm[0] = handoff.stats[buffer][c][0];
+        norm[1] = handoff.stats[buffer][c][1];
+#pragma unroll
+        for (int o = 8; o > 0; o /= 2) {
+          norm[0] += __shfl_xor_sync(0xffffffffu, norm[0], o);
+          norm[1] += __shfl_xor_sync(0xffffffffu, norm[1], o);
+        }
+        const float mean = norm[0] / static_cast<float>(op.k);
+        norm[0] = mean;
+        norm[1] = rsqrtf(fmaxf(norm[1] / static_cast<float>(op.k) - mean * mean, 0.0f) + op.eps);
       }
     }
     const float* sums = scratch + buffer * kDsWarps * 16;
@@ -879,7 +873,7 @@ __global__ void __launch_bounds__((kDsWarps + 2) * 32, 1)
       if (s + 1 < n_ops && ops[s + 1].kind == kDecodeStreamAttention && threadIdx.x == 0) {
         prefetch_heads(ops[s + 1], position, static_cast<int>(sizeof(T)));
       }
-      run_linear<T, W>(op, tags, epoch, xs, scratch, red, ring, full, empty, stages, at, handoff, u, row);
+      run_linear<T, W>(op, tags, epoch, xs, scratch, ring, full, empty, stages, at, handoff, u, row);
     } else if (op.kind == kDecodeStreamEmbed) {
       run_embed<T>(op, tags, epoch, id, position);
       if (row != nullptr && threadIdx.x == 0) row[0] = row[1] = now_ns();
