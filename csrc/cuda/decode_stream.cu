@@ -28,11 +28,12 @@
 // A layer norm before is folded as linear_epilogue.cuh folds it, with its scale on the input instead of in a copy
 // of the weight: the values are multiplied by the norm's weights as they come in, and the sums corrected in the
 // epilogue with the mean and deviation and weight @ norm_weight. Each consumer warp adds up its threads' sums and
-// sums of squares of the values once all are in and hands them over with the block's first tile; the epilogue
-// warp adds up the 16 warps' and takes the mean and deviation before that tile's epilogue. (Reduced by the
-// consumers with two block barriers before the first tile's handoff, as until 2026-11-29, they held up every
-// warp's next tile: on the H200, OPT-1.3B's TPOT went from 844.0 to 831.4 us in fp16 and from 614.5 to 599.6 in
-// int8 with the epilogue warp taking them; three interleaved rounds.) Rounding: norm_weight * in is
+// sums of squares of the raw input values once all are in and hands them over with the block's first tile; the
+// epilogue warp adds up the 16 warps' and takes the mean and deviation before that tile's epilogue. (Reduced by
+// the consumers with two block barriers before the first tile's handoff, as at 2f0b8b1, they held up every warp's
+// next tile: on the H200, OPT-1.3B's TPOT went from 843.7 to 830.5 us in fp16 and from 613.3 to 598.6 in int8
+// with the epilogue warp taking them; three interleaved rounds, dev log llm_decode-megakernel-norm-dev-7a24f92.)
+// Rounding: norm_weight * in is
 // rounded to T where the model rounds the normed values, so the rounding error grows with the input's mean over
 // its deviation (about 6 times the model's at a mean of 6 deviations; OPT's parity is unchanged). The shift (bias, and weight @ norm_bias) is
 // added to the float32 sum and the result rounded to T; the ReLU and the residual follow in T's precision, as
@@ -349,9 +350,9 @@ static_assert(kDsWarps == 16, "the epilogue warp's lanes c and c + 16 take consu
 // A linear operation's tiles in this block, as the consumer warps run them. The input is asked for whole and
 // waited for a segment at a time as the first tile needs it: the segments other blocks wrote first are summed
 // while the last ones are written. With a layer norm, the values are multiplied by the norm's weights as they
-// come, each warp's sums of them (and of their squares) go to the epilogue warp with the first tile, which takes
-// the mean and variance, and the tiles' sums are corrected in the epilogue (DecodeStreamOp::norm_sum): the norm
-// never holds up the MMAs, and no block barrier follows them. W: the weights' type, T or int8 (a lane's
+// come, each warp's sums of the raw values (and of their squares) go to the epilogue warp with the first tile,
+// which takes the mean and variance, and the tiles' sums are corrected in the epilogue (DecodeStreamOp::norm_sum):
+// the norm never holds up the MMAs, and no block barrier stands between the first tile's MMAs and its handoff. W: the weights' type, T or int8 (a lane's
 // 16-byte word of a row is then 16 values, widened to T exactly for the MMAs, and the sums are multiplied by the
 // row's scale in the epilogue; a segment is 2048 values, a warp's chunks w and w + 16). A tile's sums go to the
 // epilogue warp (run_epilogues) without a wait for it: the consumers go on to the next tile's segments while it
@@ -796,7 +797,7 @@ __global__ void __launch_bounds__((kDsWarps + 2) * 32, 1)
   // The tiles' sums (two buffers) and the held epilogue rows (run_linear, run_epilogues); an attention's
   // partial sums.
   __shared__ float scratch[kDsWarps * kDsMaxDim];
-  __shared__ float red[2 * kDsWarps];
+  __shared__ float red[2 * kDsWarps];  // an attention's warp maxima and sums
   __shared__ float head[2 * kDsMaxDim];  // an attention's query and key
   __shared__ SumsHandoff handoff;
   __shared__ unsigned epoch_shared;
