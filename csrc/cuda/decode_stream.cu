@@ -33,11 +33,10 @@
 // the consumers with two block barriers before the first tile's handoff, as at 2f0b8b1, they held up every warp's
 // next tile: on the H200, OPT-1.3B's TPOT went from 843.7 to 830.5 us in fp16 and from 613.3 to 598.6 in int8
 // with the epilogue warp taking them; three interleaved rounds, dev log llm_decode-megakernel-norm-dev-7a24f92.)
-// Rounding: norm_weight * in is
-// rounded to T where the model rounds the normed values, so the rounding error grows with the input's mean over
-// its deviation (about 6 times the model's at a mean of 6 deviations; OPT's parity is unchanged). The shift (bias, and weight @ norm_bias) is
-// added to the float32 sum and the result rounded to T; the ReLU and the residual follow in T's precision, as
-// the model's own modules round.
+// Rounding: norm_weight * in is rounded to T where the model rounds the normed values, so the rounding error grows
+// with the input's mean over its deviation (about 6 times the model's at a mean of 6 deviations; OPT's parity is
+// unchanged). The shift (bias, and weight @ norm_bias) is added to the float32 sum and the result rounded to T;
+// the ReLU and the residual follow in T's precision, as the model's own modules round.
 //
 // An attention operation (batch 1): block b takes heads h, h + grid, ... (h as t above). It polls the head's
 // query and key (the input is the fused q/k/v output: the heads' queries, then keys, then values), writes the key
@@ -352,9 +351,10 @@ static_assert(kDsWarps == 16, "the epilogue warp's lanes c and c + 16 take consu
 // while the last ones are written. With a layer norm, the values are multiplied by the norm's weights as they
 // come, each warp's sums of the raw values (and of their squares) go to the epilogue warp with the first tile,
 // which takes the mean and variance, and the tiles' sums are corrected in the epilogue (DecodeStreamOp::norm_sum):
-// the norm never holds up the MMAs, and no block barrier stands between the first tile's MMAs and its handoff. W: the weights' type, T or int8 (a lane's
-// 16-byte word of a row is then 16 values, widened to T exactly for the MMAs, and the sums are multiplied by the
-// row's scale in the epilogue; a segment is 2048 values, a warp's chunks w and w + 16). A tile's sums go to the
+// the norm never holds up the MMAs, and no block barrier stands between the first tile's MMAs and its handoff.
+// W: the weights' type, T or int8 (a lane's 16-byte word of a row is then 16 values, widened to T exactly for the
+// MMAs, and the sums are multiplied by the row's scale in the epilogue; a segment is 2048 values, a warp's chunks
+// w and w + 16). A tile's sums go to the
 // epilogue warp (run_epilogues) without a wait for it: the consumers go on to the next tile's segments while it
 // finishes the last one.
 template <typename T, typename W>
