@@ -296,15 +296,27 @@ using HeldRows = float[3][16];
 constexpr int kDsSumFloats = 2 * kDsWarps * 16;  // the tiles' sums, two buffers, at scratch's start
 static_assert(kDsSumFloats + kDsHeldTiles * 3 * 16 <= kDsWarps * kDsMaxDim, "the held rows fit in scratch");
 
+// A linear operation's fields that the epilogue warp reads at every tile, copied into shared memory when it
+// reaches the operation (the same values written by every lane): read from the program after the waits' memory
+// clobbers instead, they were a chain of loads through L1 in every epilogue.
+struct EpilogueFields {
+  int n;
+  int residual;
+  int output;
+  int relu;
+  void* plain;
+  const float* rows[3];  // the int8 weights' scales, the shift, the norm's sums (each may be null)
+};
+
 // By the 32 lanes of one warp.
-__device__ __forceinline__ void ask_rows(const DecodeStreamOp& op, int first_tile, HeldRows* held) {
+__device__ __forceinline__ void ask_rows(const EpilogueFields& f, int first_tile, HeldRows* held) {
   const int blocks = static_cast<int>(gridDim.x);
-  const int tiles = min((op.n / 16 - first_tile + blocks - 1) / blocks, kDsHeldTiles);  // n: 16 rows a tile
+  const int tiles = min((f.n / 16 - first_tile + blocks - 1) / blocks, kDsHeldTiles);  // n: 16 rows a tile
   for (int q = static_cast<int>(threadIdx.x % 32); q < tiles * 48; q += 32) {
     const int j = q / 48;
     const int a = q % 48 / 16;
     const int r = q % 16;
-    const float* row = a == 0 ? op.weight_scale : a == 1 ? op.shift : op.norm_sum;
+    const float* row = f.rows[a];
     if (row != nullptr) {
       async_copy4(&held[j][a][r], row + (first_tile + j * blocks) * 16 + r);
     } else {
@@ -314,14 +326,15 @@ __device__ __forceinline__ void ask_rows(const DecodeStreamOp& op, int first_til
 }
 
 // Row n's residual word, asked for a tile ahead; its rows too where they are not held (`far`).
-__device__ __forceinline__ Epilogue ask_epilogue(const DecodeStreamOp& op, const unsigned* tags, int n, bool far) {
+__device__ __forceinline__ Epilogue ask_epilogue(const EpilogueFields& f,
+                                                 const unsigned* tags, int n, bool far) {
   Epilogue e;
   if (far) {
-    if (op.weight_scale != nullptr) e.scale = __ldg(op.weight_scale + n);
-    if (op.shift != nullptr) e.shift = __ldg(op.shift + n);
-    if (op.norm_sum != nullptr) e.norm_sum = __ldg(op.norm_sum + n);
+    if (f.rows[0] != nullptr) e.scale = __ldg(f.rows[0] + n);
+    if (f.rows[1] != nullptr) e.shift = __ldg(f.rows[1] + n);
+    if (f.rows[2] != nullptr) e.norm_sum = __ldg(f.rows[2] + n);
   }
-  if (op.residual >= 0) e.residual = tagged_load1(tags + op.residual + n);
+  if (f.residual >= 0) e.residual = tagged_load1(tags + f.residual + n);
   return e;
 }
 
@@ -360,7 +373,7 @@ static_assert(kDsWarps == 16, "the epilogue warp's lanes c and c + 16 take consu
 template <typename T, typename W>
 __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch,
                            unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages,
-                           RingAt& at, SumsHandoff& handoff, unsigned& u, long long* trace) {
+                           RingAt& at, SumsHandoff& handoff, unsigned& u, long long* trace, int& rows) {
   const int blocks = static_cast<int>(gridDim.x);
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -369,13 +382,17 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   const int k = op.k;
   const int first_tile = first_of(op);
   if (first_tile * 16 >= op.n) return;
+  // The loop's bound from shared memory (`rows`, the same value written by every consumer thread): read from the
+  // program after the waits' memory clobbers instead, it was a load through L1 at every tile, in front of the next
+  // tile's wait.
+  rows = op.n;
   const auto* gamma = static_cast<const T*>(op.norm_weight);
   constexpr int kSeg = kDsSegmentOf<W>;
   const int segments = (k + kSeg - 1) / kSeg;
   WordStats stats = {};  // the norm's sums of this thread's words
   int ready = 0;
   const unsigned pending = ask_values(tags + op.input, epoch, xs, k, gamma, stats);
-  for (int tile = first_tile; tile * 16 < op.n; tile += blocks, ++u) {
+  for (int tile = first_tile; tile * 16 < rows; tile += blocks, ++u) {
     // Two sums a lane, each of half the MMAs (fp16: a lane's first and second 16-byte word of a chunk; int8: chunks warp and
     // warp + 16), added at the tile's end: two chains of dependent MMAs, not one twice as long.
     float acc[2][4] = {};
@@ -459,25 +476,35 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
 // operation, after the operation before's last epilogue.
 template <typename T>
 __device__ void run_epilogues(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, float* scratch,
-                              SumsHandoff& handoff, unsigned& u, long long* trace, unsigned long long* best) {
+                              SumsHandoff& handoff, unsigned& u, long long* trace, unsigned long long* best,
+                              EpilogueFields& f) {
   const int blocks = static_cast<int>(gridDim.x);
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int c = lane % 16;
   const int half = lane / 16;
   const int first_tile = first_of(op);
   if (first_tile * 16 >= op.n) return;
+  f.n = op.n;
+  f.residual = op.residual;
+  f.output = op.output;
+  f.relu = op.relu;
+  f.plain = op.plain;
+  f.rows[0] = op.weight_scale;
+  f.rows[1] = op.shift;
+  f.rows[2] = op.norm_sum;
+  __syncwarp();
   const auto* gamma = static_cast<const T*>(op.norm_weight);
   auto* held = reinterpret_cast<HeldRows*>(scratch + kDsSumFloats);
-  ask_rows(op, first_tile, held);
+  ask_rows(f, first_tile, held);
   Epilogue now;
-  if (lane < 16) now = ask_epilogue(op, tags, first_tile * 16 + c, false);
+  if (lane < 16) now = ask_epilogue(f, tags, first_tile * 16 + c, false);
   float norm[2] = {0.0f, 0.0f};
   unsigned long long mine = 0;  // greedy (best != null): the largest argmax_key of this lane's rows
-  for (int tile = first_tile, j = 0; tile * 16 < op.n; tile += blocks, ++j, ++u) {
+  for (int tile = first_tile, j = 0; tile * 16 < f.n; tile += blocks, ++j, ++u) {
     const int n = tile * 16 + c;
     Epilogue next;
-    if (lane < 16 && n + 16 * blocks < op.n) {
-      next = ask_epilogue(op, tags, n + 16 * blocks, j + 1 >= kDsHeldTiles);
+    if (lane < 16 && n + 16 * blocks < f.n) {
+      next = ask_epilogue(f, tags, n + 16 * blocks, j + 1 >= kDsHeldTiles);
     }
     const unsigned buffer = u & 1u;
     stage_wait(&handoff.full[buffer], (u >> 1) & 1u);
@@ -513,14 +540,14 @@ __device__ void run_epilogues(const DecodeStreamOp& op, unsigned* tags, unsigned
       sum *= now.scale;
       if (gamma != nullptr) sum = norm[1] * (sum - norm[0] * now.norm_sum);
       T y = from_float<T>(sum + now.shift);
-      if (op.relu) y = from_float<T>(fmaxf(to_float(y), 0.0f));
-      if (op.residual >= 0) {
-        if ((now.residual >> 16) != epoch) now.residual = tagged_wait1(tags + op.residual + n, epoch);
+      if (f.relu) y = from_float<T>(fmaxf(to_float(y), 0.0f));
+      if (f.residual >= 0) {
+        if ((now.residual >> 16) != epoch) now.residual = tagged_wait1(tags + f.residual + n, epoch);
         y = from_float<T>(to_float(y) + to_float(value_of<T>(now.residual)));
       }
-      if (op.plain != nullptr) static_cast<T*>(op.plain)[n] = y;
+      if (f.plain != nullptr) static_cast<T*>(f.plain)[n] = y;
       if (best != nullptr) mine = max(mine, argmax_key(to_float(y), n));
-      if (op.output >= 0) put<T>(tags, op.output, n, y, epoch);
+      if (f.output >= 0) put<T>(tags, f.output, n, y, epoch);
     }
     now = next;
   }
@@ -800,6 +827,8 @@ __global__ void __launch_bounds__((kDsWarps + 2) * 32, 1)
   __shared__ float red[2 * kDsWarps];  // an attention's warp maxima and sums
   __shared__ float head[2 * kDsMaxDim];  // an attention's query and key
   __shared__ SumsHandoff handoff;
+  __shared__ int linear_rows;  // the consumers' operation's n (run_linear)
+  __shared__ EpilogueFields epilogue_fields;  // the epilogue warp's operation's (run_epilogues)
   __shared__ unsigned epoch_shared;
   __shared__ long long id_shared, position_shared;
   auto* full = reinterpret_cast<std::uint64_t*>(dynamic);
@@ -837,7 +866,7 @@ __global__ void __launch_bounds__((kDsWarps + 2) * 32, 1)
       long long* row = trace != nullptr ? trace + (static_cast<std::int64_t>(blockIdx.x) * n_ops + s) * 2 : nullptr;
       if (op.kind == kDecodeStreamLinear) {
         run_epilogues<T>(op, tags, epoch, scratch, handoff, u, row,
-                         greedy != nullptr && s + 1 == n_ops ? greedy : nullptr);
+                         greedy != nullptr && s + 1 == n_ops ? greedy : nullptr, epilogue_fields);
       } else if (op.kind != kDecodeStreamEmbed) {  // an attention: the consumers' test, so both meet
         named_arrive<kDsEpiloguesDone>();
         named_sync<kDsScratchFree>();
@@ -874,7 +903,7 @@ __global__ void __launch_bounds__((kDsWarps + 2) * 32, 1)
       if (s + 1 < n_ops && ops[s + 1].kind == kDecodeStreamAttention && threadIdx.x == 0) {
         prefetch_heads(ops[s + 1], position, static_cast<int>(sizeof(T)));
       }
-      run_linear<T, W>(op, tags, epoch, xs, scratch, ring, full, empty, stages, at, handoff, u, row);
+      run_linear<T, W>(op, tags, epoch, xs, scratch, ring, full, empty, stages, at, handoff, u, row, linear_rows);
     } else if (op.kind == kDecodeStreamEmbed) {
       run_embed<T>(op, tags, epoch, id, position);
       if (row != nullptr && threadIdx.x == 0) row[0] = row[1] = now_ns();
