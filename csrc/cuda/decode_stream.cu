@@ -301,6 +301,8 @@ static_assert(kDsSumFloats + kDsHeldTiles * 3 * 16 <= kDsWarps * kDsMaxDim, "the
 // clobbers instead, they were a chain of loads through L1 in every epilogue.
 struct EpilogueFields {
   int n;
+  int k;
+  float eps;
   int residual;
   int output;
   int relu;
@@ -347,6 +349,18 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
   return (static_cast<unsigned long long>(bits) << 32) | (0xffffffffu - static_cast<unsigned>(n));
 }
 
+// The consumer warps' operation's fields read after a wait or a barrier, copied into shared memory when they
+// reach the operation (the same values written by every consumer thread): read from the program after the waits'
+// memory clobbers instead, each was a load through L1, which an attention's cache rows had often emptied, in front
+// of the next tile's wait (a linear's n), a segment's values (its input), the scores or the output (an
+// attention's scale and output).
+struct ConsumerFields {
+  int n;       // linear
+  int input;   // linear
+  float scale; // attention
+  int output;  // attention
+};
+
 // The handoff of a tile's sums from the consumer warps to the epilogue warp: two buffers of kDsWarps x 16 floats
 // at scratch's start, each with a full barrier (a consumer warp's arrival once its sums are written) and an empty
 // one (the epilogue warp's, once it has read them), and, with the block's first tile of an operation with a layer
@@ -373,7 +387,7 @@ static_assert(kDsWarps == 16, "the epilogue warp's lanes c and c + 16 take consu
 template <typename T, typename W>
 __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch,
                            unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages,
-                           RingAt& at, SumsHandoff& handoff, unsigned& u, long long* trace, int& rows) {
+                           RingAt& at, SumsHandoff& handoff, unsigned& u, long long* trace, ConsumerFields& f) {
   const int blocks = static_cast<int>(gridDim.x);
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -382,24 +396,22 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   const int k = op.k;
   const int first_tile = first_of(op);
   if (first_tile * 16 >= op.n) return;
-  // The loop's bound from shared memory (`rows`, the same value written by every consumer thread): read from the
-  // program after the waits' memory clobbers instead, it was a load through L1 at every tile, in front of the next
-  // tile's wait.
-  rows = op.n;
+  f.n = op.n;
+  f.input = op.input;
   const auto* gamma = static_cast<const T*>(op.norm_weight);
   constexpr int kSeg = kDsSegmentOf<W>;
   const int segments = (k + kSeg - 1) / kSeg;
   WordStats stats = {};  // the norm's sums of this thread's words
   int ready = 0;
   const unsigned pending = ask_values(tags + op.input, epoch, xs, k, gamma, stats);
-  for (int tile = first_tile; tile * 16 < rows; tile += blocks, ++u) {
+  for (int tile = first_tile; tile * 16 < f.n; tile += blocks, ++u) {
     // Two sums a lane, each of half the MMAs (fp16: a lane's first and second 16-byte word of a chunk; int8: chunks warp and
     // warp + 16), added at the tile's end: two chains of dependent MMAs, not one twice as long.
     float acc[2][4] = {};
     for (int seg = 0; seg * kSeg < k; ++seg, at.advance(stages)) {
       const int len = min(kSeg, k - seg * kSeg);
       if (seg == ready) {
-        take_values(tags + op.input, epoch, xs, seg * kSeg, seg * kSeg + len, pending, gamma, stats);
+        take_values(tags + f.input, epoch, xs, seg * kSeg, seg * kSeg + len, pending, gamma, stats);
         consumers_sync<kDsThreads>();
         if (++ready == segments && trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
       }
@@ -485,6 +497,8 @@ __device__ void run_epilogues(const DecodeStreamOp& op, unsigned* tags, unsigned
   const int first_tile = first_of(op);
   if (first_tile * 16 >= op.n) return;
   f.n = op.n;
+  f.k = op.k;
+  f.eps = op.eps;
   f.residual = op.residual;
   f.output = op.output;
   f.relu = op.relu;
@@ -519,9 +533,9 @@ __device__ void run_epilogues(const DecodeStreamOp& op, unsigned* tags, unsigned
           norm[0] += __shfl_xor_sync(0xffffffffu, norm[0], o);
           norm[1] += __shfl_xor_sync(0xffffffffu, norm[1], o);
         }
-        const float mean = norm[0] / static_cast<float>(op.k);
+        const float mean = norm[0] / static_cast<float>(f.k);
         norm[0] = mean;
-        norm[1] = rsqrtf(fmaxf(norm[1] / static_cast<float>(op.k) - mean * mean, 0.0f) + op.eps);
+        norm[1] = rsqrtf(fmaxf(norm[1] / static_cast<float>(f.k) - mean * mean, 0.0f) + f.eps);
       }
     }
     const float* sums = scratch + buffer * kDsWarps * 16;
@@ -670,7 +684,7 @@ __device__ __forceinline__ bool warp_pass(const uint4 (&keys)[4], const uint4 (&
 // segment loop paid (fp16 TPOT +13 us and +15 us).
 template <typename T, int D>
 __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, unsigned epoch, long long position,
-                            float* scratch, float* red, float* head, long long* trace) {
+                            float* scratch, float* red, float* head, long long* trace, ConsumerFields& f) {
   constexpr int kRowThreads = D / 32;          // keys: lanes a cached row, 32 values each
   constexpr int kWarpRows = 32 / kRowThreads;  // a warp's rows: 16 (D 64) or 8 (D 128)
   constexpr int kSlice = D / 8;                // values: lanes a row, 8 dimensions each
@@ -681,6 +695,8 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32;
   const int warp = tid / 32;
+  f.scale = op.scale;
+  f.output = op.output;
   const int q_at = op.input + h * D;
   const int k_at = op.input + op.heads * D + h * D;
   const int v_at = op.input + 2 * op.heads * D + h * D;
@@ -708,12 +724,12 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
   float total = 0.0f;      // the lane's share of the warp's sum of exp(score - most) (its key row's, part 0)
   float acc[8] = {};       // its 8 dimensions' weighted values over its value rows
   // The first pass apart from the loop of later ones (see above: fewer registers held through it).
-  bool more = warp_pass<T, D>(keys, values, head, 0, cached, key_row, key_part, value_row, op.scale, most, total,
+  bool more = warp_pass<T, D>(keys, values, head, 0, cached, key_row, key_part, value_row, f.scale, most, total,
                               acc);
   for (int first = kAttendPass<D>; more && first < cached; first += kAttendPass<D>) {
     load_warp_keys<T, D>(kc, first + key_row, key_part, cached, keys);
     load_warp_values<T, D>(vc, first + value_row, kLaneRows, db, cached, values);
-    more = warp_pass<T, D>(keys, values, head, first, cached, key_row, key_part, value_row, op.scale, most, total,
+    more = warp_pass<T, D>(keys, values, head, first, cached, key_row, key_part, value_row, f.scale, most, total,
                            acc);
   }
 #pragma unroll
@@ -737,7 +753,7 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
     for (int e = lane; e < D; e += 32) last += head[e] * head[D + e];
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) last += __shfl_xor_sync(0xffffffffu, last, o);
-    last *= op.scale;
+    last *= f.scale;
   }
   consumers_sync<kDsThreads>();
   if (tid < D) {
@@ -757,7 +773,7 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
     const T v = value_of<T>(value_word);
     vc[position * D + tid] = v;
     o += p_last * to_float(v);
-    put<T>(tags, op.output, h * D + tid, from_float<T>(o / sum), epoch);
+    put<T>(tags, f.output, h * D + tid, from_float<T>(o / sum), epoch);
   }
   // No barrier after the combination: whatever writes head, scratch or red next (the block's next head, the next
   // linear operation, the epilogue warp's held rows) does so only after a barrier every consumer thread reaches
@@ -771,9 +787,9 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
 // The block's heads (first_of(op), + grid, ...: one a block where there are no more heads than blocks).
 template <typename T, int D>
 __device__ void run_attention(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, long long position,
-                              float* scratch, float* red, float* head, long long* trace) {
+                              float* scratch, float* red, float* head, long long* trace, ConsumerFields& f) {
   for (int h = first_of(op); h < op.heads; h += static_cast<int>(gridDim.x)) {
-    attend_head<T, D>(op, h, tags, epoch, position, scratch, red, head, trace);
+    attend_head<T, D>(op, h, tags, epoch, position, scratch, red, head, trace, f);
   }
 }
 
@@ -827,7 +843,7 @@ __global__ void __launch_bounds__((kDsWarps + 2) * 32, 1)
   __shared__ float red[2 * kDsWarps];  // an attention's warp maxima and sums
   __shared__ float head[2 * kDsMaxDim];  // an attention's query and key
   __shared__ SumsHandoff handoff;
-  __shared__ int linear_rows;  // the consumers' operation's n (run_linear)
+  __shared__ ConsumerFields consumer_fields;  // the consumers' operation's (run_linear, attend_head)
   __shared__ EpilogueFields epilogue_fields;  // the epilogue warp's operation's (run_epilogues)
   __shared__ unsigned epoch_shared;
   __shared__ long long id_shared, position_shared;
@@ -903,16 +919,17 @@ __global__ void __launch_bounds__((kDsWarps + 2) * 32, 1)
       if (s + 1 < n_ops && ops[s + 1].kind == kDecodeStreamAttention && threadIdx.x == 0) {
         prefetch_heads(ops[s + 1], position, static_cast<int>(sizeof(T)));
       }
-      run_linear<T, W>(op, tags, epoch, xs, scratch, ring, full, empty, stages, at, handoff, u, row, linear_rows);
+      run_linear<T, W>(op, tags, epoch, xs, scratch, ring, full, empty, stages, at, handoff, u, row,
+                       consumer_fields);
     } else if (op.kind == kDecodeStreamEmbed) {
       run_embed<T>(op, tags, epoch, id, position);
       if (row != nullptr && threadIdx.x == 0) row[0] = row[1] = now_ns();
     } else {
       named_sync<kDsEpiloguesDone>();  // the epilogue warp done with scratch
       if (op.head_dim == 64) {
-        run_attention<T, 64>(op, tags, epoch, position, scratch, red, head, row);
+        run_attention<T, 64>(op, tags, epoch, position, scratch, red, head, row, consumer_fields);
       } else {
-        run_attention<T, 128>(op, tags, epoch, position, scratch, red, head, row);
+        run_attention<T, 128>(op, tags, epoch, position, scratch, red, head, row, consumer_fields);
       }
       named_arrive<kDsScratchFree>();
     }
