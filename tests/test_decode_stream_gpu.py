@@ -378,14 +378,20 @@ def test_int8_linears_of_several_tiles_a_block_with_a_norm_a_relu_and_a_residual
     """int8 weights with K in one stage, several tiles a block: the block's first tile takes the norm's
     statistics to the epilogue warp (each consumer warp's sums; the epilogue warp takes the mean and deviation),
     its later tiles do not. Two linears on the embedding, each of 2 tiles a block and 3 tiles in 3 blocks: the
-    first with a layer norm (the input's mean about twice its deviation), a bias and a ReLU, the second adding
-    the first's output as its residual into a plain output, at the default stages and 2, against the
-    dequantized weights in float32 rounded where the model rounds."""
+    first with a bias only; the second with a layer norm, a bias and a ReLU, adding the first's output as its
+    residual into a plain output. The second's first tile in a block is the block's third tile (sums and
+    statistics in the handoff's buffer 0) or, where the first had 3 tiles, its fourth (buffer 1). The tokens'
+    inputs have different statistics (a mean of 3 and a deviation of 1.4, a mean of -6 and a deviation of 4.1),
+    run in turn, so that statistics of the wrong token, buffer or launch would be far off. At the default stages
+    and 2, against the dequantized weights in float32 rounded where the model rounds."""
     torch.manual_seed(8)
     tol = 2e-2 if h == torch.float16 else 8e-2
     p = _C.DecodeProgram(0, h)
     k, n = 1536, 16 * (2 * p.blocks + 3)
-    table = (torch.randn(10, k, device="cuda") + 3).to(h)
+    table = torch.randn(10, k, device="cuda")
+    table[3] += 3
+    table[7] = 4 * table[7] - 6
+    table = table.to(h)
     pos = torch.randn(12, k, dtype=h, device="cuda")
     g, b = torch.rand(k, dtype=h, device="cuda") + 0.5, torch.randn(k, dtype=h, device="cuda")
     q1, s1 = _int8(torch.randn(n, k, device="cuda") / k ** 0.5)
@@ -393,18 +399,20 @@ def test_int8_linears_of_several_tiles_a_block_with_a_norm_a_relu_and_a_residual
     b1, b2 = torch.randn(n, dtype=h, device="cuda"), torch.randn(n, dtype=h, device="cuda")
     out = torch.zeros(n, dtype=h, device="cuda")
     x = p.embed(table, pos, 2)
-    a = p.linear(x, [q1], [b1], norm_weight=g, norm_bias=b, eps=1e-5, relu=True, scales=[s1])
-    p.linear(x, [q2], [b2], residual=a, output=False, plain=out, scales=[s2])
+    a = p.linear(x, [q1], [b1], scales=[s1])
+    p.linear(x, [q2], [b2], norm_weight=g, norm_bias=b, eps=1e-5, relu=True, residual=a, output=False, plain=out,
+             scales=[s2])
     p.finish()
     w1, w2 = q1.float() * s1[:, None], q2.float() * s2[:, None]
     for stages in (p.stages, 2):
         p.stages = stages
-        for token, at in ((3, 0), (7, 5)):
+        for token, at in ((3, 0), (7, 5), (3, 1)):
             p.run(torch.tensor([token], device="cuda"), torch.tensor([at], device="cuda"))
             e = (table[token].float() + pos[at + 2].float()).to(h).float()
+            a_ref = (e @ w1.t() + b1.float()).to(h).float()
             ln = torch.nn.functional.layer_norm(e, (k,), g.float(), b.float(), 1e-5).to(h).float()
-            a_ref = torch.relu((ln @ w1.t() + b1.float()).to(h).float()).to(h).float()
-            ref = ((e @ w2.t() + b2.float()).to(h).float() + a_ref).to(h).float()
+            y = torch.relu((ln @ w2.t() + b2.float()).to(h).float()).to(h).float()
+            ref = (y + a_ref).to(h).float()
             torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
 
 

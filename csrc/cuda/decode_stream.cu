@@ -297,8 +297,10 @@ constexpr int kDsSumFloats = 2 * kDsWarps * 16;  // the tiles' sums, two buffers
 static_assert(kDsSumFloats + kDsHeldTiles * 3 * 16 <= kDsWarps * kDsMaxDim, "the held rows fit in scratch");
 
 // A linear operation's fields that the epilogue warp reads at every tile, copied into shared memory when it
-// reaches the operation (the same values written by every lane): read from the program after the waits' memory
-// clobbers instead, they were a chain of loads through L1 in every epilogue.
+// reaches the operation (the same values written by every lane). Read from the program (global memory) instead,
+// each was reloaded after every wait's memory clobber: a chain of dependent global loads in every epilogue. Held
+// in registers instead, they made ptxas spill in the consumers' tile loop. See ConsumerFields for what both
+// bought.
 struct EpilogueFields {
   int n;
   int k;
@@ -350,10 +352,13 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 }
 
 // The consumer warps' operation's fields read after a wait or a barrier, copied into shared memory when they
-// reach the operation (the same values written by every consumer thread): read from the program after the waits'
-// memory clobbers instead, each was a load through L1, which an attention's cache rows had often emptied, in front
-// of the next tile's wait (a linear's n), a segment's values (its input), the scores or the output (an
-// attention's scale and output).
+// reach the operation (the same values written by every consumer thread). Read from the program instead, each
+// was a global load after the waits' memory clobbers, in front of the next tile's wait (a linear's n), a
+// segment's values (its input), the scores or the output (an attention's scale and output); held in registers
+// (one more, the bound), ptxas spilled in the int8 kernels' tile loop. On the H200, OPT-1.3B's TPOT went from
+// 827.4 to 819.0 us in fp16 and from 601.9 to 582.2 in int8 with the bound and the epilogue warp's fields
+// (EpilogueFields) from shared memory, and to 814.9 and 581.3 with these too (three interleaved rounds, dev log
+// llm_decode-megakernel-fields-dev-0478e04).
 struct ConsumerFields {
   int n;       // linear
   int input;   // linear
