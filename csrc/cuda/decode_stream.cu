@@ -297,10 +297,11 @@ constexpr int kDsSumFloats = 2 * kDsWarps * 16;  // the tiles' sums, two buffers
 static_assert(kDsSumFloats + kDsHeldTiles * 3 * 16 <= kDsWarps * kDsMaxDim, "the held rows fit in scratch");
 
 // A linear operation's fields that the epilogue warp reads at every tile, copied into shared memory when it
-// reaches the operation (the same values written by every lane). Read from the program (global memory) instead,
-// each was reloaded after every wait's memory clobber: a chain of dependent global loads in every epilogue. Held
-// in registers instead, they made ptxas spill in the consumers' tile loop. See ConsumerFields for what both
-// bought.
+// reaches the operation (the same values written by every lane, then __syncwarp; the next operation's copy comes
+// after run_epilogues' last __syncwarp). Read from the program (global memory) instead, each was reloaded after
+// every wait's memory clobber: a series of global loads in every epilogue. Held in registers instead (compiled
+// here, not run), they made ptxas spill 4-48 bytes, with local loads in the consumers' path. See ConsumerFields
+// for what both bought.
 struct EpilogueFields {
   int n;
   int k;
@@ -330,8 +331,7 @@ __device__ __forceinline__ void ask_rows(const EpilogueFields& f, int first_tile
 }
 
 // Row n's residual word, asked for a tile ahead; its rows too where they are not held (`far`).
-__device__ __forceinline__ Epilogue ask_epilogue(const EpilogueFields& f,
-                                                 const unsigned* tags, int n, bool far) {
+__device__ __forceinline__ Epilogue ask_epilogue(const EpilogueFields& f, const unsigned* tags, int n, bool far) {
   Epilogue e;
   if (far) {
     if (f.rows[0] != nullptr) e.scale = __ldg(f.rows[0] + n);
@@ -357,8 +357,11 @@ __device__ __forceinline__ unsigned long long argmax_key(float v, int n) {
 // segment's values (its input), the scores or the output (an attention's scale and output); held in registers
 // (one more, the bound), ptxas spilled in the int8 kernels' tile loop. On the H200, OPT-1.3B's TPOT went from
 // 827.4 to 819.0 us in fp16 and from 601.9 to 582.2 in int8 with the bound and the epilogue warp's fields
-// (EpilogueFields) from shared memory, and to 814.9 and 581.3 with these too (three interleaved rounds, dev log
-// llm_decode-megakernel-fields-dev-0478e04).
+// (EpilogueFields, without k and eps) from shared memory, and to 814.9 and 581.3 with the input, the attention's
+// fields, k and eps too (three interleaved rounds, dev log llm_decode-megakernel-fields-dev-0478e04).
+// No barrier stands between an attention's last read of scale and output and the next linear's writes of n and
+// input, so the two pairs must stay apart: a linear's fields are rewritten only after run_linear's last
+// barrier, an attention's only after the named barrier before the next attention.
 struct ConsumerFields {
   int n;       // linear
   int input;   // linear
