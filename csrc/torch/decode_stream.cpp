@@ -27,9 +27,10 @@ namespace {
 constexpr std::int64_t kAlignWords = 32;  // each activation's words start on a 128-byte line
 // The ring's default depth: on the H200, OPT-1.3B's step at position 300 took 995-1000 us with 4 or 5 stages,
 // 1013-1023 us with 6 (the most that fit) and 1005-1022 with 3 (three interleaved sweeps, 2026-11-29); with the
-// tiles dealt on (finish()), 969 us with 5 and 968 with 4. At db861cb's kernel (TPOT p50, prompt 128 + 256 tokens,
-// three interleaved rounds, dev log llm_decode-megakernel-int8-diagnostics-dev-db861cb): fp16 854.7, 829.6, 818.5
-// and 822.7 us with 3, 4, 5 and 6 stages, int8wo 604.1, 590.1, 580.0 and 583.7.
+// tiles dealt on (finish()), 969 us with 5 and 968 with 4. Measured as TPOT p50 over 256 tokens (prompt 128) at
+// db861cb's kernel instead of one step at position 300, 4 stages lose 10-11 us: fp16 854.7, 829.6, 818.5 and 822.7 us
+// with 3, 4, 5 and 6 stages, int8wo 604.1, 590.1, 580.0 and 583.7 (three interleaved rounds, dev log
+// llm_decode-megakernel-int8-diagnostics-dev-db861cb).
 constexpr std::int64_t kDefaultStages = 5;
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.const_data_ptr()) % 16 == 0; }
