@@ -97,9 +97,21 @@ def test_the_program_refuses_what_the_kernel_does_not_take(opt125):
         p.run(ids, ids)
     p.linear(x, [torch.zeros(64, 128, dtype=h, device="cuda")], [None], output=False,
              plain=torch.zeros(64, dtype=h, device="cuda"))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert p.blocks == sms
+    for bad in (sms + 1, -1):
+        with pytest.raises(ValueError, match=rf"blocks: must be 0 \(one block an SM, {sms}\) or 1 to {sms}, "
+                                             rf"got {bad}"):
+            p.blocks = bad
+    p.blocks = 3
+    assert p.blocks == 3
+    p.blocks = 0
+    assert p.blocks == sms
     p.finish()
     with pytest.raises(RuntimeError, match="finished"):
         p.embed(table)
+    with pytest.raises(RuntimeError, match="DecodeProgram.blocks: the program is finished"):
+        p.blocks = 2
     with pytest.raises(TypeError, match="ids must be int64"):
         p.run(ids.int(), ids)
     with pytest.raises(ValueError, match="position must hold one value"):
@@ -508,10 +520,51 @@ def test_an_input_of_8192_values_with_and_without_a_layer_norm(opt125, int8):
     torch.testing.assert_close(normed.float(), ln @ w.float().t(), rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_a_block_with_two_heads_computes_each_heads_attention(opt125, head_dim):
+    """A grid of 4 blocks and 6 heads: the heads are dealt from block 0 (the q/k/v linear's 72 or 144 tiles end
+    there), so blocks 0 and 1 take two heads each (heads 0 and 4, 1 and 5), over up to 600 cached rows (three
+    passes of 256 rows, or five of 128). Every head's output, read through an identity linear into a plain output,
+    against the same in float32: a head a block takes second must not read or overwrite what its first left. The
+    4 blocks also take 18 or 36 tiles each of the q/k/v linear (36: more than the 32 whose epilogue rows a block
+    holds)."""
+    torch.manual_seed(4)
+    h, heads, length = torch.float16, 6, 600
+    hidden = heads * head_dim
+    table = torch.randn(4, hidden, dtype=h, device="cuda")
+    w = torch.randn(3 * hidden, hidden, dtype=h, device="cuda") / hidden ** 0.5
+    k_cache = torch.randn(1, heads, length, head_dim, dtype=h, device="cuda")
+    v_cache = torch.randn(1, heads, length, head_dim, dtype=h, device="cuda")
+    out = torch.zeros(hidden, dtype=h, device="cuda")
+    scale = head_dim ** -0.5
+    p = _C.DecodeProgram(0, h)
+    p.blocks = 4
+    qkv = p.linear(p.embed(table), [w], [None])
+    assert (3 * hidden // 16) % 4 == 0  # the attention's first head in block 0
+    a = p.attention(qkv, k_cache, v_cache, scale)
+    p.linear(a, [torch.eye(hidden, dtype=h, device="cuda")], [None], output=False, plain=out)
+    p.finish()
+    assert p.blocks == 4
+    for token, at in ((1, 0), (2, 300), (3, length - 1)):
+        out.zero_()
+        q, k, v = (table[token].float() @ w.float().t()).half().float().view(3, heads, head_dim)
+        p.run(torch.tensor([token], device="cuda"), torch.tensor([at], device="cuda"))
+        torch.testing.assert_close(k_cache[0, :, at].float(), k, rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(v_cache[0, :, at].float(), v, rtol=2e-3, atol=2e-3)
+        keys = k_cache[0, :, :at + 1].float()
+        att = torch.softmax((keys @ q.unsqueeze(-1)).squeeze(-1) * scale, -1)
+        ref = (att.unsqueeze(1) @ v_cache[0, :, :at + 1].float()).reshape(-1)
+        torch.testing.assert_close(out.float(), ref, rtol=3e-3, atol=3e-3)
+    trace = torch.full((4, p.n_ops, 2), -1, dtype=torch.int64, device="cuda")
+    p.run(torch.tensor([1], device="cuda"), torch.tensor([5], device="cuda"), trace)
+    assert (trace[:, 2, 1] != -1).all()  # every block ran an attention (two of them two heads)
+
+
 def test_a_block_takes_several_heads_where_there_are_more_heads_than_blocks(opt125):
     """Heads beyond the grid are taken in turn: with 8 heads more than blocks, over 530 cached rows (three passes),
     the step ends (no wait runs out) and every head's key and value are in the cache at the position. (Their
-    attention's output, more than a linear's 8192 input values, is not read here.)"""
+    attention's output, more than a linear's 8192 input values, is not read here; the test above reads two heads'
+    a block on a grid of 4.)"""
     torch.manual_seed(3)
     h, d, length, at = torch.float16, 64, 600, 530
     heads = _C.DecodeProgram(0, h).blocks + 8

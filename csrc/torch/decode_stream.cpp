@@ -327,7 +327,7 @@ void DecodeProgram::finish() {
   const auto options = at::TensorOptions().device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_)));
   tags_ = at::zeros({std::max<std::int64_t>(words_, 4)}, options.dtype(at::kInt));
   launches_ = at::zeros({3}, options.dtype(at::kLong));  // the launch count, then greedy decoding's two words
-  blocks_ = cuda::decode_stream_blocks(static_cast<int>(device_));
+  blocks_ = blocks();
   // Tiles and heads dealt on from where the operation before stopped: a block with fewer of one operation's
   // tiles takes the first of the next one's, which its ring fetched meanwhile. On the H200, OPT-1.3B's step at
   // position 300 took 969 us so, against 991 us with every operation's tile 0 in block 0 (interleaved).
@@ -349,7 +349,17 @@ void DecodeProgram::finish() {
 std::int64_t DecodeProgram::default_stages() const { return std::min(kDefaultStages, most_stages_); }
 
 std::int64_t DecodeProgram::blocks() const {
-  return finished_ ? blocks_ : cuda::decode_stream_blocks(static_cast<int>(device_));
+  if (finished_) return blocks_;
+  return asked_blocks_ > 0 ? asked_blocks_ : cuda::decode_stream_blocks(static_cast<int>(device_));
+}
+
+void DecodeProgram::set_blocks(std::int64_t blocks) {
+  check_open("blocks");
+  // Every block must be resident at once (they wait on each other's outputs): at most one an SM.
+  const std::int64_t sms = cuda::decode_stream_blocks(static_cast<int>(device_));
+  TORCH_CHECK_VALUE(blocks >= 0 && blocks <= sms, "DecodeProgram.blocks: must be 0 (one block an SM, ", sms,
+                    ") or 1 to ", sms, ", got ", blocks);
+  asked_blocks_ = blocks;
 }
 
 void DecodeProgram::set_stages(std::int64_t stages) {
@@ -435,6 +445,7 @@ std::int64_t DecodeProgram::linear(std::int64_t, const std::vector<at::Tensor>&,
 std::int64_t DecodeProgram::attention(std::int64_t, const at::Tensor&, const at::Tensor&, double) { return -1; }
 void DecodeProgram::finish() {}
 std::int64_t DecodeProgram::blocks() const { return 0; }
+void DecodeProgram::set_blocks(std::int64_t) {}
 void DecodeProgram::set_stages(std::int64_t) {}
 void DecodeProgram::run(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
                         const std::optional<at::Tensor>&, const std::optional<at::Tensor>&) {}

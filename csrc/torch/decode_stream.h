@@ -55,7 +55,10 @@ class DecodeProgram {
   void run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace,
            const std::optional<at::Tensor>& tokens = std::nullopt,
            const std::optional<at::Tensor>& column = std::nullopt);
+  // The step's grid: one block an SM unless set before finish() to 1 .. the SMs (0: one an SM again). Fewer
+  // blocks leave SMs free and give each block more tiles and heads; for tests and tuning.
   std::int64_t blocks() const;
+  void set_blocks(std::int64_t blocks);
   // The ring's stages a block streams its weights through (0 before finish(), which sets the default: 5, or the
   // most that fit if fewer); settable after finish() to 2 .. the most, or 0 for the default. For tuning.
   std::int64_t stages() const { return stages_; }
@@ -90,6 +93,7 @@ class DecodeProgram {
   std::int64_t weight_bytes_ = 0;
   int weight_kind_ = 0;  // the linear operations' weights: 0 none yet, 1 the program's dtype, 2 int8
   std::int64_t blocks_ = 0;       // set by finish()
+  std::int64_t asked_blocks_ = 0;  // set_blocks: 0 for one block an SM
   std::int64_t stages_ = 0;       // set by finish(), then set_stages
   std::int64_t most_stages_ = 0;
   bool finished_ = false;
