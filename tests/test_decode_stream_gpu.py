@@ -522,12 +522,11 @@ def test_an_input_of_8192_values_with_and_without_a_layer_norm(opt125, int8):
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_a_block_with_two_heads_computes_each_heads_attention(opt125, head_dim):
-    """A grid of 4 blocks and 6 heads: the heads are dealt from block 0 (the q/k/v linear's 72 or 144 tiles end
-    there), so blocks 0 and 1 take two heads each (heads 0 and 4, 1 and 5), over up to 600 cached rows (three
-    passes of 256 rows, or five of 128). Every head's output, read through an identity linear into a plain output,
-    against the same in float32: a head a block takes second must not read or overwrite what its first left. The
-    4 blocks also take 18 or 36 tiles each of the q/k/v linear (36: more than the 32 whose epilogue rows a block
-    holds)."""
+    """A grid of 4 blocks and 6 heads: the q/k/v linear's 72 or 144 tiles are a multiple of 4, so the attention's
+    heads are dealt from block 0 again and blocks 0 and 1 take two heads each (heads 0 and 4, 1 and 5), over up
+    to 599 cached rows and the new one (three passes of 256 rows, or five of 128). Every head's output, read
+    through an identity linear into a plain output, against the same in float32: a head a block takes second must
+    not read or overwrite what its first left. The 4 blocks also take 18 or 36 tiles each of the q/k/v linear."""
     torch.manual_seed(4)
     h, heads, length = torch.float16, 6, 600
     hidden = heads * head_dim
@@ -540,7 +539,7 @@ def test_a_block_with_two_heads_computes_each_heads_attention(opt125, head_dim):
     p = _C.DecodeProgram(0, h)
     p.blocks = 4
     qkv = p.linear(p.embed(table), [w], [None])
-    assert (3 * hidden // 16) % 4 == 0  # the attention's first head in block 0
+    assert (3 * hidden // 16) % 4 == 0  # the attention's heads dealt from block 0
     a = p.attention(qkv, k_cache, v_cache, scale)
     p.linear(a, [torch.eye(hidden, dtype=h, device="cuda")], [None], output=False, plain=out)
     p.finish()
@@ -557,7 +556,7 @@ def test_a_block_with_two_heads_computes_each_heads_attention(opt125, head_dim):
         torch.testing.assert_close(out.float(), ref, rtol=3e-3, atol=3e-3)
     trace = torch.full((4, p.n_ops, 2), -1, dtype=torch.int64, device="cuda")
     p.run(torch.tensor([1], device="cuda"), torch.tensor([5], device="cuda"), trace)
-    assert (trace[:, 2, 1] != -1).all()  # every block ran an attention (two of them two heads)
+    assert (trace[:, 2, 1] != -1).all()  # every block ran an attention
 
 
 def test_a_block_takes_several_heads_where_there_are_more_heads_than_blocks(opt125):

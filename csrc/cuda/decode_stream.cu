@@ -1,6 +1,6 @@
 // A decode step in one persistent kernel (gpuopt::cuda::decode_stream): a program of operations (embedding,
 // linear layers with a layer norm before and a bias, ReLU and residual after, attention over a static KV cache)
-// run by one block an SM, every block resident at once (a cooperative launch).
+// run by one block an SM (or fewer, DecodeProgram.blocks), every block resident at once (a cooperative launch).
 //
 // Weights stream: each block's last warp (the producer) bulk-copies the weight tiles the block will need, in the
 // order it will need them, operation after operation, into a ring of shared-memory stages. The weights depend on

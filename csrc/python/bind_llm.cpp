@@ -161,8 +161,8 @@ void bind_llm(py::module_& m) {
            "output (the logits) written into ids and tokens[clamp(column, 0, T - 1)], position and column advanced "
            "by one")
       .def_property("blocks", &torch_ext::DecodeProgram::blocks, &torch_ext::DecodeProgram::set_blocks,
-                    "the step's grid: one block an SM (the default, 0), or set before finish() to 1 .. the SMs; "
-                    "fewer blocks take more tiles and heads each")
+                    "the step's grid: the SM count by default; set before finish() to 1 .. the SMs, or 0 for one "
+                    "block an SM (a RuntimeError after finish()); fewer blocks take more tiles and heads each")
       .def_property("stages", &torch_ext::DecodeProgram::stages, &torch_ext::DecodeProgram::set_stages,
                     "the ring's stages each block streams its weights through: 0 before finish(), which sets the "
                     "default (5, or fewer where fewer fit); settable after it to 2 .. the most a block's shared "

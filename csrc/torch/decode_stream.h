@@ -55,8 +55,9 @@ class DecodeProgram {
   void run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace,
            const std::optional<at::Tensor>& tokens = std::nullopt,
            const std::optional<at::Tensor>& column = std::nullopt);
-  // The step's grid: one block an SM unless set before finish() to 1 .. the SMs (0: one an SM again). Fewer
-  // blocks leave SMs free and give each block more tiles and heads; for tests and tuning.
+  // The step's grid: one block an SM unless set before finish() to 1 .. the SMs (0: one an SM again); setting it
+  // after finish() is an error. Fewer blocks leave SMs free and give each block more tiles and heads; for tests
+  // and tuning.
   std::int64_t blocks() const;
   void set_blocks(std::int64_t blocks);
   // The ring's stages a block streams its weights through (0 before finish(), which sets the default: 5, or the

@@ -258,7 +258,7 @@ constexpr std::int64_t kDecodeLinearMaxRows = 8;
 // K per warp step: 16 bytes of each of a lane's two weight rows.
 constexpr std::int64_t kDecodeLinearChunk = 32;
 // ---- A decode step in one persistent kernel (csrc/cuda/decode_stream.cu): a program of operations run by one
-// block an SM (a cooperative launch), the weights streamed through shared memory ahead of need and every
+// block an SM by default, or fewer (DecodeProgram.blocks), every block resident at once (a cooperative launch), the weights streamed through shared memory ahead of need and every
 // operation's output written as words tagged with the launch, which its readers poll (no grid barrier). Batch 1,
 // fp16/bf16 activations, weights of that type or int8 with per-row scales, compute capability 9.0+. Capturable: ids and position are read on the device.
 constexpr int kDecodeStreamEmbed = 0;      // out = table[id] (+ positions[position + position_offset])
@@ -318,7 +318,7 @@ struct DecodeStreamParams {
   int vocab = 0;                           // ids must be below it
   int max_position = 0;                    // the position must be below it
   int device = 0;
-  int blocks = 0;  // decode_stream_blocks(device): one an SM
+  int blocks = 0;  // the grid: 1 .. decode_stream_blocks(device), the SMs (DecodeProgram.blocks; default all)
   int stages = 0;  // the ring's stages: 2 .. decode_stream_stages(type, device, int8_weights)
   long long* trace = nullptr;  // null, or [blocks][n_ops][2] int64: each block's globaltimer (ns) when an
                                // operation's input was in and when it was done (a profile)
