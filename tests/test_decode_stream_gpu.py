@@ -430,6 +430,30 @@ def test_int8_linears_of_several_tiles_a_block_with_a_norm_a_relu_and_a_residual
             torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
 
 
+def _finish_attention_program(p, heads: int, head_dim: int, length: int):
+    """embed -> q/k/v -> attention -> an identity linear into a plain output, added to p and finished, on fp16
+    tensors drawn in this order: table [4, H * D], q/k/v weight, key cache, value cache [1, H, length, D].
+    Returns them and the plain output."""
+    h = torch.float16
+    hidden = heads * head_dim
+    table = torch.randn(4, hidden, dtype=h, device="cuda")
+    w = torch.randn(3 * hidden, hidden, dtype=h, device="cuda") / hidden ** 0.5
+    k_cache = torch.randn(1, heads, length, head_dim, dtype=h, device="cuda")
+    v_cache = torch.randn(1, heads, length, head_dim, dtype=h, device="cuda")
+    out = torch.zeros(hidden, dtype=h, device="cuda")
+    a = p.attention(p.linear(p.embed(table), [w], [None]), k_cache, v_cache, head_dim ** -0.5)
+    p.linear(a, [torch.eye(hidden, dtype=h, device="cuda")], [None], output=False, plain=out)
+    p.finish()
+    return table, w, k_cache, v_cache, out
+
+
+def _attention_reference(k_cache, v_cache, q, at, scale):
+    """Attention of the queries q [H, D] over cache rows 0 .. at, in float32, the heads' outputs in one vector."""
+    keys = k_cache[0, :, :at + 1].float()
+    att = torch.softmax((keys @ q.unsqueeze(-1)).squeeze(-1) * scale, -1)
+    return (att.unsqueeze(1) @ v_cache[0, :, :at + 1].float()).reshape(-1)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_a_small_programs_attention_matches_torch_at_the_cache_ends(opt125, head_dim):
     """embed -> q/k/v -> attention over a cache of 1100 rows (positions 0, 5, either side of a pass of cached
@@ -439,18 +463,9 @@ def test_a_small_programs_attention_matches_torch_at_the_cache_ends(opt125, head
     h, heads, length = torch.float16, 2, 1100
     rows_a_pass = 16384 // head_dim  # the kernel's pass: 256 rows (head size 64) or 128 (128)
     hidden = heads * head_dim
-    table = torch.randn(4, hidden, dtype=h, device="cuda")
-    w = torch.randn(3 * hidden, hidden, dtype=h, device="cuda") / hidden ** 0.5
-    k_cache = torch.randn(1, heads, length, head_dim, dtype=h, device="cuda")
-    v_cache = torch.randn(1, heads, length, head_dim, dtype=h, device="cuda")
-    out = torch.zeros(hidden, dtype=h, device="cuda")
     scale = head_dim ** -0.5
     p = _C.DecodeProgram(0, h)
-    x = p.embed(table)
-    qkv = p.linear(x, [w], [None])
-    a = p.attention(qkv, k_cache, v_cache, scale)
-    p.linear(a, [torch.eye(hidden, dtype=h, device="cuda")], [None], output=False, plain=out)
-    p.finish()
+    table, w, k_cache, v_cache, out = _finish_attention_program(p, heads, head_dim, length)
     assert p.max_position == length
     for token, at in ((1, 0), (2, 5), (3, rows_a_pass - 1), (1, rows_a_pass), (2, rows_a_pass + 1),
                       (3, length - 1)):
@@ -467,9 +482,7 @@ def test_a_small_programs_attention_matches_torch_at_the_cache_ends(opt125, head
         torch.testing.assert_close(k_cache[0, :, at].float(), k, rtol=2e-3, atol=2e-3)  # written at the position
         torch.testing.assert_close(v_cache[0, :, at].float(), v, rtol=2e-3, atol=2e-3)
         assert torch.equal(k_cache[0, :, :at], keys_before[0, :, :at])  # rows before the position untouched
-        keys = k_cache[0, :, :at + 1].float()
-        att = torch.softmax((keys @ q.unsqueeze(-1)).squeeze(-1) * scale, -1)
-        ref = (att.unsqueeze(1) @ v_cache[0, :, :at + 1].float()).reshape(-1)
+        ref = _attention_reference(k_cache, v_cache, q, at, scale)
         torch.testing.assert_close(out.float(), ref, rtol=3e-3, atol=3e-3)
 
     # Where the work went: each operation's tiles (heads) dealt on from the block where the one before stopped.
@@ -528,21 +541,12 @@ def test_a_block_with_two_heads_computes_each_heads_attention(opt125, head_dim):
     through an identity linear into a plain output, against the same in float32: a head a block takes second must
     not read or overwrite what its first left. The 4 blocks also take 18 or 36 tiles each of the q/k/v linear."""
     torch.manual_seed(4)
-    h, heads, length = torch.float16, 6, 600
-    hidden = heads * head_dim
-    table = torch.randn(4, hidden, dtype=h, device="cuda")
-    w = torch.randn(3 * hidden, hidden, dtype=h, device="cuda") / hidden ** 0.5
-    k_cache = torch.randn(1, heads, length, head_dim, dtype=h, device="cuda")
-    v_cache = torch.randn(1, heads, length, head_dim, dtype=h, device="cuda")
-    out = torch.zeros(hidden, dtype=h, device="cuda")
+    heads, length = 6, 600
+    assert (3 * heads * head_dim // 16) % 4 == 0  # the attention's heads dealt from block 0
     scale = head_dim ** -0.5
-    p = _C.DecodeProgram(0, h)
+    p = _C.DecodeProgram(0, torch.float16)
     p.blocks = 4
-    qkv = p.linear(p.embed(table), [w], [None])
-    assert (3 * hidden // 16) % 4 == 0  # the attention's heads dealt from block 0
-    a = p.attention(qkv, k_cache, v_cache, scale)
-    p.linear(a, [torch.eye(hidden, dtype=h, device="cuda")], [None], output=False, plain=out)
-    p.finish()
+    table, w, k_cache, v_cache, out = _finish_attention_program(p, heads, head_dim, length)
     assert p.blocks == 4
     for token, at in ((1, 0), (2, 300), (3, length - 1)):
         out.zero_()
@@ -550,9 +554,7 @@ def test_a_block_with_two_heads_computes_each_heads_attention(opt125, head_dim):
         p.run(torch.tensor([token], device="cuda"), torch.tensor([at], device="cuda"))
         torch.testing.assert_close(k_cache[0, :, at].float(), k, rtol=2e-3, atol=2e-3)
         torch.testing.assert_close(v_cache[0, :, at].float(), v, rtol=2e-3, atol=2e-3)
-        keys = k_cache[0, :, :at + 1].float()
-        att = torch.softmax((keys @ q.unsqueeze(-1)).squeeze(-1) * scale, -1)
-        ref = (att.unsqueeze(1) @ v_cache[0, :, :at + 1].float()).reshape(-1)
+        ref = _attention_reference(k_cache, v_cache, q, at, scale)
         torch.testing.assert_close(out.float(), ref, rtol=3e-3, atol=3e-3)
     trace = torch.full((4, p.n_ops, 2), -1, dtype=torch.int64, device="cuda")
     p.run(torch.tensor([1], device="cuda"), torch.tensor([5], device="cuda"), trace)
