@@ -258,9 +258,10 @@ constexpr std::int64_t kDecodeLinearMaxRows = 8;
 // K per warp step: 16 bytes of each of a lane's two weight rows.
 constexpr std::int64_t kDecodeLinearChunk = 32;
 // ---- A decode step in one persistent kernel (csrc/cuda/decode_stream.cu): a program of operations run by one
-// block an SM by default, or fewer (DecodeProgram.blocks), every block resident at once (a cooperative launch), the weights streamed through shared memory ahead of need and every
-// operation's output written as words tagged with the launch, which its readers poll (no grid barrier). Batch 1,
-// fp16/bf16 activations, weights of that type or int8 with per-row scales, compute capability 9.0+. Capturable: ids and position are read on the device.
+// block an SM by default, or fewer (DecodeProgram.blocks), every block resident at once (a cooperative launch),
+// the weights streamed through shared memory ahead of need and every operation's output written as words tagged
+// with the launch, which its readers poll (no grid barrier). Batch 1, fp16/bf16 activations, weights of that type
+// or int8 with per-row scales, compute capability 9.0+. Capturable: ids and position are read on the device.
 constexpr int kDecodeStreamEmbed = 0;      // out = table[id] (+ positions[position + position_offset])
 constexpr int kDecodeStreamLinear = 1;     // out = act(norm(in) @ weight.T + bias) (+ residual)
 constexpr int kDecodeStreamAttention = 2;  // out[h] = attention of head h over the cache's 0 .. position
