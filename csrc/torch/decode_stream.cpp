@@ -349,8 +349,7 @@ void DecodeProgram::finish() {
 std::int64_t DecodeProgram::default_stages() const { return std::min(kDefaultStages, most_stages_); }
 
 std::int64_t DecodeProgram::blocks() const {
-  if (finished_) return blocks_;
-  return asked_blocks_ > 0 ? asked_blocks_ : cuda::decode_stream_blocks(static_cast<int>(device_));
+  return blocks_ > 0 ? blocks_ : cuda::decode_stream_blocks(static_cast<int>(device_));  // finish() sets it > 0
 }
 
 void DecodeProgram::set_blocks(std::int64_t blocks) {
@@ -359,7 +358,7 @@ void DecodeProgram::set_blocks(std::int64_t blocks) {
   const std::int64_t sms = cuda::decode_stream_blocks(static_cast<int>(device_));
   TORCH_CHECK_VALUE(blocks >= 0 && blocks <= sms, "DecodeProgram.blocks: must be 0 (one block an SM, ", sms,
                     ") or 1 to ", sms, ", got ", blocks);
-  asked_blocks_ = blocks;
+  blocks_ = blocks;
 }
 
 void DecodeProgram::set_stages(std::int64_t stages) {

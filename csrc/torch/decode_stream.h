@@ -93,8 +93,7 @@ class DecodeProgram {
   std::int64_t max_position_ = -1;
   std::int64_t weight_bytes_ = 0;
   int weight_kind_ = 0;  // the linear operations' weights: 0 none yet, 1 the program's dtype, 2 int8
-  std::int64_t blocks_ = 0;       // set by finish()
-  std::int64_t asked_blocks_ = 0;  // set_blocks: 0 for one block an SM
+  std::int64_t blocks_ = 0;       // set_blocks (0: one block an SM), then resolved by finish()
   std::int64_t stages_ = 0;       // set by finish(), then set_stages
   std::int64_t most_stages_ = 0;
   bool finished_ = false;
