@@ -202,6 +202,21 @@ __device__ __forceinline__ uint2 pack_values(const uint4& w) {
 constexpr int kDsWordsPerThread = kDecodeStreamMaxK / 4 / kDsThreads;  // 16-byte words of an input a thread
 static_assert(kDsWordsPerThread * 4 * kDsThreads == kDecodeStreamMaxK && kDsWordsPerThread <= 32,
               "an input's words are dealt evenly, a thread's pending ones fit a 32-bit mask");
+constexpr int kDsChunkWords = kDsChunk / 4;  // a chunk's words of 4 input values
+static_assert(32 % kDsChunkWords == 0 && kDecodeStreamMaxK % (4 * kDsChunkWords * kDsWarps) == 0,
+              "a warp's lanes take whole chunks");
+
+// The input word (4 values) that thread threadIdx.x takes as its e-th: one of the values its own warp's MMAs read.
+// Consumer warp w reads the values v with v / kDsChunk % kDsWarps == w (fp16: chunk w of each 1024-value segment;
+// int8: chunks w and w + 16 of each 2048-value one), so a warp waits for its own values only and starts its MMAs
+// while other warps still wait for theirs; no block barrier stands between an input's last value and the MMAs
+// that read it. Lanes 0-15 and 16-31 each take one chunk's 16 words.
+__device__ __forceinline__ int word_of(int e) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const int row = e * (32 / kDsChunkWords) + lane / kDsChunkWords;  // of kDsWarps chunks
+  return (row * kDsWarps + warp) * kDsChunkWords + lane % kDsChunkWords;
+}
 
 // A word of 4 input values into xs's form: with a layer norm (g: its weights for the 4 values), their sum and
 // sum of squares written to stats in float32 and the values multiplied by the weights (rounded to T).
@@ -230,21 +245,21 @@ __device__ __forceinline__ uint2 take_word(const uint4& w, const T* g, float* st
 using WordStats = float[kDsWordsPerThread][2];
 
 // An activation's k values asked for all at once, those already written into xs (through take_word: g, the
-// norm's weights, or null); returns the thread's words still to come (bit e: its word threadIdx.x + e *
-// kDsThreads), for take_values (the caller syncs). The norm's weights of those are asked into L1 meanwhile.
+// norm's weights, or null); returns the thread's words still to come (bit e: its word word_of(e)), for
+// take_values (the caller syncs its warp). The norm's weights of those are asked into L1 meanwhile.
 template <typename T>
 __device__ __forceinline__ unsigned ask_values(const unsigned* words, unsigned epoch, T* xs, int k, const T* g,
                                                WordStats& stats) {
   uint4 w[kDsWordsPerThread] = {};
 #pragma unroll
   for (int e = 0; e < kDsWordsPerThread; ++e) {
-    const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
+    const int j = word_of(e);
     if (j < k / 4) w[e] = tagged_load4(words + 4 * j);
   }
   unsigned pending = 0;
 #pragma unroll
   for (int e = 0; e < kDsWordsPerThread; ++e) {
-    const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
+    const int j = word_of(e);
     if (j < k / 4) {
       if (tagged4(w[e], epoch)) {
         reinterpret_cast<uint2*>(xs)[j] = take_word<T>(w[e], g != nullptr ? g + 4 * j : nullptr, stats[e]);
@@ -257,13 +272,13 @@ __device__ __forceinline__ unsigned ask_values(const unsigned* words, unsigned e
   return pending;
 }
 
-// The values [first, end) still to come after ask_values, waited for into xs (the caller syncs).
+// The values [first, end) still to come after ask_values, waited for into xs (the caller syncs its warp).
 template <typename T>
 __device__ __forceinline__ void take_values(const unsigned* words, unsigned epoch, T* xs, int first, int end,
                                             unsigned pending, const T* g, WordStats& stats) {
 #pragma unroll
   for (int e = 0; e < kDsWordsPerThread; ++e) {
-    const int j = static_cast<int>(threadIdx.x) + e * kDsThreads;
+    const int j = word_of(e);
     if ((pending >> e & 1u) != 0 && 4 * j >= first && 4 * j < end) {
       reinterpret_cast<uint2*>(xs)[j] =
           take_word<T>(tagged_wait4(words + 4 * j, epoch), g != nullptr ? g + 4 * j : nullptr, stats[e]);
@@ -382,8 +397,8 @@ struct SumsHandoff {
 static_assert(kDsWarps == 16, "the epilogue warp's lanes c and c + 16 take consumer warp c's statistics");
 
 // A linear operation's tiles in this block, as the consumer warps run them. The input is asked for whole and
-// waited for a segment at a time as the first tile needs it: the segments other blocks wrote first are summed
-// while the last ones are written. With a layer norm, the values are multiplied by the norm's weights as they
+// waited for a segment at a time as the first tile needs it, each warp for the values it reads (word_of): the
+// values other blocks wrote first are summed while the last ones are written. With a layer norm, the values are multiplied by the norm's weights as they
 // come, each warp's sums of the raw values (and of their squares) go to the epilogue warp with the first tile,
 // which takes the mean and variance, and the tiles' sums are corrected in the epilogue (DecodeStreamOp::norm_sum):
 // the norm never holds up the MMAs, and no block barrier stands between the first tile's MMAs and its handoff.
@@ -420,8 +435,8 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       const int len = min(kSeg, k - seg * kSeg);
       if (seg == ready) {
         take_values(tags + f.input, epoch, xs, seg * kSeg, seg * kSeg + len, pending, gamma, stats);
-        consumers_sync<kDsThreads>();
-        if (++ready == segments && trace != nullptr && threadIdx.x == 0) trace[0] = now_ns();
+        __syncwarp();  // the warp's values of the segment, all it reads (word_of)
+        if (++ready == segments && trace != nullptr && lane == 0) atomicMax(trace, now_ns());  // the last warp's
       }
       stage_wait(&full[at.stage], at.parity);
       const unsigned char* st = ring + static_cast<std::size_t>(at.stage) * kDsStageBytes<W>;
