@@ -410,7 +410,8 @@ static_assert(kDsWarps == 16, "the epilogue warp's lanes c and c + 16 take consu
 template <typename T, typename W>
 __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch,
                            unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages,
-                           RingAt& at, SumsHandoff& handoff, unsigned& u, long long* trace, ConsumerFields& f) {
+                           RingAt& at, SumsHandoff& handoff, unsigned& u, long long* trace, ConsumerFields& f,
+                           bool after_attention) {
   const int blocks = static_cast<int>(gridDim.x);
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -471,6 +472,9 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       __syncwarp();
       if (lane == 0) stage_arrive(&empty[at.stage]);
     }
+    // After an attention, the sums' room in scratch held its warps' partial sums, which its last threads may
+    // still be adding up (attend_head's combination): no warp waited for them before its MMAs (word_of).
+    if (after_attention && tile == first_tile) consumers_sync<kDsThreads>();
     const unsigned buffer = u & 1u;
     const unsigned parity = (u >> 1) & 1u;
     // The buffer is free once the epilogue warp has read tile u - 2's sums (at once, nearly always).
@@ -800,7 +804,7 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
   }
   // No barrier after the combination: whatever writes head, scratch or red next (the block's next head, the next
   // linear operation, the epilogue warp's held rows) does so only after a barrier every consumer thread reaches
-  // once done here (the next head's first barrier, run_linear's first, named barrier 3).
+  // once done here (the next head's first barrier, run_linear's after_attention one, named barrier 3).
   if (trace != nullptr) {  // the trace's end once every thread is done (block-uniform)
     consumers_sync<kDsThreads>();
     if (threadIdx.x == 0) trace[1] = now_ns();
@@ -943,7 +947,7 @@ __global__ void __launch_bounds__((kDsWarps + 2) * 32, 1)
         prefetch_heads(ops[s + 1], position, static_cast<int>(sizeof(T)));
       }
       run_linear<T, W>(op, tags, epoch, xs, scratch, ring, full, empty, stages, at, handoff, u, row,
-                       consumer_fields);
+                       consumer_fields, s > 0 && ops[s - 1].kind == kDecodeStreamAttention);
     } else if (op.kind == kDecodeStreamEmbed) {
       run_embed<T>(op, tags, epoch, id, position);
       if (row != nullptr && threadIdx.x == 0) row[0] = row[1] = now_ns();
