@@ -156,8 +156,10 @@ void bind_llm(py::module_& m) {
            py::arg("tokens") = py::none(), py::arg("column") = py::none(),
            "the step for the token `ids` (one int64) at `position` (one int64: the cache's fill level), on the "
            "current stream; trace: None or an int64 tensor [blocks, n_ops, 2] receiving each block's nanosecond "
-           "timestamps per operation (its input in, the operation done); tokens ([T] or [1, T]) and column (one "
-           "value), int64, together: greedy decoding in the step -- the argmax of the last operation's plain "
+           "timestamps per operation (its input in, the operation done; a linear's input time is the latest of "
+           "its warps', kept by an atomic maximum, so the tensor must hold values below the timer's, such as "
+           "zeros or -1); tokens ([T] or [1, T]) and column (one value), int64, together: greedy decoding in the "
+           "step -- the argmax of the last operation's plain "
            "output (the logits) written into ids and tokens[clamp(column, 0, T - 1)], position and column advanced "
            "by one")
       .def_property("blocks", &torch_ext::DecodeProgram::blocks, &torch_ext::DecodeProgram::set_blocks,
