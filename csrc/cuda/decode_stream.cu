@@ -210,7 +210,7 @@ static_assert(32 % kDsChunkWords == 0 && kDecodeStreamMaxK % (4 * kDsChunkWords 
 // Consumer warp w reads the values v with v / kDsChunk % kDsWarps == w (fp16: chunk w of each 1024-value segment;
 // int8: chunks w and w + 16 of each 2048-value one), so a warp waits for its own values only and starts its MMAs
 // while other warps still wait for theirs; no block barrier stands between an input's last value and the MMAs
-// that read it. Lanes 0-15 and 16-31 each take one chunk's 16 words.
+// that read it. For each e, lanes 0-15 take one of the warp's chunks (16 words) and lanes 16-31 the next.
 __device__ __forceinline__ int word_of(int e) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -398,15 +398,18 @@ static_assert(kDsWarps == 16, "the epilogue warp's lanes c and c + 16 take consu
 
 // A linear operation's tiles in this block, as the consumer warps run them. The input is asked for whole and
 // waited for a segment at a time as the first tile needs it, each warp for the values it reads (word_of): the
-// values other blocks wrote first are summed while the last ones are written. With a layer norm, the values are multiplied by the norm's weights as they
-// come, each warp's sums of the raw values (and of their squares) go to the epilogue warp with the first tile,
-// which takes the mean and variance, and the tiles' sums are corrected in the epilogue (DecodeStreamOp::norm_sum):
-// the norm never holds up the MMAs, and no block barrier stands between the first tile's MMAs and its handoff.
-// W: the weights' type, T or int8 (a lane's 16-byte word of a row is then 16 values, widened to T exactly for the
-// MMAs, and the sums are multiplied by the row's scale in the epilogue; a segment is 2048 values, a warp's chunks
-// w and w + 16). A tile's sums go to the
-// epilogue warp (run_epilogues) without a wait for it: the consumers go on to the next tile's segments while it
-// finishes the last one.
+// values other blocks wrote first are summed while the last ones are written. With a layer norm, the values are
+// multiplied by the norm's weights as they come, each warp's sums of the raw values (and of their squares) go to
+// the epilogue warp with the first tile, which takes the mean and variance, and the tiles' sums are corrected in
+// the epilogue (DecodeStreamOp::norm_sum): the norm never holds up the MMAs, and no block barrier stands between
+// the first tile's MMAs and its handoff, except after an attention (after_attention, below). W: the weights' type,
+// T or int8 (a lane's 16-byte word of a row is then 16 values, widened to T exactly for the MMAs, and the sums are
+// multiplied by the row's scale in the epilogue; a segment is 2048 values, a warp's chunks w and w + 16). A tile's
+// sums go to the epilogue warp (run_epilogues) without a wait for it: the consumers go on to the next tile's
+// segments while it finishes the last one. after_attention: the operation before was an attention, whose first
+// head-size threads may still be reading its partial sums in scratch, where the tiles' sums go; the consumers meet
+// once before the first sums, or before returning where the block has no tile (the next linear then has
+// after_attention false).
 template <typename T, typename W>
 __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned epoch, T* xs, float* scratch,
                            unsigned char* ring, std::uint64_t* full, std::uint64_t* empty, int stages,
@@ -419,7 +422,10 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   const int t = lane % 4;
   const int k = op.k;
   const int first_tile = first_of(op);
-  if (first_tile * 16 >= op.n) return;
+  if (first_tile * 16 >= op.n) {  // block-uniform
+    if (after_attention) consumers_sync<kDsThreads>();
+    return;
+  }
   f.n = op.n;
   f.input = op.input;
   const auto* gamma = static_cast<const T*>(op.norm_weight);
@@ -472,8 +478,8 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
       __syncwarp();
       if (lane == 0) stage_arrive(&empty[at.stage]);
     }
-    // After an attention, the sums' room in scratch held its warps' partial sums, which its last threads may
-    // still be adding up (attend_head's combination): no warp waited for them before its MMAs (word_of).
+    // After an attention, its first head-size threads may still be reading its partial sums in scratch
+    // (attend_head's combination); a warp whose input did not wait on this block's head gets here first.
     if (after_attention && tile == first_tile) consumers_sync<kDsThreads>();
     const unsigned buffer = u & 1u;
     const unsigned parity = (u >> 1) & 1u;
@@ -804,7 +810,8 @@ __device__ void attend_head(const DecodeStreamOp& op, int h, unsigned* tags, uns
   }
   // No barrier after the combination: whatever writes head, scratch or red next (the block's next head, the next
   // linear operation, the epilogue warp's held rows) does so only after a barrier every consumer thread reaches
-  // once done here (the next head's first barrier, run_linear's after_attention one, named barrier 3).
+  // once done here (the next head's first barrier, run_linear's after_attention one, which a block with no tile
+  // meets before it returns, named barrier 3).
   if (trace != nullptr) {  // the trace's end once every thread is done (block-uniform)
     consumers_sync<kDsThreads>();
     if (threadIdx.x == 0) trace[1] = now_ns();
