@@ -323,7 +323,8 @@ struct DecodeStreamParams {
   int stages = 0;  // the ring's stages: 2 .. decode_stream_stages(type, device, int8_weights)
   long long* trace = nullptr;  // null, or [blocks][n_ops][2] int64: each block's globaltimer (ns) when an
                                // operation's input was in and when it was done (a profile); a linear's input
-                               // time is its last warp's, by atomicMax over values below the timer's (0, -1)
+                               // time is its last warp's, kept by atomicMax: start the tensor below any
+                               // timestamp, e.g. 0 or -1
   // Greedy decoding's bookkeeping in the step, or null: the first index of the largest value of the last
   // operation's output (a linear operation's `plain`: the logits, at most `vocab` of them) written into *ids and
   // tokens[clamp(*column, 0, token_slots - 1)], then *position and *column advanced by one. greedy: two uint64
