@@ -159,9 +159,8 @@ void bind_llm(py::module_& m) {
            "timestamps per operation (its input in, the operation done; a linear's input time is the latest of "
            "its warps', kept by an atomic maximum, so the tensor must hold values below the timer's, such as "
            "zeros or -1); tokens ([T] or [1, T]) and column (one value), int64, together: greedy decoding in the "
-           "step -- the argmax of the last operation's plain "
-           "output (the logits) written into ids and tokens[clamp(column, 0, T - 1)], position and column advanced "
-           "by one")
+           "step -- the argmax of the last operation's plain output (the logits) written into ids and "
+           "tokens[clamp(column, 0, T - 1)], position and column advanced by one")
       .def_property("blocks", &torch_ext::DecodeProgram::blocks, &torch_ext::DecodeProgram::set_blocks,
                     "the step's grid: the SM count by default; set before finish() to 1 .. the SMs, or 0 for one "
                     "block an SM (a RuntimeError after finish()); fewer blocks take more tiles and heads each")

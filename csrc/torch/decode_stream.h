@@ -49,10 +49,10 @@ class DecodeProgram {
   // The step for token ids [1] or [1, 1] at position [1] or [] (int64 on the program's device). trace: None, or
   // an int64 tensor [blocks, n_ops, 2] on the device receiving each block's nanosecond timestamps (its input of
   // each operation in, the operation done; a profile; a linear's input time is its last warp's, kept by
-  // atomicMax, so the tensor must start below any timestamp, e.g. zeros or -1). tokens ([T] or [1, T]) and column (one value), int64 on
-  // the device, together: greedy decoding's bookkeeping in the step, no other kernel: the first index of the
-  // largest of the last operation's plain output (the logits; torch.argmax's pick) is written into ids and
-  // tokens[clamp(column, 0, T - 1)], then position and column are advanced by one.
+  // atomicMax, so the tensor must start below any timestamp, e.g. zeros or -1). tokens ([T] or [1, T]) and
+  // column (one value), int64 on the device, together: greedy decoding's bookkeeping in the step, no other
+  // kernel: the first index of the largest of the last operation's plain output (the logits; torch.argmax's
+  // pick) is written into ids and tokens[clamp(column, 0, T - 1)], then position and column are advanced by one.
   void run(const at::Tensor& ids, const at::Tensor& position, const std::optional<at::Tensor>& trace,
            const std::optional<at::Tensor>& tokens = std::nullopt,
            const std::optional<at::Tensor>& column = std::nullopt);
