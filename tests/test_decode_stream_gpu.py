@@ -489,6 +489,8 @@ def test_a_small_programs_attention_matches_torch_at_the_cache_ends(opt125, head
     trace = torch.full((p.blocks, p.n_ops, 2), -1, dtype=torch.int64, device="cuda")
     p.run(torch.tensor([1], device="cuda"), torch.tensor([5], device="cuda"), trace)
     ran = (trace[:, :, 1] != -1).cpu()
+    starts, ends = trace[:, :, 0].cpu()[ran], trace[:, :, 1].cpu()[ran]
+    assert (starts != -1).all() and (starts <= ends).all()  # where an operation ran: its input in, then its end
     first = 0
     for op, n in ((1, 3 * hidden // 16), (2, heads), (3, hidden // 16)):  # q/k/v tiles, heads, the identity's tiles
         assert set(ran[:, op].nonzero().flatten().tolist()) == {(first + t) % p.blocks for t in range(n)}, op

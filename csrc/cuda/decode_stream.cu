@@ -6,7 +6,7 @@
 // order it will need them, operation after operation, into a ring of shared-memory stages. The weights depend on
 // nothing the step computes, so HBM keeps streaming while the 16 consumer warps wait for an operation's input.
 // The warp before it (the epilogue warp) finishes each tile the consumers have summed (run_epilogues) while they
-// go on to the next tile's segments.
+// go on to the next tile's segments, and during an attention asks L1 for the cache rows of its second pass.
 //
 // Activations are tagged words (stream_kernels.cuh): every operation's output is written as 32-bit words, the
 // value in the low half and the launch's epoch in the high half, each into a buffer of its own; a block needing
@@ -435,8 +435,8 @@ __device__ void run_linear(const DecodeStreamOp& op, unsigned* tags, unsigned ep
   int ready = 0;
   const unsigned pending = ask_values(tags + op.input, epoch, xs, k, gamma, stats);
   for (int tile = first_tile; tile * 16 < f.n; tile += blocks, ++u) {
-    // Two sums a lane, each of half the MMAs (fp16: a lane's first and second 16-byte word of a chunk; int8: chunks warp and
-    // warp + 16), added at the tile's end: two chains of dependent MMAs, not one twice as long.
+    // Two sums a lane, each of half the MMAs (fp16: a lane's first and second 16-byte word of a chunk; int8: chunks
+    // warp and warp + 16), added at the tile's end: two chains of dependent MMAs, not one twice as long.
     float acc[2][4] = {};
     for (int seg = 0; seg * kSeg < k; ++seg, at.advance(stages)) {
       const int len = min(kSeg, k - seg * kSeg);
@@ -706,7 +706,8 @@ __device__ __forceinline__ bool warp_pass(const uint4 (&keys)[4], const uint4 (&
 // values, with a running maximum (FlashAttention's softmax), so no block barrier comes between the scores and the
 // values. A lane holds 4 16-byte words of keys (32 values of a row) and 4 of values (8 dimensions of 4 of the warp's
 // rows): the first pass's are loaded before the head's query is polled, so their round trips through L2 pass while the
-// q/k/v projection ends; a later pass (past 256 cached rows for a head size of 64) loads its own. Each warp's maximum,
+// q/k/v projection ends; a later pass (past 256 cached rows for a head size of 64) loads its own, the second from L1
+// (the epilogue warp asked for its rows there, prefetch_second_pass). Each warp's maximum,
 // sum of exponentials and weighted values then go to shared memory, and the first D threads combine them with the new
 // row. Each of those threads asks for the new value's word once its word of the query is in, and waits for it only if
 // it was not yet written (the q/k/v projection writes the values last). The cache rows were asked into L2 before the
@@ -844,6 +845,31 @@ __device__ __forceinline__ void prefetch_heads(const DecodeStreamOp& op, long lo
   }
 }
 
+// The epilogue warp, idle during an attention, asks L1 for the keys and values of the attention's second pass (rows
+// kAttendPass<D> .. 2 kAttendPass<D> - 1 of the block's heads; 64 KB at most for a head, against 60 KB of L1 beside
+// the ring), which the consumers read once their first pass is done; prefetch_heads has asked L2 for them before.
+// Later passes are not asked for. On the H200, OPT-1.3B's TPOT (prompt 128 + 256 tokens, so positions up to 383:
+// one pass or two) went from 802.5 to 799.5 us in fp16 (lower in each of three interleaved rounds) and from 569.5
+// to 569.2 in int8 (2026-11-30). Asked by the consumers themselves before their query's poll, the addresses
+// pushed the kernel past its 96 registers (72-92 bytes of spills).
+__device__ __forceinline__ void prefetch_second_pass(const DecodeStreamOp& op, long long position, int element) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int pass = kDsWarps * 1024 / op.head_dim;  // kAttendPass<head_dim>
+  const int end = static_cast<int>(min(position, static_cast<long long>(2 * pass)));
+  const int row_bytes = op.head_dim * element;
+  for (int h = first_of(op); h < op.heads; h += static_cast<int>(gridDim.x)) {
+    const std::int64_t at = static_cast<std::int64_t>(h) * op.max_len * row_bytes;
+    const char* k = static_cast<const char*>(op.k_cache) + at;
+    const char* v = static_cast<const char*>(op.v_cache) + at;
+    for (int r = pass + lane; r < end; r += 32) {
+      for (int b = 0; b < row_bytes; b += 128) {
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(k + static_cast<std::int64_t>(r) * row_bytes + b));
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(v + static_cast<std::int64_t>(r) * row_bytes + b));
+      }
+    }
+  }
+}
+
 // Named barriers between the consumer warps and the epilogue warp around an attention, which uses scratch: the
 // epilogue warp's arrival once it has finished the operations before it, and the consumers' once the attention
 // is done with scratch (the epilogue warp then asks the next operation's rows into it).
@@ -919,6 +945,7 @@ __global__ void __launch_bounds__((kDsWarps + 2) * 32, 1)
                          greedy != nullptr && s + 1 == n_ops ? greedy : nullptr, epilogue_fields);
       } else if (op.kind != kDecodeStreamEmbed) {  // an attention: the consumers' test, so both meet
         named_arrive<kDsEpiloguesDone>();
+        prefetch_second_pass(op, position_shared, static_cast<int>(sizeof(T)));
         named_sync<kDsScratchFree>();
       }
     }
