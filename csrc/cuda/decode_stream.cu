@@ -707,9 +707,9 @@ __device__ __forceinline__ bool warp_pass(const uint4 (&keys)[4], const uint4 (&
 // values. A lane holds 4 16-byte words of keys (32 values of a row) and 4 of values (8 dimensions of 4 of the warp's
 // rows): the first pass's are loaded before the head's query is polled, so their round trips through L2 pass while the
 // q/k/v projection ends; a later pass (past 256 cached rows for a head size of 64) loads its own, the second from L1
-// (the epilogue warp asked for its rows there, prefetch_second_pass). Each warp's maximum,
-// sum of exponentials and weighted values then go to shared memory, and the first D threads combine them with the new
-// row. Each of those threads asks for the new value's word once its word of the query is in, and waits for it only if
+// (the epilogue warp asked for its rows there, prefetch_second_pass). Each warp's maximum, sum of exponentials and
+// weighted values then go to shared memory, and the first D threads combine them with the new row. Each of those
+// threads asks for the new value's word once its word of the query is in, and waits for it only if
 // it was not yet written (the q/k/v projection writes the values last). The cache rows were asked into L2 before the
 // q/k/v projection (prefetch_heads). Two block barriers, where block-wide reductions of the scores took seven: on the
 // H200, OPT-1.3B's TPOT (prompt 128 + 256 tokens) went from 851.3 to 843.5 us in fp16 and from 633.9 to 613.3 in int8
@@ -846,15 +846,18 @@ __device__ __forceinline__ void prefetch_heads(const DecodeStreamOp& op, long lo
 }
 
 // The epilogue warp, idle during an attention, asks L1 for the keys and values of the attention's second pass (rows
-// kAttendPass<D> .. 2 kAttendPass<D> - 1 of the block's heads; 64 KB at most for a head, against 60 KB of L1 beside
-// the ring), which the consumers read once their first pass is done; prefetch_heads has asked L2 for them before.
-// Later passes are not asked for. On the H200, OPT-1.3B's TPOT (prompt 128 + 256 tokens, so positions up to 383:
-// one pass or two) went from 802.5 to 799.5 us in fp16 (lower in each of three interleaved rounds) and from 569.5
-// to 569.2 in int8 (2026-11-30). Asked by the consumers themselves before their query's poll, the addresses
-// pushed the kernel past its 96 registers (72-92 bytes of spills).
+// kAttendPass<D> .. 2 * kAttendPass<D> - 1 of the block's heads; 64 KB at most for a head, against 60 KB of L1
+// beside the ring), which the consumers read once their first pass is done; prefetch_heads has asked L2 for them
+// before. Later passes are not asked for; a block with several heads asks for all their rows at once, so a later
+// head's may evict an earlier one's (L1 is a cache: only time is lost). On the H200, OPT-1.3B's TPOT (prompt 128 +
+// 256 tokens, so positions up to 383: one pass or two) went from 802.5 to 799.5 us in fp16 (lower in each of three
+// interleaved rounds) and from 569.5 to 569.2 in int8 (2026-11-30). Asked by the consumers themselves before their
+// query's poll, the addresses pushed the kernel past its 96 registers (72-92 bytes of spills).
 __device__ __forceinline__ void prefetch_second_pass(const DecodeStreamOp& op, long long position, int element) {
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const int pass = kDsWarps * 1024 / op.head_dim;  // kAttendPass<head_dim>
+  static_assert(kAttendPass<64> == kDsWarps * 1024 / 64 && kAttendPass<128> == kDsWarps * 1024 / 128,
+                "attend_head's pass");
+  const int pass = kDsWarps * 1024 / op.head_dim;  // kAttendPass<head_dim> (head sizes 64 and 128)
   const int end = static_cast<int>(min(position, static_cast<long long>(2 * pass)));
   const int row_bytes = op.head_dim * element;
   for (int h = first_of(op); h < op.heads; h += static_cast<int>(gridDim.x)) {
